@@ -1,0 +1,63 @@
+# Developer entry points for lightning-resume.
+#
+#   make venv       create .venv and install torch + the package (editable, all extras)
+#   make demo       run the preemption/resume demo
+#   make lint       ruff check
+#   make typecheck  mypy (config in pyproject.toml)
+#   make test       lint + typecheck + pytest   (what CI runs, via .ci/run)
+#   make clean      remove .venv, build artefacts and tool caches
+#
+# torch is installed *before* the package on purpose: resolving the open range
+# `torch>=2.2` in an empty venv pulls a multi-GB CUDA build.  Override TORCH_SPEC to
+# use your own build, or set it empty to skip this step, e.g.
+#   make venv TORCH_SPEC='torch==2.5.1' TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
+#   make venv TORCH_SPEC=
+
+PY             ?= python3
+VENV           := .venv
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS    ?=
+
+BIN   := $(VENV)/bin
+PIP   := $(BIN)/python -m pip
+# Re-install only when the packaging metadata changes.
+STAMP := $(VENV)/.stamp
+
+# Only lint directories that exist (benchmarks/ may not yet).
+LINT_PATHS := $(wildcard lightning_resume tests benchmarks)
+
+# Keep loggers/hubs from touching the network during tests.
+TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFFLINE=1
+
+.PHONY: venv demo lint typecheck test clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+ifneq ($(strip $(TORCH_SPEC)),)
+	$(PIP) install -q "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+endif
+	$(PIP) install -q -e ".[all,dev]"
+	touch $@
+
+demo: venv
+	$(BIN)/lightning-resume demo
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv lint typecheck
+# SLURM hook (added by a later issue): start the local SLURM cluster before pytest
+# so tests marked `slurm` can run.  To enable, uncomment the next line:
+#	tests/slurm/cluster.sh start
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

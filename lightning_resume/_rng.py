@@ -1,0 +1,45 @@
+"""Capture and restore the random number generators as tensors and plain values.
+
+Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy objects,
+so numpy's state is stored as a tensor plus plain integers and floats.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def capture() -> dict[str, Any]:
+    """The state of Python's, numpy's, torch's (and CUDA's, when present) global generators."""
+    version, py_state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture` returned."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,299 @@
+"""``RequeueCheckpoint``: an always-present ``last.ckpt`` and automatic, exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_resume import _rng
+from lightning_resume._atomic import fsync_dir
+from lightning_resume._redirect_io import RedirectFirstLoad
+from lightning_resume._resolve import Resolution
+from lightning_resume._scheduler import ENV
+from lightning_resume.exceptions import ResumeError
+from lightning_resume.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+LAST = "last"
+# Lightning says these whenever an OnExceptionCheckpoint is present and a fresh run has nothing to
+# resume; here they would be misleading, and what we load is logged by this callback instead.
+_LIGHTNING_NOISE = (
+    r"`\.fit\(ckpt_path=None\)` was called without a model",
+    r"\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint available",
+)
+
+
+def _loaders(source: Any) -> list[Any]:
+    """The data loaders inside ``trainer.train_dataloader`` (one loader or a collection of them)."""
+    if isinstance(source, dict):
+        return [leaf for value in source.values() for leaf in _loaders(value)]
+    if isinstance(source, (list, tuple)):
+        return [leaf for value in source for leaf in _loaders(value)]
+    return [source]
+
+
+def _this_process_run_dir() -> Resolution | None:
+    """The run dir a ``RunDir`` constructed in this process chose (``None`` if there is none)."""
+    owner, _, payload = os.environ.get(ENV["handoff"], "").partition(":")
+    return Resolution.from_json(payload) if payload and owner == str(os.getpid()) else None
+
+
+class RequeueCheckpoint(OnExceptionCheckpoint):
+    """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
+
+    ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
+    at the end of every training epoch, and when ``fit`` stops on a preemption signal, whatever the
+    user's own checkpoint callbacks do. Each write goes to a temporary file that is fsynced and
+    renamed over the previous one, so a kill at any instant leaves a complete ``last.ckpt``.
+
+    On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
+    full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a
+    ``ckpt_path`` (meant for the first attempt) or Lightning finds an ``hpc_ckpt_N.ckpt``; a restart
+    with no ``last.ckpt`` raises instead of silently starting over. The checkpoint also carries every
+    rank's Python, numpy and torch random state, restored exactly where the interrupted run was, so
+    with a data loader that can resume mid-epoch (torchdata's ``StatefulDataLoader``) the final
+    weights are bitwise equal to an uninterrupted run.
+
+    Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks (in any order).
+
+    Args:
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps).
+        every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
+        save_on_train_epoch_end: Save at the end of every training epoch.
+
+    Raises:
+        ValueError: for a non-positive interval.
+        ResumeError: on a restart with no ``last.ckpt`` to resume from.
+
+    Example::
+
+        trainer = Trainer(callbacks=[RunDir(), RequeueCheckpoint(every_n_train_steps=200)])
+        trainer.fit(model, datamodule=dm)  # resumes by itself after a requeue
+    """
+
+    def __init__(
+        self,
+        every_n_train_steps: int | None = None,
+        every_n_minutes: float | None = None,
+        save_on_train_epoch_end: bool = True,
+    ) -> None:
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(f"every_n_train_steps must be >= 1 or None, got {every_n_train_steps!r}.")
+        if every_n_minutes is not None and every_n_minutes <= 0:
+            raise ValueError(f"every_n_minutes must be > 0 or None, got {every_n_minutes!r}.")
+        super().__init__(dirpath=".", filename=LAST)
+        self.every_n_train_steps = every_n_train_steps
+        self.every_n_minutes = every_n_minutes
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._run_dir: RunDir | None = None
+        self._trainer: pl.Trainer | None = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._stateful_loader = False
+        self._last_save_step = -1
+        self._last_save_time = time.monotonic()
+        for message in _LIGHTNING_NOISE:
+            warnings.filterwarnings("ignore", message=message)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The directory holding ``last.ckpt`` (the run dir's ``checkpoints``)."""
+        if self._run_dir is not None:
+            return self._run_dir.checkpoint_dir
+        resolution = _this_process_run_dir()
+        if resolution is None:
+            raise ResumeError(
+                "RequeueCheckpoint needs a RunDir callback in the same Trainer (it says where last.ckpt "
+                "lives): add RunDir(root=...) to the callbacks."
+            )
+        return resolution.path / "checkpoints"
+
+    @property
+    @override
+    def ckpt_path(self) -> str:
+        """``<run dir>/checkpoints/last.ckpt``; Lightning reads this when choosing what to resume."""
+        return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
+
+    @property
+    def _partial_path(self) -> Path:
+        return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        run_dirs = [cb for cb in trainer.callbacks if isinstance(cb, RunDir)]  # type: ignore[attr-defined]
+        if len(run_dirs) != 1:
+            raise ResumeError(
+                f"RequeueCheckpoint needs exactly one RunDir callback in the Trainer, found {len(run_dirs)}."
+            )
+        self._run_dir = run_dirs[0]
+        self._trainer = trainer
+        if stage != "fit":
+            return
+        if trainer.is_global_zero:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._partial_path.unlink()
+        if not self._run_dir.is_resumed:
+            return
+        if not Path(self.ckpt_path).is_file():
+            raise ResumeError(
+                f"This is a restart of run {self._run_dir.run_id!r}, but {self.ckpt_path!r} does not exist. "
+                "Starting over would silently discard the run. If the first attempt was stopped before its "
+                "first save, delete the run dir (or its session index entry) and submit again; otherwise "
+                "restore last.ckpt from a copy."
+            )
+        strategy = trainer.strategy
+        strategy.checkpoint_io = RedirectFirstLoad(
+            strategy, strategy.checkpoint_io, self.ckpt_path, self._warn_redirect
+        )
+        log.info("Restart of run %s: resuming from %s", self._run_dir.run_id, self.ckpt_path)
+
+    def _warn_redirect(self, requested: str) -> None:
+        warnings.warn(
+            f"Restart of a preempted run: resuming from {self.ckpt_path!r} instead of {requested!r} "
+            "(a ckpt_path given to fit() only applies to the first attempt of a run).",
+            stacklevel=2,
+        )
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # At an epoch boundary the next draws are the new epoch's iterator and shuffle, which
+        # happen before any batch hook: put the random state back before them.
+        if self._pending_rng is not None and not self._pending_rng["mid_epoch"]:
+            self._restore_rng(trainer)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)]
+        # Lightning restores a stateful loader only when resuming mid-epoch, so for those the epoch
+        # boundary is saved as the first batch of the next epoch instead (see on_train_batch_end).
+        self._stateful_loader = bool(loaders) and all(hasattr(dl, "state_dict") for dl in loaders)
+        mid_epoch_saves = self.every_n_train_steps is not None or self.every_n_minutes is not None
+        if mid_epoch_saves and not self._stateful_loader and loaders and trainer.is_global_zero:
+            warnings.warn(
+                "RequeueCheckpoint saves mid-epoch, but the train DataLoader cannot restore its position: a "
+                "resume from a mid-epoch last.ckpt replays some batches and skips others. For an exact "
+                "resume use torchdata's StatefulDataLoader, or save at epoch ends only "
+                "(every_n_train_steps=None, every_n_minutes=None).",
+                stacklevel=2,
+            )
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Mid-epoch, the resumed iterator is rebuilt before this hook and draws from the global
+        # generator; restoring afterwards continues the stream where the interrupted run was.
+        if self._pending_rng is not None:
+            self._restore_rng(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.is_last_batch and (self.save_on_train_epoch_end or self._stateful_loader):
+            return  # the epoch-end save follows, or (stateful loader) the first batch of the next epoch
+        epoch_start = self._stateful_loader and self.save_on_train_epoch_end and batch_idx == 0
+        if epoch_start or self._due(trainer):
+            self.save(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.save_on_train_epoch_end and not self._stateful_loader:
+            self.save(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != self._last_save_step:
+            self.save(trainer)  # a finished run's last.ckpt says so: a rerun has nothing left to do
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        exception = args[-1] if args else kwargs.get("exception")
+        if isinstance(exception, SIGTERMException):
+            self.save(trainer)  # raised at a batch boundary, so the state is consistent
+        elif trainer.is_global_zero:
+            log.warning(
+                "fit stopped by %s; keeping %s from step %s (a mid-step state is not a safe resume point)",
+                type(exception).__name__,
+                self.ckpt_path,
+                self._last_save_step,
+            )
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, RedirectFirstLoad):
+            io.uninstall()
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        step = trainer.global_step
+        if step == self._last_save_step:
+            return False  # gradient accumulation: no optimizer step since the last save
+        due = bool(self.every_n_train_steps and step % self.every_n_train_steps == 0)
+        if self.every_n_minutes is not None:
+            elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
+            # Clocks differ between ranks: rank 0 decides for all of them.
+            due = due or bool(trainer.strategy.broadcast(elapsed))
+        return due
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` now (call on every rank). Used by the hooks and by preemption handling."""
+        partial = self._partial_path
+        trainer.save_checkpoint(partial, weights_only=False)
+        if trainer.is_global_zero:
+            with open(partial, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(partial, self.ckpt_path)
+            fsync_dir(self.checkpoint_dir)
+            log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
+        self._last_save_step = trainer.global_step
+        self._last_save_time = time.monotonic()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        states: list[Any] = [_rng.capture()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, states[0])
+            states = gathered
+        mid_epoch = trainer is not None and not trainer.is_last_batch
+        return {
+            "rng": states,
+            "mid_epoch": mid_epoch,
+            "global_step": trainer.global_step if trainer else None,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = state_dict.get("rng")
+        if states:
+            self._pending_rng = {"states": states, "mid_epoch": bool(state_dict.get("mid_epoch", True))}
+        step = state_dict.get("global_step")
+        self._last_save_step = int(step) if step is not None else -1
+
+    def _restore_rng(self, trainer: pl.Trainer) -> None:
+        assert self._pending_rng is not None
+        states = self._pending_rng["states"]
+        self._pending_rng = None
+        if len(states) != trainer.world_size:
+            warnings.warn(
+                f"The checkpoint holds random states for {len(states)} rank(s) but this run has "
+                f"{trainer.world_size}: continuing with rank 0's states, so random draws will not match an "
+                "uninterrupted run.",
+                stacklevel=2,
+            )
+        _rng.restore(states[trainer.global_rank] if trainer.global_rank < len(states) else states[0])

@@ -1,0 +1,107 @@
+"""Shared fixtures: a clean environment and signal table per test, and a runner for the demo job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+SCHEDULER_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_RESTART_COUNT",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LIGHTNING_RESUME_KEY",
+    "LIGHTNING_RESUME_RUN_DIR",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts outside any scheduler and gets its env vars and signal handlers back."""
+    for var in SCHEDULER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    saved_env = dict(os.environ)
+    handlers = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+    }
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def job_env(**extra: str | int | None) -> dict[str, str]:
+    """The environment for a job subprocess: this one without scheduler vars, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in SCHEDULER_VARS}
+    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    env.update({k: str(v) for k, v in extra.items() if v is not None})
+    return env
+
+
+@dataclass
+class Attempt:
+    returncode: int
+    output: str
+    run_dir: Path | None
+
+
+def run_job(
+    root: Path, out: Path, *args: str | int, timeout: float = 180, **env: str | int | None
+) -> Attempt:
+    """Run ``python -m lightning_resume._demo_job`` once and return its exit status and output."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightning_resume._demo_job",
+        "--root",
+        str(root),
+        "--out",
+        str(out),
+        *map(str, args),
+    ]
+    proc = subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True, timeout=timeout)
+    meta = Path(f"{out}.json")
+    run_dir = (
+        Path(json.loads(meta.read_text())["run_dir"]) if proc.returncode == 0 and meta.exists() else None
+    )
+    return Attempt(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    left, right = torch.load(a), torch.load(b)
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Final weights of uninterrupted runs, by loader kind, computed once per session."""
+    folder = tmp_path_factory.mktemp("baseline")
+    results = {}
+    for loader in ("stateful", "plain"):
+        out = folder / f"{loader}.pt"
+        attempt = run_job(folder / loader, out, "--loader", loader)
+        assert attempt.returncode == 0, attempt.output
+        results[loader] = out
+    return results

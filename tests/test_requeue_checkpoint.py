@@ -1,0 +1,153 @@
+"""End to end: a real job is SIGKILLed at random steps and relaunched the way a scheduler would."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_job, same_weights
+
+TOTAL_STEPS = 36  # 96 samples, batch 8, 3 epochs
+
+
+def kill_steps(seed: int, count: int = 3) -> list[int]:
+    return sorted(random.Random(seed).sample(range(2, TOTAL_STEPS), count))
+
+
+def preempt_and_resume(tmp_path: Path, kills: list[int], env_for_attempt, *extra: str) -> Path:  # type: ignore[no-untyped-def]
+    """Run attempt 0..len(kills); each but the last is killed at its step; return the final run dir."""
+    root, out = tmp_path / "runs", tmp_path / "final.pt"
+    for attempt, step in enumerate([*kills, None]):
+        args = [*extra] + (["--kill-at", str(step)] if step is not None else [])
+        result = run_job(root, out, *args, **env_for_attempt(attempt))
+        if step is not None:
+            assert result.returncode == -9, result.output
+        else:
+            assert result.returncode == 0, result.output
+            assert result.run_dir is not None
+            assert [p for p in (root / "runs").glob("*/*/*")] == [result.run_dir], "expected one run dir"
+            return result.run_dir
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_slurm_requeue_three_kills_is_bitwise_exact(
+    tmp_path: Path, baseline: dict[str, Path], seed: int
+) -> None:
+    kills = kill_steps(seed)
+    preempt_and_resume(tmp_path, kills, lambda n: {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": n or None})
+    assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
+
+
+def test_torchelastic_restart_is_bitwise_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
+    kills = kill_steps(2)
+    preempt_and_resume(
+        tmp_path, kills, lambda n: {"TORCHELASTIC_RUN_ID": "elastic-1", "TORCHELASTIC_RESTART_COUNT": n}
+    )
+    assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
+
+
+def test_explicit_key_resume_is_bitwise_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
+    kills = kill_steps(3)
+    preempt_and_resume(tmp_path, kills, lambda n: {"LIGHTNING_RESUME_KEY": "k8s-job-7"})
+    assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
+
+
+def test_epoch_end_saves_make_a_plain_dataloader_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
+    kills = [14, 30]  # mid-epoch kills; only epoch-end checkpoints exist
+    preempt_and_resume(
+        tmp_path,
+        kills,
+        lambda n: {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": n or None},
+        "--loader",
+        "plain",
+        "--every",
+        "0",
+    )
+    assert same_weights(tmp_path / "final.pt", baseline["plain"])
+
+
+def test_without_requeue_checkpoint_the_restart_is_not_exact(
+    tmp_path: Path, baseline: dict[str, Path]
+) -> None:
+    """The control: the same kill and relaunch with RunDir alone restarts from scratch."""
+    root, out = tmp_path / "runs", tmp_path / "final.pt"
+    assert run_job(root, out, "--no-requeue", "--kill-at", "20", SLURM_JOB_ID="5").returncode == -9
+    assert (
+        run_job(
+            root, out, "--no-requeue", "--epochs", "1", SLURM_JOB_ID="5", SLURM_RESTART_COUNT=1
+        ).returncode
+        == 0
+    )
+    assert not same_weights(out, baseline["stateful"])
+
+
+def test_interactive_rerun_in_one_allocation_gets_a_new_dir(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    first = run_job(root, tmp_path / "a.pt", "--epochs", "1", SLURM_JOB_ID="31")
+    second = run_job(root, tmp_path / "b.pt", "--epochs", "1", SLURM_JOB_ID="31")
+    assert first.returncode == second.returncode == 0
+    assert first.run_dir != second.run_dir
+    assert "Restoring states" not in second.output
+
+
+def test_restart_without_last_ckpt_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    first = run_job(root, tmp_path / "a.pt", "--epochs", "1", SLURM_JOB_ID="32")
+    assert first.run_dir is not None
+    (first.run_dir / "checkpoints" / "last.ckpt").unlink()
+    again = run_job(root, tmp_path / "a.pt", "--epochs", "2", SLURM_JOB_ID="32", SLURM_RESTART_COUNT=1)
+    assert again.returncode != 0
+    assert "does not exist. Starting over would silently discard the run" in again.output
+
+
+def test_restart_ignores_a_fine_tune_ckpt_path_with_one_warning(
+    tmp_path: Path, baseline: dict[str, Path]
+) -> None:
+    pretrain = run_job(tmp_path / "pre", tmp_path / "pre.pt", "--epochs", "1")
+    assert pretrain.run_dir is not None
+    start = pretrain.run_dir / "checkpoints" / "last.ckpt"
+    root, out = tmp_path / "runs", tmp_path / "final.pt"
+    first = run_job(root, out, "--ckpt-path", start, "--epochs", "3", "--kill-at", "20", SLURM_JOB_ID="33")
+    assert first.returncode == -9
+    again = run_job(
+        root, out, "--ckpt-path", start, "--epochs", "3", SLURM_JOB_ID="33", SLURM_RESTART_COUNT=1
+    )
+    assert again.returncode == 0, again.output
+    assert again.output.count("a ckpt_path given to fit() only applies to the first attempt") == 1
+    # Reference: the same fine-tune, uninterrupted.
+    ref = run_job(tmp_path / "ref", tmp_path / "ref.pt", "--ckpt-path", start, "--epochs", "3")
+    assert ref.returncode == 0
+    assert same_weights(out, tmp_path / "ref.pt")
+    assert not same_weights(out, baseline["stateful"])
+
+
+def test_lightning_hpc_checkpoint_does_not_override_a_newer_last_ckpt(
+    tmp_path: Path, baseline: dict[str, Path]
+) -> None:
+    root, out = tmp_path / "runs", tmp_path / "final.pt"
+    slurm = {
+        "SLURM_JOB_ID": "34",
+        "SLURM_NTASKS": 1,
+        "SLURM_PROCID": 0,
+        "SLURM_LOCALID": 0,
+        "SLURM_NODEID": 0,
+        "SLURM_JOB_NAME": "train",
+        "SLURM_NODELIST": "localhost",
+    }
+    first = run_job(root, out, "--kill-at", "8", **slurm)
+    assert first.returncode == -9, first.output
+    run_dir = next((root / "runs").glob("*/*/*"))
+    # An older checkpoint saved the way SLURMEnvironment(auto_requeue=True) does, in default_root_dir.
+    old = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    old["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] = 0
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", root / "hpc_ckpt_1.ckpt")
+    second = run_job(root, out, "--kill-at", "22", **slurm, SLURM_RESTART_COUNT=1)
+    assert second.returncode == -9, second.output
+    third = run_job(root, out, **slurm, SLURM_RESTART_COUNT=2)
+    assert third.returncode == 0, third.output
+    assert "instead of" in third.output and "hpc_ckpt_1.ckpt" in third.output
+    assert same_weights(out, baseline["stateful"])
