@@ -354,7 +354,7 @@ def _run(workdir: Path, kill_steps: list[int], seed: int, console: Console) -> O
     """Run the baseline and the preempted run; measure and check them."""
     logs = workdir / "logs"
     logs.mkdir()
-    root = workdir / "runs"
+    root = workdir / "preempted"
     job_id = str(random.SystemRandom().randrange(100_000, 1_000_000))
     launches = len(kill_steps) + 1
     attempts: list[Attempt] = []

@@ -17,11 +17,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_resume import _rng
+from lightning_resume import _binding, _rng
 from lightning_resume._atomic import fsync_dir
 from lightning_resume._redirect_io import RedirectFirstLoad
-from lightning_resume._resolve import Resolution
-from lightning_resume._scheduler import ENV
 from lightning_resume.exceptions import ResumeError
 from lightning_resume.run_dir import RunDir
 
@@ -43,12 +41,6 @@ def _loaders(source: Any) -> list[Any]:
     if isinstance(source, (list, tuple)):
         return [leaf for value in source for leaf in _loaders(value)]
     return [source]
-
-
-def _this_process_run_dir() -> Resolution | None:
-    """The run dir a ``RunDir`` constructed in this process chose (``None`` if there is none)."""
-    owner, _, payload = os.environ.get(ENV["handoff"], "").partition(":")
-    return Resolution.from_json(payload) if payload and owner == str(os.getpid()) else None
 
 
 class RequeueCheckpoint(OnExceptionCheckpoint):
@@ -112,7 +104,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         """The directory holding ``last.ckpt`` (the run dir's ``checkpoints``)."""
         if self._run_dir is not None:
             return self._run_dir.checkpoint_dir
-        resolution = _this_process_run_dir()
+        resolution = _binding.current()
         if resolution is None:
             raise ResumeError(
                 "RequeueCheckpoint needs a RunDir callback in the same Trainer (it says where last.ckpt "
@@ -250,17 +242,32 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         return due
 
     def save(self, trainer: pl.Trainer) -> None:
-        """Write ``last.ckpt`` now (call on every rank). Used by the hooks and by preemption handling."""
-        partial = self._partial_path
-        trainer.save_checkpoint(partial, weights_only=False)
-        if trainer.is_global_zero:
-            with open(partial, "rb") as handle:
-                os.fsync(handle.fileno())
-            os.replace(partial, self.ckpt_path)
-            fsync_dir(self.checkpoint_dir)
-            log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
+        """Write ``last.ckpt`` now (call on every rank). Used by the hooks and by preemption handling.
+
+        A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
+        :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
+        the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
+        """
+        if getattr(trainer.strategy.checkpoint_io, "writes_atomically", False):
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+        else:
+            partial = self._partial_path
+            trainer.save_checkpoint(partial, weights_only=False)
+            if trainer.is_global_zero:
+                with open(partial, "rb") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(partial, self.ckpt_path)
+                fsync_dir(self.checkpoint_dir)
+        log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._last_save_step = trainer.global_step
         self._last_save_time = time.monotonic()
+
+    @staticmethod
+    def wait_until_durable(trainer: pl.Trainer) -> None:
+        """Block until every checkpoint write in flight is on disk (plugins that write in the background)."""
+        wait = getattr(trainer.strategy.checkpoint_io, "wait_until_durable", None)
+        if callable(wait):
+            wait()
 
     @override
     def state_dict(self) -> dict[str, Any]:

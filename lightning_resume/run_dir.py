@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from lightning_resume import _resolve
+from lightning_resume import _binding, _resolve
 from lightning_resume._scheduler import ENV, expects_peers, is_global_zero, launch_key, read_session
 from lightning_resume.exceptions import ResumeError
 
@@ -61,6 +61,7 @@ class RunDir(Callback):
         # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
         # the variable lets them adopt this choice instead of resolving again.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
+        _binding.announce(self._resolution)
         log.info("RunDir %s (%s)", self.path, self._resolution.reason)
 
     def _resolve_for_this_rank(self) -> _resolve.Resolution:
