@@ -5,8 +5,19 @@ imports no tracker.
 """
 
 from lightning_resume._version import __version__
-from lightning_resume.exceptions import ResumeError, RunDirError
+from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
+from lightning_resume.preemption_handler import PreemptionHandler
 from lightning_resume.requeue_checkpoint import RequeueCheckpoint
 from lightning_resume.run_dir import RunDir
+from lightning_resume.signal_diagnostics import SignalDiagnostics
 
-__all__ = ["RequeueCheckpoint", "ResumeError", "RunDir", "RunDirError", "__version__"]
+__all__ = [
+    "Preempted",
+    "PreemptionHandler",
+    "RequeueCheckpoint",
+    "ResumeError",
+    "RunDir",
+    "RunDirError",
+    "SignalDiagnostics",
+    "__version__",
+]

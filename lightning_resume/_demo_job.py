@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
+import time
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resume import RequeueCheckpoint, RunDir
+from lightning_resume import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
 
 
 class Noisy(Dataset):
@@ -71,12 +73,39 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAt(pl.Callback):
+    """Send this process a real signal as the step after ``step`` starts, on one rank (or all).
+
+    With ``count > 1`` the further signals arrive while the next checkpoint is being written.
+    """
+
+    def __init__(self, step: int, name: str, rank: int | None, count: int) -> None:
+        self.step, self.sig, self.rank, self.remaining = step, signal.Signals[name], rank, count
+
+    def _send(self) -> None:
+        self.remaining -= 1
+        os.kill(os.getpid(), self.sig)
+
+    def on_train_batch_start(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and self.remaining:
+            self._send()
+
+    def on_save_checkpoint(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step > self.step and self.remaining:
+            self._send()
+
+
 def loader(kind: str, ds: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
     if kind == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         return StatefulDataLoader(ds, batch_size=batch_size, shuffle=shuffle)
     return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,9 +123,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--no-requeue", action="store_true", help="leave RequeueCheckpoint out")
     p.add_argument("--no-epoch-end", action="store_true", help="no epoch-end save")
+    p.add_argument("--preemption", action="store_true", help="add PreemptionHandler and SignalDiagnostics")
+    p.add_argument(
+        "--signal-at", type=int, default=None, help="send a signal as this step's next batch starts"
+    )
+    p.add_argument("--signal-name", default="SIGTERM")
+    p.add_argument("--signal-rank", type=int, default=None)
+    p.add_argument("--signal-count", type=int, default=1)
+    p.add_argument("--setup-sleep", type=float, default=0.0, help="sleep before fit (a slow setup window)")
+    p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
     args = p.parse_args(argv)
 
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[lightning_resume] %(levelname)s %(message)s"))
+    logging.getLogger("lightning_resume").addHandler(handler)
+    logging.getLogger("lightning_resume").setLevel(logging.INFO)
     pl.seed_everything(1234, workers=True)
+    if args.before == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif args.before == "user":
+        signal.signal(signal.SIGTERM, lambda *_: _append(args.out + ".user-handler", "called\n"))
     run_dir = RunDir(root=args.root, key=args.key)
     callbacks: list[pl.Callback] = [run_dir]
     if not args.no_requeue:
@@ -108,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.kill_at is not None:
         callbacks.insert(0, KillAt(args.kill_at))
+    if args.preemption:
+        callbacks.extend([PreemptionHandler(), SignalDiagnostics()])
+    if args.signal_at is not None:
+        callbacks.insert(0, SignalAt(args.signal_at, args.signal_name, args.signal_rank, args.signal_count))
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
@@ -120,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         deterministic=True,
         default_root_dir=args.root,
     )
+    if args.setup_sleep:
+        with open(args.out + ".setup", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(args.setup_sleep)
     train = Noisy(log=args.sample_log)
     trainer.fit(
         Model(),

@@ -9,3 +9,11 @@ class RunDirError(RuntimeError):
 
 class ResumeError(RuntimeError):
     """A restarted job cannot resume, and starting fresh would silently discard the run."""
+
+
+class Preempted(SystemExit):
+    """Raised to end ``fit`` after a preemption signal, once ``last.ckpt`` is durable.
+
+    It is a ``SystemExit`` so the process ends with :attr:`code`, a non-zero status that schedulers
+    (SLURM, torchrun, Kubernetes, submitit) read as "not finished".
+    """

@@ -20,7 +20,7 @@ from typing_extensions import override
 from lightning_resume import _binding, _rng
 from lightning_resume._atomic import fsync_dir
 from lightning_resume._redirect_io import RedirectFirstLoad
-from lightning_resume.exceptions import ResumeError
+from lightning_resume.exceptions import Preempted, ResumeError
 from lightning_resume.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
 
     @property
+    def saves_epoch_start_instead(self) -> bool:
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
+        return self._stateful_loader
+
+    @property
     def _partial_path(self) -> Path:
         return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
 
@@ -214,6 +219,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     @override
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         exception = args[-1] if args else kwargs.get("exception")
+        if isinstance(exception, Preempted):
+            return  # PreemptionHandler saved last.ckpt before raising
         if isinstance(exception, SIGTERMException):
             self.save(trainer)  # raised at a batch boundary, so the state is consistent
         elif trainer.is_global_zero:
