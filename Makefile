@@ -53,9 +53,10 @@ typecheck: venv
 	$(BIN)/mypy
 
 test: venv lint typecheck
-# SLURM hook (added by a later issue): start the local SLURM cluster before pytest
-# so tests marked `slurm` can run.  To enable, uncomment the next line:
-#	tests/slurm/cluster.sh start
+# The tests marked `slurm` run against a real single-node SLURM cluster on this machine
+# (needs root and apt; idempotent, ~2 s when already installed). Stop it with
+# `bash tests/slurm/cluster.sh stop`.
+	bash tests/slurm/cluster.sh start
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

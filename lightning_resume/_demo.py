@@ -188,6 +188,7 @@ def run_job(command: Sequence[str], env: Mapping[str, str], log: Path, expect_ki
                 stderr=subprocess.STDOUT,
                 timeout=ATTEMPT_TIMEOUT,
                 check=False,
+                start_new_session=True,  # a preempted job is killed as a group, like a scheduler does
             ).returncode
         except subprocess.TimeoutExpired:
             raise JobFailed(f"{log.stem} did not finish within {ATTEMPT_TIMEOUT:.0f} s", log) from None

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -24,37 +25,40 @@ from lightning_resume import PreemptionHandler, RequeueCheckpoint, RunDir, Signa
 
 
 class Noisy(Dataset):
-    """Sized synthetic regression data; logs every sample index it serves when asked to."""
+    """Sized synthetic regression data: ``(x, y, index)``, ``x`` optionally jittered at random."""
 
-    def __init__(self, n: int = 96, log: str | None = None) -> None:
+    def __init__(self, n: int = 96, augment: bool = False) -> None:
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 8, generator=g)
         self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(n, 1, generator=g)
-        self.log = log
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.log:
-            with open(self.log, "a") as f:
-                f.write(f"{i}\n")
-        return self.x[i], self.y[i]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self.x[i] + 0.05 * torch.randn(8) if self.augment else self.x[i]
+        return x, self.y[i], torch.tensor(i)
 
 
 class Model(pl.LightningModule):
-    def __init__(self) -> None:
+    """A small MLP with dropout; writes the sample indices of every training batch when asked to."""
+
+    def __init__(self, sample_log: str | None = None) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
+        self.sample_log = sample_log
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        if self.sample_log:
+            _append(f"{self.sample_log}.rank{self.global_rank}", " ".join(map(str, index.tolist())) + "\n")
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss)
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        x, y, _ = batch
         self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
@@ -63,14 +67,19 @@ class Model(pl.LightningModule):
 
 
 class KillAt(pl.Callback):
-    """SIGKILL this process at a given global step: a preemption with no warning."""
+    """SIGKILL the job at a given global step: a preemption with no warning."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if trainer.global_step != self.step or trainer.global_rank != 0:
+            return
+        if trainer.world_size > 1:
+            # The whole process group (the launcher runs the job in a session of its own): the
+            # other ranks die too, instead of waiting in a collective for a dead peer.
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class SignalAt(pl.Callback):
@@ -95,12 +104,30 @@ class SignalAt(pl.Callback):
             self._send()
 
 
-def loader(kind: str, ds: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
+class Slow(pl.Callback):
+    """Sleep after every step, so a scheduler has time to act in the middle of training."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args) -> None:  # type: ignore[no-untyped-def]
+        time.sleep(self.seconds)
+
+
+def loader(
+    kind: str, ds: Dataset, batch_size: int, shuffle: bool, workers: int = 0, drop_last: bool = False
+) -> DataLoader:
+    options: dict[str, Any] = {
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "num_workers": workers,
+        "drop_last": drop_last,
+    }
     if kind == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        return StatefulDataLoader(ds, batch_size=batch_size, shuffle=shuffle)
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)
+        return StatefulDataLoader(ds, **options)
+    return DataLoader(ds, **options)
 
 
 def _append(path: str, text: str) -> None:
@@ -119,7 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loader", choices=["stateful", "plain"], default="stateful")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--ckpt-path", default=None)
-    p.add_argument("--sample-log", default=None)
+    p.add_argument("--sample-log", default=None, help="write each training batch's sample indices here")
+    p.add_argument("--samples", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--augment", action="store_true", help="random jitter inside the dataset")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--no-requeue", action="store_true", help="leave RequeueCheckpoint out")
     p.add_argument("--no-epoch-end", action="store_true", help="no epoch-end save")
@@ -130,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--signal-name", default="SIGTERM")
     p.add_argument("--signal-rank", type=int, default=None)
     p.add_argument("--signal-count", type=int, default=1)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (a slow job)")
     p.add_argument("--setup-sleep", type=float, default=0.0, help="sleep before fit (a slow setup window)")
     p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
     args = p.parse_args(argv)
@@ -154,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.kill_at is not None:
         callbacks.insert(0, KillAt(args.kill_at))
+    if args.step_sleep:
+        callbacks.insert(0, Slow(args.step_sleep))
     if args.preemption:
         callbacks.extend([PreemptionHandler(), SignalDiagnostics()])
     if args.signal_at is not None:
@@ -174,10 +209,10 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.out + ".setup", "w") as f:
             f.write(str(os.getpid()))
         time.sleep(args.setup_sleep)
-    train = Noisy(log=args.sample_log)
+    train = Noisy(args.samples, augment=args.augment)
     trainer.fit(
-        Model(),
-        train_dataloaders=loader(args.loader, train, 8, shuffle=True),
+        Model(args.sample_log),
+        train_dataloaders=loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last),
         val_dataloaders=loader(args.loader, Noisy(32), 16, shuffle=False),
         ckpt_path=args.ckpt_path,
     )

@@ -144,19 +144,27 @@ def slurm_job_state(job: str, timeout: float = 30) -> str | None:
     return None
 
 
-def known_problems(table: Mapping[str, HandlerInfo], environ: Mapping[str, str]) -> list[str]:
-    """Warnings about handler set-ups known to lose work or requeues, each with what to do."""
+def known_problems(
+    table: Mapping[str, HandlerInfo], environ: Mapping[str, str], preemption_handler: bool = False
+) -> list[str]:
+    """Warnings about handler set-ups known to lose work or requeues, each with what to do.
+
+    Args:
+        table: The handlers, from :func:`handler_table`.
+        environ: The environment (scheduler variables).
+        preemption_handler: A ``PreemptionHandler`` is in use (even if its handlers are not installed now).
+    """
     problems = []
     on_slurm = bool(environ.get("SLURM_JOB_ID"))
-    ours = any(info.origin == "lightning_resume" for info in table.values())
+    ours = preemption_handler or any(info.origin == "lightning_resume" for info in table.values())
     usr1 = table.get("SIGUSR1")
-    if on_slurm and usr1 and usr1.origin not in ("default", "lightning", "lightning_resume"):
+    if on_slurm and usr1 and usr1.origin not in ("default", "lightning", "lightning_resume") and not ours:
         problems.append(
             f"SIGUSR1 already has a handler ({usr1}): Lightning's SLURM auto-requeue silently installs none. "
             "Add lightning_resume.PreemptionHandler to handle SLURM's time-limit signal."
         )
     term = table.get("SIGTERM")
-    if on_slurm and term and term.origin == "default":
+    if on_slurm and term and term.origin == "default" and not ours:
         problems.append(
             "SIGTERM is at its default action under SLURM: a preemption kills the process with no checkpoint "
             "and no requeue. Add lightning_resume.PreemptionHandler to the Trainer's callbacks."

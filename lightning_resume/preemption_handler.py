@@ -133,8 +133,8 @@ class PreemptionHandler(Callback):
         """Requeue once, the way this job was launched; return what was done."""
         if not self.requeue:
             return "disabled"
-        submitit = self._previous.get(_signals.signal_number(_signals.submitit_signal(os.environ)))
-        if _signals.under_submitit(os.environ) and callable(submitit):
+        submitit = self._submitit_requeue()
+        if submitit is not None:
             try:
                 # submitit requeues (or decides not to) and exits with its own status.
                 submitit(int(sig), None)
@@ -204,31 +204,42 @@ class PreemptionHandler(Callback):
         assert self._requeue_checkpoint is not None
         start = self._received[1] if self._received else time.monotonic()
         sig = self._received[0] if self._received else None
+        name = sig.name if sig else "a signal on another rank"
         self._requeue_checkpoint.save(trainer)
         self._requeue_checkpoint.wait_until_durable(trainer)
         durable = time.monotonic() - start
+        self._stopped = {"signal": name, "step": trainer.global_step, "seconds_to_durable": durable}
+        if trainer.is_global_zero and self._submitit_requeue() is not None:
+            # submitit requeues and exits from its own handler: say everything before handing over.
+            self._stopped["requeue"] = "through submitit"
+            self._log_stop(trainer, "through submitit, which exits", None)
         requeued = self._issue_requeue(sig or signal.SIGTERM) if trainer.is_global_zero else "left to rank 0"
         total = time.monotonic() - start
-        name = sig.name if sig else "a signal on another rank"
-        self._stopped = {
-            "signal": name,
-            "step": trainer.global_step,
-            "requeue": requeued,
-            "seconds_to_durable": durable,
-            "seconds_to_exit": total,
-        }
+        self._stopped.update(requeue=requeued, seconds_to_exit=total)
         if trainer.is_global_zero:
-            log.warning(
-                "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal; requeue: %s; exiting "
-                "with status %s %.3f s after the signal",
-                name,
-                trainer.global_step,
-                durable,
-                requeued,
-                self.exit_code,
-                total,
-            )
+            self._log_stop(trainer, requeued, total)
         raise Preempted(self.exit_code)
+
+    def _log_stop(self, trainer: pl.Trainer, requeued: str, total: float | None) -> None:
+        assert self._stopped is not None
+        exit_text = (
+            f"exiting with status {self.exit_code} {total:.3f} s after the signal"
+            if total is not None
+            else ""
+        )
+        log.warning(
+            "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal; requeue: %s%s",
+            self._stopped["signal"],
+            trainer.global_step,
+            self._stopped["seconds_to_durable"],
+            requeued,
+            f"; {exit_text}" if exit_text else "",
+        )
+
+    def _submitit_requeue(self) -> Any:
+        """submitit's preempt handler (which requeues and exits) when running under submitit."""
+        handler = self._previous.get(_signals.signal_number(_signals.submitit_signal(os.environ)))
+        return handler if _signals.under_submitit(os.environ) and callable(handler) else None
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -17,8 +17,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_resume import _binding, _rng
+from lightning_resume import _binding, _data_position, _rng
 from lightning_resume._atomic import fsync_dir
+from lightning_resume._lightning_internals import restart_train_iterator
 from lightning_resume._redirect_io import RedirectFirstLoad
 from lightning_resume.exceptions import Preempted, ResumeError
 from lightning_resume.run_dir import RunDir
@@ -41,6 +42,11 @@ def _loaders(source: Any) -> list[Any]:
     if isinstance(source, (list, tuple)):
         return [leaf for value in source for leaf in _loaders(value)]
     return [source]
+
+
+def _batches_processed(trainer: pl.Trainer) -> int:
+    """Batches of the current epoch whose step has run (what a mid-epoch resume must skip)."""
+    return int(getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0))
 
 
 class RequeueCheckpoint(OnExceptionCheckpoint):
@@ -92,8 +98,12 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._run_dir: RunDir | None = None
         self._trainer: pl.Trainer | None = None
-        self._pending_rng: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._epoch_start: dict[str, Any] | None = None
+        self._first_epoch = True
+        self._positioned = False
         self._stateful_loader = False
+        self._epoch_ended = False
         self._last_save_step = -1
         self._last_save_time = time.monotonic()
         for message in _LIGHTNING_NOISE:
@@ -168,33 +178,89 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # At an epoch boundary the next draws are the new epoch's iterator and shuffle, which
         # happen before any batch hook: put the random state back before them.
-        if self._pending_rng is not None and not self._pending_rng["mid_epoch"]:
-            self._restore_rng(trainer)
+        if self._pending is not None and not self._pending["mid_epoch"]:
+            _rng.restore(self._mine(trainer)["rng"])
+        self._first_epoch = True
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)]
+        sources = _loaders(trainer.train_dataloader)
+        loaders = [dl for dl in sources if isinstance(dl, DataLoader)]
         # Lightning restores a stateful loader only when resuming mid-epoch, so for those the epoch
         # boundary is saved as the first batch of the next epoch instead (see on_train_batch_end).
         self._stateful_loader = bool(loaders) and all(hasattr(dl, "state_dict") for dl in loaders)
+        problems = sorted({p for p in map(_data_position.loader_problem, sources) if p})
+        self._positioned = (
+            bool(loaders) and not problems and not any(hasattr(dl, "state_dict") for dl in loaders)
+        )
         mid_epoch_saves = self.every_n_train_steps is not None or self.every_n_minutes is not None
-        if mid_epoch_saves and not self._stateful_loader and loaders and trainer.is_global_zero:
+        if problems and mid_epoch_saves and trainer.is_global_zero:
             warnings.warn(
-                "RequeueCheckpoint saves mid-epoch, but the train DataLoader cannot restore its position: a "
-                "resume from a mid-epoch last.ckpt replays some batches and skips others. For an exact "
-                "resume use torchdata's StatefulDataLoader, or save at epoch ends only "
-                "(every_n_train_steps=None, every_n_minutes=None).",
+                "RequeueCheckpoint saves mid-epoch, but the train data cannot be put back at the same batch ("
+                + "; ".join(problems)
+                + "): a resume from a mid-epoch last.ckpt continues at the right step with different "
+                "batches. Alternatively save at epoch ends only (every_n_train_steps=None, "
+                "every_n_minutes=None).",
                 stacklevel=2,
             )
+        if self._positioned:
+            self._position_loaders(trainer, loaders)
+
+    def _position_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
+        """Rebuild the first epoch's iterator from a known state, skipping what a resumed run consumed.
+
+        Fresh runs go through this too, so the uninterrupted and the resumed run draw alike.
+        """
+        pending = self._pending
+        mine = self._mine(trainer) if pending is not None else None
+        skip = 0
+        if pending is not None and mine is not None and pending["mid_epoch"] and mine.get("epoch_start"):
+            start = mine["epoch_start"]
+            skip = int(pending["batches"])
+        elif pending is not None and mine is not None:
+            start = {"rng": mine["rng"], "generators": mine.get("generators")}
+        else:
+            start = {
+                "rng": _rng.capture(),
+                "generators": [_data_position.capture_generators(dl) for dl in loaders],
+            }
+        _rng.restore(start["rng"])
+        for loader, states in zip(loaders, start.get("generators") or [], strict=False):
+            _data_position.restore_generators(loader, states)
+        self._epoch_start = start
+        for loader in loaders:
+            _data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        epoch = trainer.current_epoch
+        skippers = [_data_position.skip_batches(dl, skip, epoch) for dl in loaders] if skip else []
+        restart_train_iterator(trainer)
+        for skipper in skippers:
+            skipper.start()
+        if pending is not None and mine is not None:
+            if pending["mid_epoch"]:
+                _rng.restore(mine["rng"])  # where the interrupted run was after its last saved step
+            self._pending = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._first_epoch or not self._positioned:
+            return  # the first epoch's iterator was made (and its start recorded) in on_train_start
+        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)]
+        for loader in loaders:  # reloaded loaders (reload_dataloaders_every_n_epochs) need it again
+            _data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        self._epoch_start = {
+            "rng": _rng.capture(),
+            "generators": [_data_position.capture_generators(dl) for dl in loaders],
+        }
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Mid-epoch, the resumed iterator is rebuilt before this hook and draws from the global
-        # generator; restoring afterwards continues the stream where the interrupted run was.
-        if self._pending_rng is not None:
-            self._restore_rng(trainer)
+        # Mid-epoch with a stateful loader, the resumed iterator is rebuilt before this hook and
+        # draws from the global generator; restoring now continues the stream where it was.
+        if self._pending is not None:
+            _rng.restore(self._mine(trainer)["rng"])
+            self._pending = None
 
     @override
     def on_train_batch_end(
@@ -208,13 +274,15 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_epoch = False
         if self.save_on_train_epoch_end and not self._stateful_loader:
-            self.save(trainer)
+            self.save(trainer, epoch_ended=True)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step != self._last_save_step:
-            self.save(trainer)  # a finished run's last.ckpt says so: a rerun has nothing left to do
+            # A finished run's last.ckpt says so: a rerun has nothing left to do.
+            self.save(trainer, epoch_ended=True)
 
     @override
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -248,13 +316,20 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             due = due or bool(trainer.strategy.broadcast(elapsed))
         return due
 
-    def save(self, trainer: pl.Trainer) -> None:
+    def save(self, trainer: pl.Trainer, epoch_ended: bool = False) -> None:
         """Write ``last.ckpt`` now (call on every rank). Used by the hooks and by preemption handling.
 
         A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
         :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
         the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
+
+        Args:
+            trainer: The trainer.
+            epoch_ended: The training epoch has ended (Lightning resumes at the next one).
         """
+        # An epoch can end before its last batch (max_steps, limit_train_batches): Lightning then
+        # resumes at the next epoch, so the random state belongs to an epoch boundary.
+        self._epoch_ended = epoch_ended or trainer.is_last_batch
         if getattr(trainer.strategy.checkpoint_io, "writes_atomically", False):
             trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         else:
@@ -266,6 +341,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 os.replace(partial, self.ckpt_path)
                 fsync_dir(self.checkpoint_dir)
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
+        self._epoch_ended = False
         self._last_save_step = trainer.global_step
         self._last_save_time = time.monotonic()
 
@@ -279,35 +355,46 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     @override
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
-        states: list[Any] = [_rng.capture()]
+        loaders = (
+            [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)] if trainer else []
+        )
+        mine = {
+            "rng": _rng.capture(),
+            "generators": [_data_position.capture_generators(dl) for dl in loaders],
+            "epoch_start": self._epoch_start,
+        }
+        ranks: list[Any] = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, states[0])
-            states = gathered
-        mid_epoch = trainer is not None and not trainer.is_last_batch
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, mine)
         return {
-            "rng": states,
-            "mid_epoch": mid_epoch,
+            "ranks": ranks,
+            "mid_epoch": trainer is not None and not (self._epoch_ended or trainer.is_last_batch),
+            "batches": _batches_processed(trainer) if trainer else 0,
             "global_step": trainer.global_step if trainer else None,
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        states = state_dict.get("rng")
-        if states:
-            self._pending_rng = {"states": states, "mid_epoch": bool(state_dict.get("mid_epoch", True))}
+        if state_dict.get("ranks"):
+            self._pending = {
+                "ranks": state_dict["ranks"],
+                "mid_epoch": bool(state_dict.get("mid_epoch", True)),
+                "batches": int(state_dict.get("batches", 0)),
+            }
         step = state_dict.get("global_step")
         self._last_save_step = int(step) if step is not None else -1
 
-    def _restore_rng(self, trainer: pl.Trainer) -> None:
-        assert self._pending_rng is not None
-        states = self._pending_rng["states"]
-        self._pending_rng = None
-        if len(states) != trainer.world_size:
+    def _mine(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """This rank's saved states (rank 0's, with a warning, if the world size changed)."""
+        assert self._pending is not None
+        ranks = self._pending["ranks"]
+        if len(ranks) != trainer.world_size:
             warnings.warn(
-                f"The checkpoint holds random states for {len(states)} rank(s) but this run has "
-                f"{trainer.world_size}: continuing with rank 0's states, so random draws will not match an "
+                f"The checkpoint holds random states for {len(ranks)} rank(s) but this run has "
+                f"{trainer.world_size}: continuing with rank 0's, so random draws will not match an "
                 "uninterrupted run.",
                 stacklevel=2,
             )
-        _rng.restore(states[trainer.global_rank] if trainer.global_rank < len(states) else states[0])
+            return dict(ranks[0])
+        return dict(ranks[trainer.global_rank])

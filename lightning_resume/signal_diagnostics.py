@@ -37,11 +37,12 @@ class SignalDiagnostics(Callback):
         self._exception: BaseException | None = None
         self.report("construction")
 
-    def report(self, moment: str) -> list[str]:
+    def report(self, moment: str, trainer: pl.Trainer | None = None) -> list[str]:
         """Log the handler table and warnings now; return the warnings."""
         table = _signals.handler_table()
         log.info("signal handlers at %s: %s", moment, "; ".join(f"{n} {info}" for n, info in table.items()))
-        problems = _signals.known_problems(table, os.environ)
+        handled = trainer is not None and any(isinstance(cb, PreemptionHandler) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        problems = _signals.known_problems(table, os.environ, preemption_handler=handled)
         for problem in problems:
             log.warning("%s", problem)
         return problems
@@ -49,7 +50,7 @@ class SignalDiagnostics(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            self.report("train start")
+            self.report("train start", trainer)
 
     @override
     def on_exception(
@@ -67,7 +68,7 @@ class SignalDiagnostics(Callback):
     def _end_of_fit(self, trainer: pl.Trainer) -> None:
         if not trainer.is_global_zero:
             return
-        self.report("end of fit")
+        self.report("end of fit", trainer)
         handlers = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionHandler)]  # type: ignore[attr-defined]
         stopped: dict[str, Any] | None = handlers[0].stop_report if handlers else None
         if stopped is not None:

@@ -81,7 +81,10 @@ def run_job(
         str(out),
         *map(str, args),
     ]
-    proc = subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True, timeout=timeout)
+    # A session of its own: a kill of the job's process group (all DDP ranks) spares pytest.
+    proc = subprocess.run(
+        cmd, env=job_env(**env), capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
     meta = Path(f"{out}.json")
     run_dir = (
         Path(json.loads(meta.read_text())["run_dir"]) if proc.returncode == 0 and meta.exists() else None
