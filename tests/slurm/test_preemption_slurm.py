@@ -99,6 +99,24 @@ def check(tmp_path: Path, reference: Path, name: str = "job") -> None:
     run_dirs = list((tmp_path / "runs" / "runs").glob("*/*/*"))
     assert len(run_dirs) == 1, run_dirs
     assert same_weights(tmp_path / f"{name}.pt", reference)
+    # SLURMEnvironment(auto_requeue=True) is active in these jobs and must have saved nothing.
+    assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt"))
+
+
+def restarts(slurm: SlurmCluster, job: str) -> int:
+    """How many times SLURM restarted ``job`` (from accounting, which outlives slurmctld's memory)."""
+    record = slurm.job(job)
+    if record is not None:
+        return int(record.get("Restarts", 0))
+    out = slurm.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State")
+    return len([line for line in out.splitlines() if line.strip()]) - 1
+
+
+def report_stops(capsys: pytest.CaptureFixture[str], log: Path) -> None:
+    with capsys.disabled():
+        for line in log.read_text().splitlines():
+            if "Preempted by" in line:
+                print(f"\n    {line.split('WARNING ', 1)[-1]}", end="")
 
 
 def test_scontrol_requeue_twice(
@@ -119,11 +137,13 @@ def test_scontrol_requeue_twice(
     finish(slurm, job, tmp_path / "job.log")
     log = (tmp_path / "job.log").read_text()
     assert log.count("Preempted by SIGTERM") == 2
+    assert restarts(slurm, job) == 2, "requeued exactly once per scontrol requeue"
+    report_stops(capsys, tmp_path / "job.log")
     check(tmp_path, reference)
 
 
 def test_real_preemption_by_a_higher_priority_partition(
-    slurm: SlurmCluster, tmp_path: Path, reference: Path
+    slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = submit(slurm, tmp_path, "--partition=low", "--exclusive", "--signal=USR1@60")
     root = tmp_path / "runs"
@@ -135,25 +155,34 @@ def test_real_preemption_by_a_higher_priority_partition(
     slurm.wait_sacct_state(high, "COMPLETED", timeout=30)
     log = (tmp_path / "job.log").read_text()
     assert "Preempted by SIGUSR1" in log and "requeue: scontrol requeue" in log, log[-3000:]
+    assert restarts(slurm, job) == 1
+    report_stops(capsys, tmp_path / "job.log")
     check(tmp_path, reference)
 
 
-def test_scancel_signal_usr1_under_srun(slurm: SlurmCluster, tmp_path: Path, reference: Path) -> None:
+def test_scancel_signal_usr1_under_srun(
+    slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = submit(slurm, tmp_path)
     wait_training(slurm, job, tmp_path / "runs", past=3)
     slurm.run("scancel", "--signal=USR1", job)
     finish(slurm, job, tmp_path / "job.log")
     log = (tmp_path / "job.log").read_text()
     assert "Preempted by SIGUSR1" in log and f"requeue: scontrol requeue {job}" in log, log[-3000:]
+    assert restarts(slurm, job) == 1
+    report_stops(capsys, tmp_path / "job.log")
     check(tmp_path, reference)
 
 
-def test_time_limit_with_usr1_warning(slurm: SlurmCluster, tmp_path: Path, reference: Path) -> None:
+def test_time_limit_with_usr1_warning(
+    slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # One minute limit, warned 50 s before: the job is stopped ~10 s in, requeued, and finishes.
     job = submit(slurm, tmp_path, "--time=1", "--signal=USR1@50")
     finish(slurm, job, tmp_path / "job.log", timeout=180)
     log = (tmp_path / "job.log").read_text()
     assert "Preempted by SIGUSR1" in log, log[-3000:]
+    report_stops(capsys, tmp_path / "job.log")
     check(tmp_path, reference)
 
 
