@@ -10,6 +10,10 @@ from lightning_resume.preemption_handler import PreemptionHandler
 from lightning_resume.requeue_checkpoint import RequeueCheckpoint
 from lightning_resume.run_dir import RunDir
 from lightning_resume.signal_diagnostics import SignalDiagnostics
+from lightning_resume.swanlab_resume import SwanLabResume
+from lightning_resume.tracker_resume import TrackerResume
+from lightning_resume.trackio_resume import TrackioResume
+from lightning_resume.wandb_resume import WandbResume
 
 __all__ = [
     "Preempted",
@@ -19,5 +23,9 @@ __all__ = [
     "RunDir",
     "RunDirError",
     "SignalDiagnostics",
+    "SwanLabResume",
+    "TrackerResume",
+    "TrackioResume",
+    "WandbResume",
     "__version__",
 ]

@@ -28,6 +28,7 @@ from lightning_resume.exceptions import RunDirError
 log = logging.getLogger(__name__)
 
 RUN_META = "run_meta.json"
+STATUS = "status.json"
 INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -109,6 +110,28 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def write_status(run_dir: Path, status: str, step: int, detail: str | None = None) -> None:
+    """Record how the latest attempt of a run stands: ``running``, ``finished``, ``preempted``, ``failed``."""
+    record = {
+        "status": status,
+        "step": step,
+        "time": datetime.now().isoformat(timespec="seconds"),
+        "pid": os.getpid(),
+    }
+    if detail:
+        record["detail"] = detail
+    write_json_atomic(run_dir / STATUS, record)
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """The ``status.json`` of a run dir (``{"status": "unknown"}`` if missing or unreadable)."""
+    try:
+        data = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return {"status": "unknown"}
+    return data if isinstance(data, dict) and "status" in data else {"status": "unknown"}
 
 
 def find_orphans(root: Path, key: str) -> list[Path]:

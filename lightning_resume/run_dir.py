@@ -9,11 +9,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_resume import _binding, _resolve
 from lightning_resume._scheduler import ENV, expects_peers, is_global_zero, launch_key, read_session
-from lightning_resume.exceptions import ResumeError
+from lightning_resume.exceptions import Preempted, ResumeError
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,23 @@ class RunDir(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and self._session.key is not None and self._resolution.owns_index:
             _resolve.check_index(self.root, self._session.key, self.path)
+        self._record_status(trainer, "running")
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record_status(trainer, "finished")
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        stopped = isinstance(exception, (Preempted, SIGTERMException))
+        self._record_status(trainer, "preempted" if stopped else "failed", type(exception).__name__)
+
+    def _record_status(self, trainer: pl.Trainer, status: str, detail: str | None = None) -> None:
+        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only."""
+        if trainer.is_global_zero:
+            _resolve.write_status(self.path, status, trainer.global_step, detail)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import sys
 def test_import_has_no_side_effects() -> None:
     code = (
         "import logging, os, signal, sys\n"
+        "import lightning.pytorch  # sets env vars of its own; only lightning_resume is under test\n"
         "env = dict(os.environ)\n"
         "handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)]\n"
         "import lightning_resume\n"

@@ -1,0 +1,5 @@
+"""Lightning loggers shipped by lightning_resume. Importing this package imports no tracker."""
+
+from lightning_resume.loggers.trackio_logger import TrackioLogger
+
+__all__ = ["TrackioLogger"]
