@@ -83,15 +83,112 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "directory, deleted at the end)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--trackers", action="store_true", help="also log to trackio (offline) and show the run continued"
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from lightning_resume._demo import DemoError, run_demo
 
     try:
-        return run_demo(preemptions=args.preemptions, seed=args.seed, workdir=args.workdir, keep=args.keep)
+        return run_demo(
+            preemptions=args.preemptions,
+            seed=args.seed,
+            workdir=args.workdir,
+            keep=args.keep,
+            trackers=args.trackers,
+        )
     except DemoError as e:
         raise UsageError(f"{PROG} demo: {e}") from None
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+
+
+def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--root", type=Path, default=Path("runs"), help="the runs root to check (default: runs)"
+    )
+    _add_json(parser)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from lightning_resume import _doctor, _render
+
+    findings = _doctor.run_checks(args.root.expanduser().resolve(), os.environ)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        _render.findings(findings)
+    return 1 if any(f.level == _doctor.ERROR for f in findings) else 0
+
+
+def _add_gc_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("root", type=Path, metavar="ROOT", help="the runs root (the RunDir root)")
+    parser.add_argument("--older-than", default="30d", metavar="AGE", help="e.g. 30d, 12h (default: 30d)")
+    parser.add_argument("--apply", action="store_true", help="remove the files (default: only list them)")
+    _add_json(parser)
+
+
+def _run_gc(args: argparse.Namespace) -> int:
+    import json
+
+    from lightning_resume import _gc, _render
+
+    try:
+        age = _gc.parse_age(args.older_than)
+    except ValueError as e:
+        raise UsageError(f"{PROG} gc: {e}") from None
+    root = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{PROG} gc: {str(root)!r} is not a directory")
+    if not (root / "runs").is_dir() and not (root / ".index").is_dir():
+        raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no runs/ or .index/ inside)")
+    removals = _gc.plan(root, age)
+    if args.apply:
+        removals = _gc.apply(removals)
+    if args.json:
+        print(json.dumps({"applied": args.apply, "removals": [r.to_dict() for r in removals]}, indent=2))
+    else:
+        _render.removals(removals, args.apply)
+    return 0
+
+
+def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, metavar="PATH", help="a runs root (RunDir's root) or one run dir")
+    _add_json(parser)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from lightning_resume import _inspect, _render
+
+    path = args.path.expanduser().resolve()
+    if not path.exists():
+        raise UsageError(f"{PROG} inspect: {str(args.path)!r} does not exist")
+    if _inspect.is_run_dir(path):
+        report = _inspect.describe_run(path)
+        kind = "run"
+    elif _inspect.is_root(path):
+        report = _inspect.describe_root(path)
+        kind = "root"
+    else:
+        raise UsageError(
+            f"{PROG} inspect: {str(args.path)!r} is neither a run dir (run_meta.json) nor a runs root"
+        )
+    if args.json:
+        print(json.dumps({"kind": kind, **report}, indent=2, default=str))
+    elif kind == "run":
+        _render.run(report)
+    else:
+        _render.root(report)
+    return 0
 
 
 COMMANDS: dict[str, Command] = {
@@ -104,6 +201,39 @@ COMMANDS: dict[str, Command] = {
         ),
         add_arguments=_add_demo_arguments,
         run=_run_demo,
+    ),
+    "inspect": Command(
+        help="show a runs root or one run: what the next restart will load, and why",
+        description=(
+            "For a runs root: its runs (session key, status, last step, age), the session index entries "
+            "(stale ones marked), orphans and handoff files. For one run dir: which checkpoint the next "
+            "restart loads and why, every checkpoint with its verification (size, checksum, step), the "
+            "index entries pointing at it and the tracker sidecars with the runs they will resume."
+        ),
+        add_arguments=_add_inspect_arguments,
+        run=_run_inspect,
+    ),
+    "doctor": Command(
+        help="check this environment the way a failed requeue would be debugged",
+        description=(
+            "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
+            "handlers, $TMPDIR and free space against the run root, and tracker settings that would send "
+            "data somewhere unexpected. Each finding is ok, warn or error with what to do; exit status 1 "
+            "if any is an error."
+        ),
+        add_arguments=_add_doctor_arguments,
+        run=_run_doctor,
+    ),
+    "gc": Command(
+        help="remove index entries of long-finished runs and stale handoff files",
+        description=(
+            "List (or with --apply remove) session index entries of runs that finished longer ago than "
+            "--older-than, entries pointing at deleted run dirs, and old rank handoff files. Runs that "
+            "are running, preempted, failed or of unknown status keep their entries. Run dirs are never "
+            "deleted."
+        ),
+        add_arguments=_add_gc_arguments,
+        run=_run_gc,
     ),
 }
 

@@ -52,7 +52,8 @@ FIRST_KILL_STEP = SAVE_EVERY + 1
 LAST_KILL_STEP = TOTAL_STEPS - 1
 MAX_PREEMPTIONS = LAST_KILL_STEP - FIRST_KILL_STEP + 1
 ATTEMPT_TIMEOUT = 300.0  # seconds; an attempt normally takes a few
-KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
+# SIGKILL, or (with --trackers) the status PreemptionHandler exits with after a SIGTERM.
+KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL, 128 + signal.SIGTERM)
 LOG_TAIL_LINES = 25
 # Launcher and scheduler variables of the shell the demo runs in must not leak into its jobs.
 _STRIPPED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LIGHTNING_RESUME_")
@@ -163,11 +164,45 @@ def child_env(base: Mapping[str, str], job_id: str | None, restart_count: int) -
     return env
 
 
-def job_command(root: Path, out: Path, kill_at: int | None) -> list[str]:
-    """The command line of one training job."""
+def _tracker_env(env: dict[str, str], trackio_dir: Path, trackers: bool) -> dict[str, str]:
+    """Keep trackio offline and in the work dir."""
+    if trackers:
+        env.update({"TRACKIO_DIR": str(trackio_dir), "HF_HUB_OFFLINE": "1"})
+    return env
+
+
+def trackio_summary(trackio_dir: Path) -> str:
+    """One line on the demo's trackio data: how many runs, and which steps were logged (and re-logged)."""
+    import sqlite3
+
+    db = trackio_dir / "lightning-resume-demo.db"
+    if not db.is_file():
+        return f"trackio: no data at {db}"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+    names = sorted({name for name, _, _ in rows})
+    # One row per (step, metric): a value logged twice for a step was trained twice.
+    logged = [(step, key) for _, step, metrics in rows for key in json.loads(metrics) if key != "epoch"]
+    unique = sorted({step for step, _ in logged})
+    continuous = unique == list(range(unique[0], unique[-1] + 1)) if unique else False
+    again = len({(s, k) for s, k in logged if logged.count((s, k)) > 1})
+    span = f"{unique[0]}..{unique[-1]}" if unique else "none"
+    return (
+        f"trackio: {len(names)} run(s) {names}; steps {span} {'continuous' if continuous else 'with gaps'}; "
+        f"{again} step(s) logged twice"
+    )
+
+
+def job_command(root: Path, out: Path, kill_at: int | None, tracker: bool = False) -> list[str]:
+    """The command line of one training job (a plain shuffled DataLoader, positioned exactly on resume)."""
     command = [sys.executable, "-m", JOB_MODULE, "--root", str(root), "--out", str(out)]
-    command += ["--epochs", str(EPOCHS), "--every", str(SAVE_EVERY), "--loader", "stateful"]
-    if kill_at is not None:
+    command += ["--epochs", str(EPOCHS), "--every", str(SAVE_EVERY), "--loader", "plain"]
+    if tracker:
+        command += ["--tracker", "trackio"]
+    if kill_at is not None and tracker:
+        # A graceful preemption: the tracker flushes (a SIGKILL loses its unwritten rows).
+        command += ["--preemption", "--signal-at", str(kill_at - 1)]
+    elif kill_at is not None:
         command += ["--kill-at", str(kill_at)]
     return command
 
@@ -288,11 +323,12 @@ def summary_lines(outcome: Outcome) -> list[str]:
     return lines
 
 
-def _plan(kill_steps: Sequence[int], seed: int) -> str:
+def _plan(kill_steps: Sequence[int], seed: int, trackers: bool = False) -> str:
     if not kill_steps:
         return "as a simulated SLURM job that is never preempted"
     steps = ", ".join(map(str, kill_steps))
-    return f"with SIGKILL at steps {steps} (seed {seed}), restarting it each time like a SLURM requeue"
+    how = "SIGTERM (PreemptionHandler saves and exits)" if trackers else "SIGKILL"
+    return f"with {how} at steps {steps} (seed {seed}), restarting it each time like a SLURM requeue"
 
 
 def _prepare_workdir(workdir: Path | None) -> tuple[Path, bool]:
@@ -351,7 +387,9 @@ def _describe(attempt: Attempt, launches: int) -> str:
     return f"attempt {attempt.number}/{launches} ({start}): {end}, {attempt.wall_time:.1f} s"
 
 
-def _run(workdir: Path, kill_steps: list[int], seed: int, console: Console) -> Outcome:
+def _run(
+    workdir: Path, kill_steps: list[int], seed: int, console: Console, trackers: bool = False
+) -> Outcome:
     """Run the baseline and the preempted run; measure and check them."""
     logs = workdir / "logs"
     logs.mkdir()
@@ -363,10 +401,9 @@ def _run(workdir: Path, kill_steps: list[int], seed: int, console: Console) -> O
     baseline_out, out = workdir / "baseline.pt", workdir / "preempted.pt"
     with _Display(console, launches + 1) as display:
         display.start(f"baseline: training {TOTAL_STEPS} steps without interruption")
-        command = job_command(workdir / "baseline", baseline_out, None)
-        baseline_time = run_job(
-            command, child_env(os.environ, None, 0), logs / "baseline.log", expect_kill=False
-        )
+        command = job_command(workdir / "baseline", baseline_out, None, trackers)
+        env = _tracker_env(child_env(os.environ, None, 0), workdir / "trackio-baseline", trackers)
+        baseline_time = run_job(command, env, logs / "baseline.log", expect_kill=False)
         display.done(f"baseline: {TOTAL_STEPS} steps without interruption, {baseline_time:.1f} s")
 
         resumed_from: int | None = None
@@ -376,8 +413,9 @@ def _run(workdir: Path, kill_steps: list[int], seed: int, console: Console) -> O
             plan = "training to the end" if kill_at is None else f"training, to be killed at step {kill_at}"
             display.start(f"attempt {number}/{launches} ({start}): {plan}")
             log = logs / f"attempt-{number}.log"
-            env = child_env(os.environ, job_id, number - 1)
-            wall = run_job(job_command(root, out, kill_at), env, log, expect_kill=kill_at is not None)
+            env = _tracker_env(child_env(os.environ, job_id, number - 1), workdir / "trackio", trackers)
+            command = job_command(root, out, kill_at, trackers)
+            wall = run_job(command, env, log, expect_kill=kill_at is not None)
             saved_step = None
             if kill_at is not None:
                 run_dir, saved_step = _saved_run_dir_and_step(root, job_id, log)
@@ -406,6 +444,7 @@ def run_demo(
     workdir: Path | None = None,
     keep: bool = False,
     console: Console | None = None,
+    trackers: bool = False,
 ) -> int:
     """Preempt the demo job ``preemptions`` times and compare its final weights with an uninterrupted run.
 
@@ -417,28 +456,29 @@ def run_demo(
             directory is never deleted.
         keep: Keep the temporary directory.
         console: Where to print (default: standard output).
+        trackers: Also log to trackio (offline, in the work dir) through ``TrackioResume`` and show that
+            every attempt continued the same trackio run.
 
     Returns:
         0 when the final weights are bitwise equal to the uninterrupted run's and every attempt
         used the same run dir, 1 otherwise (also when a job failed).
 
     Raises:
-        DemoError: for arguments out of range, a non-empty ``workdir`` or a missing ``torchdata``.
+        DemoError: for arguments out of range, a non-empty ``workdir``, or ``trackers`` without trackio.
     """
     console = console or Console()
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     kill_steps = choose_kill_steps(preemptions, random.Random(seed))
-    if importlib.util.find_spec("torchdata") is None:
-        raise DemoError(
-            "the demo needs torchdata (for a data loader that resumes mid-epoch): "
-            "pip install 'lightning-resume[data]'"
-        )
+    if trackers and importlib.util.find_spec("trackio") is None:
+        raise DemoError("--trackers needs trackio: pip install 'lightning-resume[trackio]'")
     workdir, temporary = _prepare_workdir(workdir)
-    console.print(f"Training a {TOTAL_STEPS}-step job uninterrupted, then again {_plan(kill_steps, seed)}.")
+    console.print(
+        f"Training a {TOTAL_STEPS}-step job uninterrupted, then again {_plan(kill_steps, seed, trackers)}."
+    )
     keep_dir = keep or not temporary
     try:
-        outcome = _run(workdir, kill_steps, seed, console)
+        outcome = _run(workdir, kill_steps, seed, console, trackers)
     except JobFailed as e:
         err = Console(stderr=True)
         err.print(f"[red]error:[/red] {e}; last lines of {e.log}:", highlight=False, soft_wrap=True)
@@ -453,6 +493,8 @@ def run_demo(
     console.print(attempts_table(outcome.attempts))
     for line in summary_lines(outcome):
         console.print(line, highlight=False, soft_wrap=True)
+    if trackers:
+        console.print(trackio_summary(workdir / "trackio"), highlight=False, soft_wrap=True)
     if keep_dir:
         console.print(f"work dir kept: {workdir}", highlight=False, soft_wrap=True)
     else:

@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--no-requeue", action="store_true", help="leave RequeueCheckpoint out")
     p.add_argument("--no-epoch-end", action="store_true", help="no epoch-end save")
+    p.add_argument(
+        "--tracker", choices=["trackio"], default=None, help="log to trackio, resumed by TrackioResume"
+    )
     p.add_argument("--preemption", action="store_true", help="add PreemptionHandler and SignalDiagnostics")
     p.add_argument(
         "--signal-at", type=int, default=None, help="send a signal as this step's next batch starts"
@@ -193,13 +196,21 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.extend([PreemptionHandler(), SignalDiagnostics()])
     if args.signal_at is not None:
         callbacks.insert(0, SignalAt(args.signal_at, args.signal_name, args.signal_rank, args.signal_count))
+    logger: Any = False
+    if args.tracker == "trackio":
+        from lightning_resume import TrackioResume
+        from lightning_resume.loggers import TrackioLogger
+
+        logger = TrackioLogger(project="lightning-resume-demo", auto_log_cpu=False, auto_log_gpu=False)
+        callbacks.append(TrackioResume())
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         callbacks=callbacks,
-        logger=False,
+        logger=logger,
+        log_every_n_steps=1,
         enable_progress_bar=args.progress,
         enable_model_summary=False,
         deterministic=True,

@@ -82,7 +82,7 @@ class PreemptionHandler(Callback):
     @property
     def stop_report(self) -> dict[str, Any] | None:
         """How ``fit`` was stopped (signal, step, requeue, latencies), or ``None`` if it was not."""
-        return self._stopped
+        return self._stopped if self._stopped is not None and "requeue" in self._stopped else None
 
     def install(self) -> None:
         """Install the handlers (main thread only), keeping the ones they replace for chaining."""
@@ -184,13 +184,27 @@ class PreemptionHandler(Callback):
         # The last batch of an epoch is not a resume point: the epoch end (or, with a stateful
         # loader, the next epoch's first batch) is, so the check waits for it.
         if not trainer.is_last_batch and self._agreed(trainer):
-            self._stop(trainer)
+            self._save(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Exiting here rather than right after the save lets Lightning log the saved step's metrics.
+        if self._stopped is not None:
+            self._exit(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._requeue_checkpoint is not None
-        if not self._requeue_checkpoint.saves_epoch_start_instead and self._agreed(trainer):
-            self._stop(trainer)
+        if (
+            self._stopped is None
+            and not self._requeue_checkpoint.saves_epoch_start_instead
+            and self._agreed(trainer)
+        ):
+            self._save(trainer)
+        if self._stopped is not None:
+            self._exit(trainer)
 
     def _agreed(self, trainer: pl.Trainer) -> bool:
         flag = self._received is not None
@@ -200,21 +214,30 @@ class PreemptionHandler(Callback):
             flag = bool(tensor.item())
         return flag
 
-    def _stop(self, trainer: pl.Trainer) -> None:
+    def _save(self, trainer: pl.Trainer) -> None:
+        """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
         assert self._requeue_checkpoint is not None
         start = self._received[1] if self._received else time.monotonic()
         sig = self._received[0] if self._received else None
-        name = sig.name if sig else "a signal on another rank"
         self._requeue_checkpoint.save(trainer)
         self._requeue_checkpoint.wait_until_durable(trainer)
-        durable = time.monotonic() - start
-        self._stopped = {"signal": name, "step": trainer.global_step, "seconds_to_durable": durable}
+        self._stopped = {
+            "signal": sig.name if sig else "a signal on another rank",
+            "step": trainer.global_step,
+            "seconds_to_durable": time.monotonic() - start,
+            "started": start,
+        }
+
+    def _exit(self, trainer: pl.Trainer) -> None:
+        """Requeue (rank 0) and end ``fit`` with :class:`~lightning_resume.Preempted`."""
+        assert self._stopped is not None
+        sig = self._received[0] if self._received else signal.SIGTERM
         if trainer.is_global_zero and self._submitit_requeue() is not None:
             # submitit requeues and exits from its own handler: say everything before handing over.
             self._stopped["requeue"] = "through submitit"
             self._log_stop(trainer, "through submitit, which exits", None)
-        requeued = self._issue_requeue(sig or signal.SIGTERM) if trainer.is_global_zero else "left to rank 0"
-        total = time.monotonic() - start
+        requeued = self._issue_requeue(sig) if trainer.is_global_zero else "left to rank 0"
+        total = time.monotonic() - self._stopped["started"]
         self._stopped.update(requeue=requeued, seconds_to_exit=total)
         if trainer.is_global_zero:
             self._log_stop(trainer, requeued, total)
@@ -230,7 +253,7 @@ class PreemptionHandler(Callback):
         log.warning(
             "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal; requeue: %s%s",
             self._stopped["signal"],
-            trainer.global_step,
+            self._stopped["step"],
             self._stopped["seconds_to_durable"],
             requeued,
             f"; {exit_text}" if exit_text else "",

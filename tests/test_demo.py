@@ -23,3 +23,11 @@ def test_demo_rejects_bad_input_with_one_line() -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "--preemptions must be between" in proc.stderr
+
+
+def test_demo_with_trackers_shows_one_continuous_trackio_run() -> None:
+    cmd = [SCRIPT, "demo", "--seed", "5", "--preemptions", "2", "--trackers"]
+    proc = subprocess.run(cmd, env=job_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trackio: 1 run(s)" in proc.stdout
+    assert "steps 0..35 continuous; 0 step(s) logged twice" in proc.stdout
