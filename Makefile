@@ -25,7 +25,7 @@ PIP   := $(BIN)/python -m pip
 STAMP := $(VENV)/.stamp
 
 # Only lint directories that exist (benchmarks/ may not yet).
-LINT_PATHS := $(wildcard lightning_resume tests benchmarks)
+LINT_PATHS := $(wildcard lightning_resume tests benchmarks docs)
 
 # Keep loggers/hubs from touching the network during tests.
 TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFFLINE=1
@@ -53,6 +53,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 test: venv lint typecheck
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -f docs/mkdocs.yml
 # The tests marked `slurm` run against a real single-node SLURM cluster on this machine
 # (needs root and apt; idempotent, ~2 s when already installed). Stop it with
 # `bash tests/slurm/cluster.sh stop`.

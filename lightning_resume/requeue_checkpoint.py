@@ -293,10 +293,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             self.save(trainer)  # raised at a batch boundary, so the state is consistent
         elif trainer.is_global_zero:
             log.warning(
-                "fit stopped by %s; keeping %s from step %s (a mid-step state is not a safe resume point)",
+                "fit stopped by %s; %s keeps its last save (a mid-step state is not a safe resume point)",
                 type(exception).__name__,
                 self.ckpt_path,
-                self._last_save_step,
             )
 
     @override

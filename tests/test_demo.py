@@ -26,7 +26,7 @@ def test_demo_rejects_bad_input_with_one_line() -> None:
 
 
 def test_demo_with_trackers_shows_one_continuous_trackio_run() -> None:
-    cmd = [SCRIPT, "demo", "--seed", "5", "--preemptions", "2", "--trackers"]
+    cmd = [SCRIPT, "demo", "--seed", "5", "--preemptions", "1", "--trackers"]
     proc = subprocess.run(cmd, env=job_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "trackio: 1 run(s)" in proc.stdout

@@ -111,7 +111,9 @@ def test_requeue_reruns_job_with_restart_count(slurm, tmp_path: Path, capsys) ->
     report(capsys, f"requeue -> restart latency: {float(runs[1][2]) - requeued_at:.1f} s")
 
 
-@pytest.mark.parametrize("where", ["batch", "step"])
+# The step variant (a Python process under srun) is what tests/slurm/test_preemption_slurm.py runs
+# with the real library; here the batch-shell variant pins the cluster behaviour alone.
+@pytest.mark.parametrize("where", ["batch"])
 def test_preemption_signals_then_requeues(slurm, tmp_path: Path, capsys, where: str) -> None:
     marks, out = tmp_path / "marks", tmp_path / "low.out"
     if where == "batch":
