@@ -58,7 +58,7 @@ test: venv lint typecheck
 # (needs root and apt; idempotent, ~2 s when already installed). Stop it with
 # `bash tests/slurm/cluster.sh stop`.
 	bash tests/slurm/cluster.sh start
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

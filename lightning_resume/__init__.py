@@ -5,6 +5,7 @@ imports no tracker.
 """
 
 from lightning_resume._version import __version__
+from lightning_resume.durable_checkpoint_io import DurableCheckpointIO
 from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
 from lightning_resume.preemption_handler import PreemptionHandler
 from lightning_resume.requeue_checkpoint import RequeueCheckpoint
@@ -16,6 +17,7 @@ from lightning_resume.trackio_resume import TrackioResume
 from lightning_resume.wandb_resume import WandbResume
 
 __all__ = [
+    "DurableCheckpointIO",
     "Preempted",
     "PreemptionHandler",
     "RequeueCheckpoint",

@@ -90,7 +90,7 @@ def run(report: dict[str, Any]) -> None:
         )
         for c in report["checkpoints"]
     ]
-    table("checkpoints", ("file", "bytes", "crc32", "step", "verification"), rows)
+    table("checkpoints", ("file", "bytes", "checksum", "step", "verification"), rows)
     sidecars = [
         (
             s["tracker"],
