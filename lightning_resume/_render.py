@@ -77,7 +77,8 @@ def run(report: dict[str, Any]) -> None:
     console.print(
         f"session key: {report['session_key']}  index entries: {', '.join(report['index_entries']) or 'none'}"
     )
-    console.print(f"status: {status.get('status')} at step {status.get('step')} ({status.get('time', '?')})")
+    recorded = f"recorded at step {status.get('step')}, {status.get('time', '?')}"
+    console.print(f"status: {status.get('status')} ({recorded})")
     load = report["next_restart_loads"]
     console.print(f"next restart loads: [bold]{load['checkpoint']}[/] — {load['why']}")
     rows = [
