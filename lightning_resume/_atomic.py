@@ -28,10 +28,13 @@ def fsync_dir(path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX, suffix: str = ""
+) -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path``; on a clean exit it is fsynced and renamed onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left as it was.
+    On an exception the temporary file is removed and ``path`` is left as it was. ``prefix`` and
+    ``suffix`` name the temporary file (so that stale ones can be recognised and cleaned up).
 
     Example::
 
@@ -39,7 +42,7 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
             f.write("{}")
     """
     target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle

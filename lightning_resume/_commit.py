@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from lightning_resume._atomic import TEMP_PREFIX, fsync_dir
+from lightning_resume._atomic import TEMP_PREFIX, atomic_open, fsync_dir
 from lightning_resume._manifest import (
     ChecksumWriter,
     Entry,
@@ -61,18 +61,10 @@ def temp_file(directory: Path, name: str) -> tuple[int, Path]:
 def write_manifest(path: str | Path, entries: Iterable[Entry]) -> None:
     """Replace the manifest of ``path`` atomically and durably."""
     target = manifest_path(path)
-    fd, tmp = temp_file(target.parent, target.name)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(encode(list(entries)))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
+    with atomic_open(
+        target, "w", prefix=f"{TEMP_PREFIX}{os.getpid()}-", suffix=f"-{target.name}.tmp"
+    ) as handle:
+        handle.write(encode(list(entries)))
 
 
 def current_entries(path: str | Path, known: Entry | None = None) -> list[Entry]:
