@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -108,3 +109,18 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert attempt.returncode == 0, attempt.output
         results[loader] = out
     return results
+
+
+def tiny_trainer(*callbacks: pl.Callback, tmp_path: Path, **kwargs: object) -> pl.Trainer:
+    """A quiet CPU Trainer for one short epoch of ``BoringModel`` (4 batches, no validation)."""
+    options = dict(
+        max_epochs=1,
+        limit_train_batches=4,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    options.update(kwargs)
+    return pl.Trainer(callbacks=list(callbacks), **options)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-from conftest import job_env, run_job, same_weights
+from conftest import job_env, run_job, same_weights, tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import Preempted, PreemptionHandler, RequeueCheckpoint, RunDir
@@ -103,16 +103,7 @@ def test_a_user_handler_is_still_called(tmp_path: Path) -> None:
 
 
 def _fit(tmp_path: Path, *callbacks: pl.Callback) -> pl.Trainer:
-    trainer = pl.Trainer(
-        max_epochs=1,
-        limit_train_batches=4,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=list(callbacks),
-    )
+    trainer = tiny_trainer(*callbacks, tmp_path=tmp_path)
     trainer.fit(BoringModel())
     return trainer
 

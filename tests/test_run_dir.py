@@ -3,28 +3,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import tiny_trainer as trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint, ResumeError, RunDir, RunDirError
 from lightning_resume._resolve import index_path
-
-
-def trainer(*callbacks: pl.Callback, tmp_path: Path, **kwargs: object) -> pl.Trainer:
-    options = dict(
-        max_epochs=1,
-        limit_train_batches=4,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    options.update(kwargs)
-    return pl.Trainer(callbacks=list(callbacks), **options)  # type: ignore[arg-type]
 
 
 def test_model_checkpoint_without_dirpath_goes_to_run_dir(
