@@ -92,6 +92,17 @@ def run_tracker_job(
     return Attempt(proc.returncode, proc.stdout + proc.stderr, out.exists())
 
 
+def preempt(tmp_path: Path, tracker: str, job: int, kills: list[int], *args: str | int, **env: str) -> None:
+    """Run attempts until one finishes; each attempt but the last gets SIGTERM at its kill step."""
+    for attempt, kill in enumerate([*kills, None]):
+        extra = [*args] + (["--kill-at", kill] if kill is not None else [])
+        result = run_tracker_job(
+            tmp_path, tracker, *extra, SLURM_JOB_ID=job, SLURM_RESTART_COUNT=attempt or None, **env
+        )
+        assert result.returncode == 0, result.output
+        assert result.finished == (kill is None), result.output
+
+
 # -- the LevelDB-style log both wandb and swanlab write ----------------------------------------------
 
 _BLOCK = 32768

@@ -14,8 +14,8 @@ from _tracker_data import (
     dead_network_env,
     fit_tiny,
     only_run_dir,
+    preempt,
     read_sidecar_file,
-    run_tracker_job,
     swanlab_runs,
 )
 
@@ -67,13 +67,7 @@ def steps_of(root: Path) -> list[list[int]]:
 
 def test_preempted_job_continues_one_swanlab_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(5).sample(range(2, STEPS - 1), 2))
-    for attempt, kill in enumerate([*kills, None]):
-        args = ["--every", 5, "--steps", STEPS] + (["--kill-at", kill] if kill is not None else [])
-        result = run_tracker_job(
-            tmp_path, "swanlab", *args, SLURM_JOB_ID=90, SLURM_RESTART_COUNT=attempt or None
-        )
-        assert result.returncode == 0, result.output
-        assert result.finished == (kill is None), result.output
+    preempt(tmp_path, "swanlab", 90, kills, "--every", 5, "--steps", STEPS)
     runs = swanlab_runs(tmp_path / "trackers")
     assert len(runs) == 3, "one run folder per attempt"
     identity = read_sidecar_file(only_run_dir(tmp_path), "swanlab")["identity"]

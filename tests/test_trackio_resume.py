@@ -15,8 +15,8 @@ from _tracker_data import (
     dead_network_env,
     fit_tiny,
     only_run_dir,
+    preempt,
     read_sidecar_file,
-    run_tracker_job,
     trackio_dir_for_tests,
     trackio_rows,
 )
@@ -58,13 +58,7 @@ def fit_trackio(root: Path, project: str, resume: TrackioResume | None, steps: i
 
 def test_preempted_job_continues_one_trackio_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(6).sample(range(2, STEPS - 1), 2))
-    for attempt, kill in enumerate([*kills, None]):
-        args = ["--every", 5, "--steps", STEPS] + (["--kill-at", kill] if kill is not None else [])
-        result = run_tracker_job(
-            tmp_path, "trackio", *args, SLURM_JOB_ID=95, SLURM_RESTART_COUNT=attempt or None
-        )
-        assert result.returncode == 0, result.output
-        assert result.finished == (kill is None), result.output
+    preempt(tmp_path, "trackio", 95, kills, "--every", 5, "--steps", STEPS)
     identity = read_sidecar_file(only_run_dir(tmp_path), "trackio")["identity"]
     rows = trackio_rows(tmp_path / "trackio", "resume-test")
     assert {(row.run_id, row.run_name) for row in rows} == {(identity["id"], identity["name"])}

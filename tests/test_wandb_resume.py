@@ -22,6 +22,7 @@ from _tracker_data import (
     fit_tiny,
     offline_env,
     only_run_dir,
+    preempt,
     read_sidecar_file,
     run_tracker_job,
     wandb_runs,
@@ -72,23 +73,12 @@ def logged_steps(save_dir: Path) -> list[list[int]]:
     return [[row["trainer/global_step"] for row in run.history] for run in wandb_runs(save_dir)]
 
 
-def preempt(tmp_path: Path, job: int, kills: list[int], *args: str | int, **env: str) -> None:
-    """Run attempts until one finishes; each attempt but the last gets SIGTERM at its kill step."""
-    for attempt, kill in enumerate([*kills, None]):
-        extra = [*args] + (["--kill-at", kill] if kill is not None else [])
-        result = run_tracker_job(
-            tmp_path, "wandb", *extra, SLURM_JOB_ID=job, SLURM_RESTART_COUNT=attempt or None, **env
-        )
-        assert result.returncode == 0, result.output
-        assert result.finished == (kill is None), result.output
-
-
 # -- end to end: a real job preempted and restarted ----------------------------------------------
 
 
 def test_preempted_job_continues_one_wandb_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(4).sample(range(2, STEPS - 1), 2))
-    preempt(tmp_path, 77, kills, "--every", 5, "--steps", STEPS)
+    preempt(tmp_path, "wandb", 77, kills, "--every", 5, "--steps", STEPS)
     runs = wandb_runs(tmp_path / "trackers")
     assert len(runs) == 3, "one offline folder per attempt"
     recorded = read_sidecar_file(only_run_dir(tmp_path), "wandb")["identity"]["id"]
@@ -114,7 +104,7 @@ def test_hard_kill_keeps_the_run_and_replays_from_the_checkpoint(tmp_path: Path)
 
 def test_without_wandb_resume_a_restart_starts_a_new_run(tmp_path: Path) -> None:
     """The control: the same preemption and restart without the callback give a second wandb run."""
-    preempt(tmp_path, 79, [6], "--no-resume")
+    preempt(tmp_path, "wandb", 79, [6], "--no-resume")
     first, second = wandb_runs(tmp_path / "trackers")
     assert first.run_id != second.run_id
 
