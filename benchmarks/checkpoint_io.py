@@ -15,7 +15,8 @@ Columns: the training-loop stall per save (median, p95) after one warm-up save; 
 file is durable (Lightning's plugins do not fsync: the time includes an fsync done here); the step
 time while a write (or, for the mirror, an upload) is in flight relative to steps with nothing in
 flight; the extra peak memory of the process and its children (sum of PSS, so shared memory counts
-once) over the state's size. Then: verified load vs ``torch.load``.
+once) over the state's size, sampled in a second, shorter run so that sampling does not slow down
+the timed one. Then: verified load vs ``torch.load``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def plugin(row: str, endpoint: str | None) -> tuple[Any, Any, Any]:
     return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.writing
 
 
-def measure(row: str, size_mb: int, saves: int, folder: Path, endpoint: str | None) -> dict[str, Any]:
+def measure(
+    row: str, size_mb: int, saves: int, folder: Path, endpoint: str | None, idle_steps: int
+) -> dict[str, Any]:
     import torch
 
     torch.manual_seed(0)
@@ -166,9 +169,11 @@ def measure(row: str, size_mb: int, saves: int, folder: Path, endpoint: str | No
         save, durable, in_flight = copy, (lambda _: None), (lambda: False)
     else:
         save, durable, in_flight = plugin(row, endpoint)
+    for _ in range(2):  # warm-up: the first steps allocate (gradients, optimizer temporaries)
+        timed_step()
     print("PHASE idle", flush=True)
     time.sleep(0.2)
-    idle = [timed_step() for _ in range(6)]
+    idle = [timed_step() for _ in range(idle_steps)]
     print("PHASE saving", flush=True)
     stalls, durables, busy_steps = [], [], []
     for i in range(saves + 1):
@@ -188,7 +193,7 @@ def measure(row: str, size_mb: int, saves: int, folder: Path, endpoint: str | No
             stalls.append(stall)
             durables.append(done)
             busy_steps += steps
-        idle += [timed_step() for _ in range(2)]
+        idle += [timed_step() for _ in range(3)]
     print("PHASE done", flush=True)
     return {
         "nbytes": nbytes,
@@ -241,29 +246,38 @@ def tree_pss_mb(pid: int) -> float:
     return total / 1024
 
 
-def run_row(row: str, size_mb: int, saves: int, endpoint: str | None) -> dict[str, Any]:
+def run_child(row: str, size_mb: int, saves: int, endpoint: str | None, sample: bool) -> dict[str, Any]:
+    """Run one row in its own process; with ``sample``, also its extra peak memory while saving.
+
+    The memory run trains longer before saving, so that the peak "without saves" includes the
+    training's own ups and downs, and gives large allocations back to the system when freed (glibc
+    otherwise keeps some in its heap as it likes: the training's footprint would drift by tens of
+    MB for reasons that have nothing to do with saving).
+    """
     folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=os.environ.get("BENCH_DIR")))
     cmd = [sys.executable, __file__, "--child", row, "--sizes", str(size_mb), "--saves", str(saves)]
+    cmd += ["--idle-steps", "30" if sample else "6"]
     cmd += ["--dir", str(folder)] + (["--endpoint", endpoint] if endpoint else [])
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if sample:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     # Peak memory while training without saves, then while saving: the difference is what saving costs.
     peaks = {"idle": 0.0, "saving": 0.0}
     phase: list[str] = []
 
-    def sample() -> None:
+    def sample_memory() -> None:
         while phase[-1] != "done":
             peaks[phase[-1]] = max(peaks[phase[-1]], tree_pss_mb(proc.pid))
             time.sleep(0.01)
 
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = threading.Thread(target=sample_memory, daemon=True)
     result: dict[str, Any] = {}
     for line in proc.stdout:
         if line.startswith("PHASE "):
             phase.append(line.split()[1])
-            if phase == ["idle"]:
+            if phase == ["idle"] and sample:
                 sampler.start()
         elif line.startswith("RESULT "):
             result = json.loads(line[len("RESULT ") :])
@@ -273,6 +287,17 @@ def run_row(row: str, size_mb: int, saves: int, endpoint: str | None) -> dict[st
     if proc.returncode != 0 or not result:
         raise RuntimeError(f"row {row!r} ({size_mb} MB) failed with status {proc.returncode}")
     result["extra_mb"] = max(0.0, peaks["saving"] - peaks["idle"])
+    return result
+
+
+def run_row(row: str, size_mb: int, saves: int, endpoint: str | None) -> dict[str, Any]:
+    """Time a row, then measure its memory in a second run.
+
+    Reading ``/proc/<pid>/smaps_rollup`` every 10 ms costs a good part of a core; on a small machine
+    that would slow down the very steps and saves being timed, so timing runs without it.
+    """
+    result = run_child(row, size_mb, saves, endpoint, sample=False)
+    result["extra_mb"] = run_child(row, size_mb, 2, endpoint, sample=True)["extra_mb"]
     return result
 
 
@@ -364,10 +389,11 @@ def main() -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--idle-steps", type=int, default=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.child is not None:
-        result = measure(args.child, sizes[0], args.saves, Path(args.dir), args.endpoint)
+        result = measure(args.child, sizes[0], args.saves, Path(args.dir), args.endpoint, args.idle_steps)
         print("RESULT " + json.dumps(result), flush=True)
         return
     rows = [r.strip() for r in args.rows.split(",")]

@@ -1,8 +1,9 @@
 """Checkpoint files on a local filesystem: commit, remove, list and clean up.
 
-A commit writes a temporary file in the target directory (checksummed as it is written), fsyncs it,
-replaces the manifest (new entry first, the replaced file's entry kept), renames the data file into
-place and fsyncs the directory. A kill at any instant leaves the old or the new data file, each
+A commit writes a temporary file in the target directory (checksummed as it is written, and past the
+page cache where the filesystem allows: see ``_direct_file``), fsyncs it, replaces the manifest (new
+entry first, the replaced file's entry kept), renames the data file into place and fsyncs the
+directory. A kill at any instant leaves the old or the new data file, each
 matching an entry of the manifest on disk. Temporary names carry the writing process id, so a later
 process removes only the leftovers of processes that are gone.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import re
 import tempfile
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lightning_resume._atomic import TEMP_PREFIX, atomic_open, fsync_dir
+from lightning_resume._direct_file import DirectFile, new_buffer
 from lightning_resume._manifest import (
     ChecksumWriter,
     Entry,
@@ -83,6 +86,7 @@ def commit(
     write: Callable[[ChecksumWriter], None],
     make_entry: Callable[[int, str], Entry],
     known: Entry | None = None,
+    direct_buffer: mmap.mmap | None = None,
 ) -> Entry:
     """Write a new version of ``path`` through ``write`` and commit it; return its manifest entry.
 
@@ -91,6 +95,7 @@ def commit(
         write: Writes the content to the checksumming file object it is given.
         make_entry: Builds the entry from the written ``(size, checksum)``.
         known: The entry of the data file now at ``path``, when the caller committed it itself.
+        direct_buffer: A buffer from ``_direct_file.new_buffer()`` to reuse (default: a new one).
 
     Raises:
         OSError: from the filesystem; ``path`` and its manifest are then as they were.
@@ -98,11 +103,17 @@ def commit(
     path = Path(path)
     fd, tmp = temp_file(path.parent, path.name)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            out = ChecksumWriter(raw)
+        buffer = direct_buffer if direct_buffer is not None else new_buffer()
+        try:
+            file = DirectFile(fd, buffer)
+            out = ChecksumWriter(file)
             write(out)
-            raw.flush()
-            os.fsync(raw.fileno())
+            file.finish()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            if buffer is not direct_buffer:
+                buffer.close()
         entry = make_entry(out.checksum.size, out.checksum.hexdigest())
         write_manifest(path, next_entries(entry, current_entries(path, known)))
         os.replace(tmp, path)

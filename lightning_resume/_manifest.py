@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 MANIFEST_SUFFIX = ".manifest.json"
 FORMAT = "lightning-resume/checkpoint-manifest"
@@ -117,6 +117,14 @@ class Checksum:
         return str(self._hash.hexdigest())
 
 
+class Writable(Protocol):
+    """What :class:`ChecksumWriter` writes to: a binary file or a ``DirectFile``."""
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class ChecksumWriter:
     """A write-only, non-seekable file wrapper that checksums every byte passing through.
 
@@ -124,7 +132,7 @@ class ChecksumWriter:
     checksum covers the file exactly as written.
     """
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: Writable) -> None:
         self.raw = raw
         self.checksum = Checksum()
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._commit import commit, save_error
+from lightning_resume._direct_file import new_buffer
 from lightning_resume._manifest import Entry
-from lightning_resume._zip_records import write_archive
+from lightning_resume._zip_records import use_fast_crc32, write_archive
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +166,14 @@ class WriterProcess:
         self.conn.close()
 
 
-def write_request(request: dict[str, Any], view: memoryview) -> Entry:
-    """Write and commit one staged checkpoint (runs in the writer process)."""
+def write_request(request: dict[str, Any], view: memoryview, direct_buffer: mmap.mmap | None = None) -> Entry:
+    """Write and commit one staged checkpoint (runs in the writer process).
+
+    Args:
+        request: The ``write`` request: target path, records, manifest fields.
+        view: The shared staging buffer the records point into.
+        direct_buffer: Write past the page cache through this buffer (``_direct_file``).
+    """
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
         for name, source in request["records"]
@@ -181,6 +188,7 @@ def write_request(request: dict[str, Any], view: memoryview) -> Entry:
         lambda out: write_archive(out, records, request["alignment"], request["version"]),
         make_entry,
         Entry.from_json(known) if known else None,
+        direct_buffer,
     )
 
 
@@ -200,8 +208,10 @@ def serve(sock_fd: int, buffer_fd: int) -> None:
     for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+    use_fast_crc32()
     conn = Connection(sock_fd)
     mapping: mmap.mmap | None = None
+    direct_buffer = new_buffer()
     while True:
         try:
             kind, payload = conn.recv()
@@ -221,7 +231,7 @@ def serve(sock_fd: int, buffer_fd: int) -> None:
                     mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
                 view = memoryview(mapping)
                 try:
-                    reply = ("done", write_request(payload, view).to_json())
+                    reply = ("done", write_request(payload, view, direct_buffer).to_json())
                 finally:
                     view.release()
             except Exception as e:

@@ -30,8 +30,24 @@ class Sink(Protocol):
 
 
 _PADDING_FIELD = 0x4246  # "FB", the extra-field id torch's writer pads with
-_CHUNK = 64 << 20
+# Records are written in pieces small enough to stay in the CPU cache between the zip CRC, the
+# manifest checksum and the copy to the file.
+_CHUNK = 2 << 20
 _DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def use_fast_crc32() -> bool:
+    """Make ``zipfile`` compute CRC-32s with ISA-L (several times faster than zlib) when installed.
+
+    Rebinds ``zipfile``'s module-level ``crc32`` for the whole process, so only the writer process
+    (which is ours alone) calls it. Returns whether ISA-L is in use.
+    """
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return False
+    zipfile.crc32 = isal_zlib.crc32  # type: ignore[attr-defined]
+    return True
 
 
 def serialization_id() -> bytes:
