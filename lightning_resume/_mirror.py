@@ -196,36 +196,57 @@ class Mirror:
             self.apply_retention()
         return True
 
-    def download(self, name: str, target: Path) -> Entry | None:
+    def download(self, name: str, target: Path, attempts: int = 3) -> Entry | None:
         """Download the committed remote copy of ``name`` to ``target`` (verified, atomic).
 
-        Returns its entry, or ``None`` when the mirror has no copy of ``name`` that verifies.
+        An upload still landing (say, from a job that was just killed) can replace the remote copy
+        while it is being read; the download then starts over, up to ``attempts`` times.
+
+        Returns:
+            Its entry, or ``None`` when the mirror has no copy of ``name`` that verifies.
+
+        Raises:
+            OSError: reading the remote copy failed ``attempts`` times, or writing ``target`` failed.
         """
         self._start()
-        self.fs.invalidate_cache(self.root)
-        entries = self._entries(name)
-        if not entries:
-            return None
+        for attempt in range(1, attempts + 1):
+            self.fs.invalidate_cache(self.root)
+            entries = self._entries(name)
+            if not entries:
+                return None
+            try:
+                entry = commit(target, lambda out: self._fetch(name, out), _verifier(name, entries))
+            except FileNotFoundError as e:
+                log.debug("not restoring %s from the mirror: %s", name, e)
+                return None
+            except (_NotCommitted, _RemoteReadError) as e:
+                if attempt < attempts:
+                    log.debug("download of %s failed (%s); starting over", name, e)
+                    continue
+                if isinstance(e, _NotCommitted):
+                    log.debug("not restoring %s from the mirror: %s", name, e)
+                    return None
+                raise OSError(
+                    f"Could not download {self.key(name)!r} from the mirror ({attempts} attempts): "
+                    f"{e.cause}. Check that the mirror is reachable and that no other job writes to it."
+                ) from e.cause
+            self._known[name] = entry
+            log.info("restored %s from %s", target, self.key(name))
+            return entry
+        return None
 
-        def fetch(out: Any) -> None:
-            with self.fs.open(self.key(name), "rb") as src:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-
-        def verified(size: int, checksum: str) -> Entry:
-            found = match(entries, size, checksum)
-            if found is None:
-                raise _NotCommitted(f"the mirror copy of {name!r} matches no entry of its manifest")
-            return found
-
-        try:
-            entry = commit(target, fetch, verified)
-        except (_NotCommitted, FileNotFoundError) as e:
-            log.debug("not restoring %s from the mirror: %s", name, e)
-            return None
-        self._known[name] = entry
-        log.info("restored %s from %s", target, self.key(name))
-        return entry
+    def _fetch(self, name: str, out: Any) -> None:
+        with self.fs.open(self.key(name), "rb") as src:
+            while True:
+                try:
+                    chunk = src.read(_CHUNK)
+                except FileNotFoundError:
+                    raise
+                except OSError as e:  # e.g. the object was replaced between two ranged reads
+                    raise _RemoteReadError(e) from e
+                if not chunk:
+                    return
+                out.write(chunk)
 
     def delete(self, name: str) -> None:
         """Delete the remote copy of ``name``: manifest first, so a half-deleted copy never counts."""
@@ -350,3 +371,21 @@ class Mirror:
 
 class _NotCommitted(Exception):
     """A downloaded file matches no manifest entry."""
+
+
+class _RemoteReadError(Exception):
+    """Reading the remote copy failed (not for lack of it)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _verifier(name: str, entries: list[Entry]) -> Callable[[int, str], Entry]:
+    def verified(size: int, checksum: str) -> Entry:
+        found = match(entries, size, checksum)
+        if found is None:
+            raise _NotCommitted(f"the mirror copy of {name!r} matches no entry of its manifest")
+        return found
+
+    return verified

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,42 @@ def test_a_remote_copy_counts_only_when_its_data_matches_its_manifest(tmp_path: 
     assert remote.download("b.ckpt", tmp_path / "local" / "b.ckpt") is None
     assert remote.download("c.ckpt", tmp_path / "local" / "c.ckpt") is not None
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["c.ckpt", f"c.ckpt{MANIFEST_SUFFIX}"]
+
+
+@pytest.mark.parametrize("attempts", [3, 1])
+def test_a_remote_copy_replaced_during_its_download_is_downloaded_again(
+    tmp_path: Path, s3_endpoint: str, attempts: int
+) -> None:
+    # s3fs reads an object only while it is the version it opened (If-Match on its ETag); here the
+    # object is replaced, on the real server, right after the download opened it.
+    url = f"s3://{new_bucket(s3_endpoint)}/run"
+    remote = Mirror(url, s3_options(s3_endpoint))
+    old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
+    torch.save({"global_step": 1, "w": torch.randn(1000)}, old)
+    torch.save({"global_step": 2, "w": torch.randn(1000)}, new)
+    old_entry, new_entry = Entry(*checksum_file(old)), Entry(*checksum_file(new))
+    remote.fs.pipe_file(remote.key("last.ckpt"), old.read_bytes())
+    remote.fs.pipe_file(remote.key("last.ckpt") + MANIFEST_SUFFIX, encode([old_entry]).encode())
+    real_open, opened = remote.fs.open, []
+
+    def open_then_replace(path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        handle = real_open(path, mode, **kwargs)
+        if not opened:  # an upload landing: manifest with both entries, then the data
+            remote.fs.pipe_file(path + MANIFEST_SUFFIX, encode([new_entry, old_entry]).encode())
+            remote.fs.pipe_file(path, new.read_bytes())
+        opened.append(path)
+        return handle
+
+    remote.fs.open = open_then_replace  # type: ignore[method-assign]
+    target = tmp_path / "local" / "last.ckpt"
+    target.parent.mkdir()
+    if attempts == 1:
+        with pytest.raises(OSError, match=r"Could not download .*last\.ckpt.* from the mirror"):
+            remote.download("last.ckpt", target, attempts=1)
+        assert not target.exists() and os.listdir(target.parent) == []  # no temporary litter
+        return
+    assert remote.download("last.ckpt", target, attempts=attempts) == new_entry
+    assert len(opened) == 2 and target.read_bytes() == new.read_bytes()
 
 
 def test_a_corrupt_local_file_is_replaced_by_its_mirror_copy_on_load(tmp_path: Path) -> None:
