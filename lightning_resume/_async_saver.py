@@ -45,6 +45,7 @@ class AsyncSaver:
         start_timeout: Seconds a new writer process has to answer its readiness ping.
         shutdown_timeout: Seconds a writer has to exit gracefully on :meth:`close`.
         niceness: Nice increment of the writer process.
+        direct_io: Write files past the page cache where the filesystem allows it.
         known: Returns the manifest entry of the file this process last committed at a path.
         on_commit: Called (in the background thread) with each committed path and entry.
     """
@@ -54,12 +55,14 @@ class AsyncSaver:
         start_timeout: float,
         shutdown_timeout: float,
         niceness: int,
+        direct_io: bool,
         known: Callable[[Path], Entry | None],
         on_commit: Callable[[Path, Entry], None],
     ) -> None:
         self.start_timeout = start_timeout
         self.shutdown_timeout = shutdown_timeout
         self.niceness = niceness
+        self.direct_io = direct_io
         self._known = known
         self._on_commit = on_commit
         self._buffer = HostBuffer()
@@ -105,6 +108,7 @@ class AsyncSaver:
             "version": torch_archive_version(),
             "buffer_size": staged.buffer_size,
             "entry": entry,
+            "direct": self.direct_io,
         }
         for attempt in (1, 2):
             known = self._known(path) if attempt == 1 else None  # after a death, read the disk

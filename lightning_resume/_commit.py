@@ -86,7 +86,8 @@ def commit(
     write: Callable[[ChecksumWriter], None],
     make_entry: Callable[[int, str], Entry],
     known: Entry | None = None,
-    direct_buffer: mmap.mmap | None = None,
+    direct: bool = True,
+    buffer: mmap.mmap | None = None,
 ) -> Entry:
     """Write a new version of ``path`` through ``write`` and commit it; return its manifest entry.
 
@@ -95,7 +96,8 @@ def commit(
         write: Writes the content to the checksumming file object it is given.
         make_entry: Builds the entry from the written ``(size, checksum)``.
         known: The entry of the data file now at ``path``, when the caller committed it itself.
-        direct_buffer: A buffer from ``_direct_file.new_buffer()`` to reuse (default: a new one).
+        direct: Write past the page cache where the filesystem allows it.
+        buffer: A buffer from ``_direct_file.new_buffer()`` to reuse (default: a new one).
 
     Raises:
         OSError: from the filesystem; ``path`` and its manifest are then as they were.
@@ -103,17 +105,17 @@ def commit(
     path = Path(path)
     fd, tmp = temp_file(path.parent, path.name)
     try:
-        buffer = direct_buffer if direct_buffer is not None else new_buffer()
+        staging = buffer if buffer is not None else new_buffer()
         try:
-            file = DirectFile(fd, buffer)
+            file = DirectFile(fd, staging, direct)
             out = ChecksumWriter(file)
             write(out)
             file.finish()
             os.fsync(fd)
         finally:
             os.close(fd)
-            if buffer is not direct_buffer:
-                buffer.close()
+            if staging is not buffer:
+                staging.close()
         entry = make_entry(out.checksum.size, out.checksum.hexdigest())
         write_manifest(path, next_entries(entry, current_entries(path, known)))
         os.replace(tmp, path)

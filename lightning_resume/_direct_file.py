@@ -6,8 +6,8 @@ bandwidth), and those pages then push the training data out of the cache. Writte
 bytes go from one reused, aligned buffer to the device. Direct writes must start at aligned offsets
 and have aligned lengths, so the last block is padded and the file truncated to its true size.
 
-Filesystems that refuse direct writes (tmpfs, many FUSE and network filesystems) get ordinary
-buffered writes of the same bytes. Pure standard library: the writer process imports it.
+Filesystems that refuse direct writes (ramfs, tmpfs on older kernels, many FUSE filesystems) get
+ordinary buffered writes of the same bytes. Pure standard library: the writer process imports it.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ class DirectFile:
     Args:
         fd: A file descriptor of an empty file open for writing (not closed here).
         buffer: From :func:`new_buffer`, used by one file at a time.
+        direct: Try ``O_DIRECT`` (``False``: write through the page cache).
     """
 
-    def __init__(self, fd: int, buffer: mmap.mmap) -> None:
+    def __init__(self, fd: int, buffer: mmap.mmap, direct: bool = True) -> None:
         self.fd = fd
         self.size = 0
-        self.direct = set_direct(fd, True)
+        self.direct = set_direct(fd, True) if direct else False
         self._buffer = buffer
         self._used = 0
         self._written = 0

@@ -76,9 +76,16 @@ class Mirror:
         keep: Keep only the newest ``keep`` committed copies per name pattern (``None``: no limit).
     """
 
-    def __init__(self, url: str, options: dict[str, Any] | None = None, keep: int | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any] | None = None,
+        keep: int | None = None,
+        direct_io: bool = True,
+    ) -> None:
         self.url = url
         self.keep = keep
+        self.direct_io = direct_io
         self.fs, self.root = open_filesystem(url, options)
         self._known: dict[str, Entry] = {}
         self._lock = threading.Lock()
@@ -215,7 +222,8 @@ class Mirror:
             if not entries:
                 return None
             try:
-                entry = commit(target, lambda out: self._fetch(name, out), _verifier(name, entries))
+                fetch, verified = (lambda out: self._fetch(name, out)), _verifier(name, entries)
+                entry = commit(target, fetch, verified, direct=self.direct_io)
             except FileNotFoundError as e:
                 log.debug("not restoring %s from the mirror: %s", name, e)
                 return None

@@ -166,13 +166,13 @@ class WriterProcess:
         self.conn.close()
 
 
-def write_request(request: dict[str, Any], view: memoryview, direct_buffer: mmap.mmap | None = None) -> Entry:
+def write_request(request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None) -> Entry:
     """Write and commit one staged checkpoint (runs in the writer process).
 
     Args:
-        request: The ``write`` request: target path, records, manifest fields.
+        request: The ``write`` request: target path, records, manifest fields, ``direct``.
         view: The shared staging buffer the records point into.
-        direct_buffer: Write past the page cache through this buffer (``_direct_file``).
+        buffer: The file-writing buffer to reuse (``_direct_file.new_buffer``).
     """
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
@@ -188,7 +188,8 @@ def write_request(request: dict[str, Any], view: memoryview, direct_buffer: mmap
         lambda out: write_archive(out, records, request["alignment"], request["version"]),
         make_entry,
         Entry.from_json(known) if known else None,
-        direct_buffer,
+        direct=request.get("direct", True),
+        buffer=buffer,
     )
 
 
@@ -211,7 +212,7 @@ def serve(sock_fd: int, buffer_fd: int) -> None:
     use_fast_crc32()
     conn = Connection(sock_fd)
     mapping: mmap.mmap | None = None
-    direct_buffer = new_buffer()
+    file_buffer = new_buffer()
     while True:
         try:
             kind, payload = conn.recv()
@@ -231,7 +232,7 @@ def serve(sock_fd: int, buffer_fd: int) -> None:
                     mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
                 view = memoryview(mapping)
                 try:
-                    reply = ("done", write_request(payload, view, direct_buffer).to_json())
+                    reply = ("done", write_request(payload, view, file_buffer).to_json())
                 finally:
                     view.release()
             except Exception as e:

@@ -40,7 +40,8 @@ class DurableCheckpointIO(CheckpointIO):
     - **Asynchronous** (default): ``save_checkpoint`` only copies the state into a reused shared-memory
       buffer; a writer process writes, checksums and commits it. One save is in flight at a time; its
       error is raised by the next save, ``remove_checkpoint``, ``load_checkpoint``, ``teardown`` or
-      :meth:`wait_until_durable`.
+      :meth:`wait_until_durable`. Files are written past the page cache (``O_DIRECT``) where the
+      filesystem allows it, so that writing costs training little CPU and no cached data.
     - **Mirrored** (``mirror=``): each committed file is uploaded in the background to an fsspec URL;
       a remote copy counts once its manifest is in place. Checkpoints the local directory lacks are
       downloaded when the plugin is constructed (a job requeued onto an empty node).
@@ -65,6 +66,9 @@ class DurableCheckpointIO(CheckpointIO):
         writer_start_timeout: Seconds a new writer process has to report ready.
         writer_shutdown_timeout: Seconds the writer has to exit at teardown before it is killed.
         writer_niceness: Nice increment of the writer process (0-19), so training threads come first.
+        direct_io: Write checkpoint files past the page cache (``O_DIRECT``) where the filesystem
+            allows it: less CPU taken from training, no cached data evicted. ``False`` writes through
+            the page cache (for a filesystem where direct writes are slow).
 
     Raises:
         ValueError: for an invalid option.
@@ -95,6 +99,7 @@ class DurableCheckpointIO(CheckpointIO):
         writer_start_timeout: float = 120.0,
         writer_shutdown_timeout: float = 60.0,
         writer_niceness: int = 19,
+        direct_io: bool = True,
     ) -> None:
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None, got {keep!r}.")
@@ -120,6 +125,7 @@ class DurableCheckpointIO(CheckpointIO):
         self.writer_start_timeout = float(writer_start_timeout)
         self.writer_shutdown_timeout = float(writer_shutdown_timeout)
         self.writer_niceness = int(writer_niceness)
+        self.direct_io = bool(direct_io)
         self._init_runtime()
         if mirror is not None:
             self._remote()  # fail now, with the install hint, rather than at the first save
@@ -180,6 +186,7 @@ class DurableCheckpointIO(CheckpointIO):
                     self.writer_start_timeout,
                     self.writer_shutdown_timeout,
                     self.writer_niceness,
+                    self.direct_io,
                     known=lambda p: self._committed.get(str(p)),
                     on_commit=self._after_commit,
                 )
@@ -198,6 +205,7 @@ class DurableCheckpointIO(CheckpointIO):
                 lambda out: torch.save(checkpoint, out),  # type: ignore[arg-type]
                 lambda size, checksum: Entry.from_json({**fields, "size": size, "checksum": checksum}),
                 self._committed.get(str(target)),
+                direct=self.direct_io,
             )
         except OSError as e:
             raise save_error(e.errno, e.strerror or str(e), e.filename, target) from e
@@ -397,7 +405,7 @@ class DurableCheckpointIO(CheckpointIO):
     def _remote(self) -> Mirror:
         if self._mirror is None:
             assert self.mirror is not None
-            self._mirror = Mirror(self.mirror, self.mirror_options, self.keep)
+            self._mirror = Mirror(self.mirror, self.mirror_options, self.keep, self.direct_io)
         return self._mirror
 
     def _mirrors(self, path: Path) -> bool:

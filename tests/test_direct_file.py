@@ -127,13 +127,17 @@ def test_an_async_save_onto_a_filesystem_without_direct_io_is_written_buffered(t
 
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
-def test_async_checkpoints_are_valid_zips_written_past_the_page_cache(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asynchronous", [True, False])
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_checkpoints_are_valid_zips_written_past_the_page_cache_unless_asked_not_to(
+    tmp_path: Path, asynchronous: bool, direct_io: bool
+) -> None:
     state = {"weights": torch.randn(2000, 1500), "bias": torch.randn(7), "step": 3}
     path = tmp_path / "last.ckpt"
-    io = DurableCheckpointIO()
+    io = DurableCheckpointIO(asynchronous=asynchronous, direct_io=direct_io)
     io.save_checkpoint(state, path)
     io.teardown()
-    assert cached_pages(path) == 0
+    assert (cached_pages(path) == 0) == direct_io
     with zipfile.ZipFile(path) as archive:
         assert archive.testzip() is None  # every record's CRC-32 is right
     loaded = DurableCheckpointIO().load_checkpoint(path)
