@@ -115,7 +115,9 @@ def commit(
         finally:
             os.close(fd)
             if staging is not buffer:
-                staging.close()
+                # After a failed write the traceback may still hold views of it: then the GC frees it.
+                with contextlib.suppress(BufferError):
+                    staging.close()
         entry = make_entry(out.checksum.size, out.checksum.hexdigest())
         write_manifest(path, next_entries(entry, current_entries(path, known)))
         os.replace(tmp, path)
