@@ -74,6 +74,7 @@ class Mirror:
         url: The mirror, e.g. ``s3://bucket/run-42/checkpoints`` or ``/mnt/shared/run-42``.
         options: Keyword arguments for the fsspec filesystem (``{"client_kwargs": {"endpoint_url": ...}}``).
         keep: Keep only the newest ``keep`` committed copies per name pattern (``None``: no limit).
+        direct_io: Write downloads past the page cache where the local filesystem allows it.
     """
 
     def __init__(
