@@ -134,6 +134,10 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         return self._stateful_loader
 
     @property
+    def _saved_marker(self) -> Path:
+        return self.checkpoint_dir / ".saved"
+
+    @property
     def _partial_path(self) -> Path:
         return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
 
@@ -154,12 +158,19 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 self._partial_path.unlink()
         if not self._run_dir.is_resumed:
             return
+        if not Path(self.ckpt_path).is_file() and not self._saved_marker.exists():
+            # The previous attempt stopped before its first save (say, preempted while loading data):
+            # there is nothing to resume and nothing to lose by starting over in the same run dir.
+            log.info(
+                "Restart of run %s, which stopped before its first checkpoint: starting from the beginning",
+                self._run_dir.run_id,
+            )
+            return
         if not Path(self.ckpt_path).is_file():
             raise ResumeError(
-                f"This is a restart of run {self._run_dir.run_id!r}, but {self.ckpt_path!r} does not exist. "
-                "Starting over would silently discard the run. If the first attempt was stopped before its "
-                "first save, delete the run dir (or its session index entry) and submit again; otherwise "
-                "restore last.ckpt from a copy."
+                f"This is a restart of run {self._run_dir.run_id!r}, but {self.ckpt_path!r} does not exist "
+                "although the run has saved checkpoints. Starting over would silently discard the run. "
+                "Restore last.ckpt from a copy, or submit with another key to start a new run."
             )
         strategy = trainer.strategy
         strategy.checkpoint_io = RedirectFirstLoad(
@@ -339,6 +350,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                     os.fsync(handle.fileno())
                 os.replace(partial, self.ckpt_path)
                 fsync_dir(self.checkpoint_dir)
+        if trainer.is_global_zero and not self._saved_marker.exists():
+            self._saved_marker.touch()  # this run has checkpoints now: a restart without one is an error
+            fsync_dir(self.checkpoint_dir)
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._epoch_ended = False
         self._last_save_step = trainer.global_step

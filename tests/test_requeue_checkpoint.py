@@ -101,7 +101,22 @@ def test_restart_without_last_ckpt_is_an_error_not_a_fresh_start(tmp_path: Path)
     (first.run_dir / "checkpoints" / "last.ckpt").unlink()
     again = run_job(root, tmp_path / "a.pt", "--epochs", "2", SLURM_JOB_ID="32", SLURM_RESTART_COUNT=1)
     assert again.returncode != 0
-    assert "does not exist. Starting over would silently discard the run" in again.output
+    assert "does not exist although the run has saved checkpoints" in again.output
+
+
+def test_restart_of_a_run_stopped_before_its_first_save_starts_over_exactly(
+    tmp_path: Path, baseline: dict[str, Path]
+) -> None:
+    # Saves every 2 steps: a kill at step 1 leaves a run dir without any checkpoint.
+    root, out = tmp_path / "runs", tmp_path / "a.pt"
+    first = run_job(root, out, "--kill-at", "1", SLURM_JOB_ID="34")
+    [run_dir] = root.glob("runs/*/*/*")
+    assert first.returncode == -9 and not (run_dir / "checkpoints" / "last.ckpt").exists()
+    again = run_job(root, out, SLURM_JOB_ID="34", SLURM_RESTART_COUNT=1)
+    assert again.returncode == 0, again.output[-3000:]
+    assert again.run_dir == run_dir
+    assert "stopped before its first checkpoint: starting from the beginning" in again.output
+    assert same_weights(out, baseline["stateful"])
 
 
 def test_restart_ignores_a_fine_tune_ckpt_path_with_one_warning(

@@ -34,6 +34,11 @@ FINAL_STATES = frozenset(
     }
 )
 
+# Final states a requeueable job does not leave by itself.
+FAILED_STATES = frozenset(
+    {"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
+)
+
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -117,12 +122,19 @@ class SlurmCluster:
         raise AssertionError(f"job {job_id} not in {sorted(wanted)} after {timeout}s: {last}")
 
     def wait_sacct_state(self, job_id: str, state: str, timeout: float = 30, poll: float = 0.5) -> None:
+        """Wait for ``state``; give up early once the job has sat in a failed state for 10 s."""
         deadline = time.monotonic() + timeout
-        last = None
+        last, final_since = None, None
         while time.monotonic() < deadline:
             last = self.sacct_state(job_id)
             if last == state:
                 return
+            if last in FAILED_STATES and (self.job(job_id) or {}).get("JobState") in FAILED_STATES:
+                final_since = final_since or time.monotonic()  # not pending a requeue either
+                if time.monotonic() - final_since > 10:
+                    break
+            else:
+                final_since = None
             time.sleep(poll)
         raise AssertionError(f"sacct: job {job_id} is {last}, expected {state} within {timeout}s")
 

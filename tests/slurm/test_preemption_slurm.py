@@ -178,10 +178,26 @@ def test_time_limit_with_usr1_warning(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One minute limit, warned 50 s before: the job is stopped ~10 s in, requeued, and finishes.
-    job = submit(slurm, tmp_path, "--time=1", "--signal=USR1@50")
-    finish(slurm, job, tmp_path / "job.log", timeout=180)
+    # Slurm checks time limits every 30 s or so and may signal that much early (sbatch --signal); a
+    # USR1 that lands before the interpreter has started kills it (nothing can handle it yet), so
+    # that one case is submitted again.
+    for attempt in (1, 2):
+        folder = tmp_path / f"attempt-{attempt}"
+        folder.mkdir()
+        job = submit(slurm, folder, "--time=1", "--signal=USR1@50")
+        log_path = folder / "job.log"
+        try:
+            finish(slurm, job, log_path, timeout=180)
+            break
+        except AssertionError:
+            lines = [x for x in (log_path.read_text() if log_path.exists() else "").splitlines() if x.strip()]
+            died_at_start = lines and all(x.startswith("srun:") for x in lines)
+            if attempt == 2 or not (died_at_start and "User defined signal 1" in lines[-1]):
+                raise
+    tmp_path = folder
     log = (tmp_path / "job.log").read_text()
-    assert "Preempted by SIGUSR1" in log, log[-3000:]
+    # Stopped while training, or (signalled early) before the first step: then the restart starts over.
+    assert "Preempted by SIGUSR1" in log or "stopped before its first checkpoint" in log, log[-3000:]
     report_stops(capsys, tmp_path / "job.log")
     check(tmp_path, reference)
 
