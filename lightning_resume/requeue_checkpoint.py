@@ -105,6 +105,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._stateful_loader = False
         self._epoch_ended = False
         self._last_save_step = -1
+        self._marked = False  # checkpoints/.saved is known to exist
         self._last_save_time = time.monotonic()
         for message in _LIGHTNING_NOISE:
             warnings.filterwarnings("ignore", message=message)
@@ -350,9 +351,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                     os.fsync(handle.fileno())
                 os.replace(partial, self.ckpt_path)
                 fsync_dir(self.checkpoint_dir)
-        if trainer.is_global_zero and not self._saved_marker.exists():
-            self._saved_marker.touch()  # this run has checkpoints now: a restart without one is an error
-            fsync_dir(self.checkpoint_dir)
+        if trainer.is_global_zero and not self._marked:
+            if not self._saved_marker.exists():
+                self._saved_marker.touch()  # the run has checkpoints now: a restart without one is an error
+                fsync_dir(self.checkpoint_dir)
+            self._marked = True
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._epoch_ended = False
         self._last_save_step = trainer.global_step
