@@ -174,6 +174,8 @@ def test_scancel_signal_usr1_under_srun(
     check(tmp_path, reference)
 
 
+# Slurm sends the warning at its next ~30 s time-limit check: early, late, or after the job ended.
+@pytest.mark.slow
 def test_time_limit_with_usr1_warning(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
