@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from lightning_resume import RequeueCheckpoint, RunDir, SwanLabResume, TrackioResume, WandbResume
-from lightning_resume.tracker_resume import TrackerResume
+from lightning_resume.trackers.tracker_resume import TrackerResume
 
 tracker, use_resume, out = sys.argv[1], sys.argv[2] == "with", sys.argv[3]
 spent = {"hooks": 0.0, "setup": 0.0, "saves": 0.0, "n_saves": 0}

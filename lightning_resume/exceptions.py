@@ -1,14 +1,67 @@
-"""Errors raised by lightning_resume. Each message says what is wrong and what to do."""
+"""Errors and warnings of lightning_resume: one family, built on builtins, carrying what they are about.
+
+Every error subclasses :class:`LightningResumeError` and a builtin (``RuntimeError``, ``ValueError``),
+so code that catches the builtin keeps working, and code that wants ours can catch the family. The
+message says what is wrong and what to do; the fields say what it is about, for code and tests.
+
+Example::
+
+    try:
+        trainer.fit(model)
+    except ResumeError as e:
+        print("cannot resume", e.path)
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 
-class RunDirError(RuntimeError):
+
+class LightningResumeError(Exception):
+    """Base of every error raised by lightning_resume.
+
+    Attributes:
+        path: The file or directory the error is about, if any.
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None) -> None:
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
+
+
+class RunDirError(LightningResumeError, RuntimeError):
     """The run directory for this job cannot be decided without risking a lost or mixed-up run."""
 
 
-class ResumeError(RuntimeError):
+class ResumeError(LightningResumeError, RuntimeError):
     """A restarted job cannot resume, and starting fresh would silently discard the run."""
+
+
+class CheckpointVerificationError(ResumeError):
+    """A checkpoint does not verify against its manifest, and no other checkpoint does either.
+
+    Attributes:
+        path: The checkpoint that was asked for.
+        reason: Why it does not verify (``"torn (...)"``, ``"corrupt (...)"``, ...).
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None, reason: str = "") -> None:
+        super().__init__(message, path)
+        self.reason = reason
+
+
+class MissingCallbackError(ResumeError, ValueError):
+    """A callback needs another one in the same ``Trainer`` (``RequeueCheckpoint`` needs ``RunDir``).
+
+    Attributes:
+        needed: The class name of the missing callback.
+        needed_by: The class name of the callback that needs it.
+    """
+
+    def __init__(self, message: str, needed: str = "", needed_by: str = "") -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.needed_by = needed_by
 
 
 class Preempted(SystemExit):
@@ -17,3 +70,7 @@ class Preempted(SystemExit):
     It is a ``SystemExit`` so the process ends with :attr:`code`, a non-zero status that schedulers
     (SLURM, torchrun, Kubernetes, submitit) read as "not finished".
     """
+
+
+class LightningResumeWarning(UserWarning):
+    """The category of every warning lightning_resume gives (filter it with ``warnings.filterwarnings``)."""

@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 from conftest import job_env
 
-JOB = Path(__file__).with_name("tracker_job.py")
+JOB = Path(__file__).parent / "jobs" / "tracker_job.py"
 # Anything a tracker might contact goes to this address: nothing listens there, so an attempt fails
 # fast instead of reaching the network.
 DEAD_URL = "http://127.0.0.1:9"
@@ -285,8 +285,8 @@ def fit_tiny(
     Callbacks are listed before the ``RunDir``, and the ``RunDir`` is constructed last.
     """
     import torch
+    from jobs.tracker_job import BATCH, Model
     from torch.utils.data import DataLoader, TensorDataset
-    from tracker_job import BATCH, Model
 
     from lightning_resume import RequeueCheckpoint, RunDir
 

@@ -15,6 +15,11 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from lightning_resume._run.binding import PROCESS
+
+TESTS = Path(__file__).resolve().parent
+#: The end-to-end tests' training job (``tests/jobs/train_job.py``), run with ``python -m``.
+JOB_MODULE = "jobs.train_job"
 SCHEDULER_VARS = (
     "SLURM_JOB_ID",
     "SLURM_ARRAY_JOB_ID",
@@ -46,7 +51,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     handlers = {
         sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
     }
+    PROCESS.reset()  # each test is a new job: no run dir announced by an earlier test
     yield
+    PROCESS.reset()
     os.environ.clear()
     os.environ.update(saved_env)
     for sig, handler in handlers.items():
@@ -54,9 +61,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def job_env(**extra: str | int | None) -> dict[str, str]:
-    """The environment for a job subprocess: this one without scheduler vars, plus ``extra``."""
+    """The environment for a job subprocess: this one without scheduler vars, plus ``extra``.
+
+    ``tests/`` is on ``PYTHONPATH`` so that jobs can run ``python -m jobs.train_job``.
+    """
     env = {k: v for k, v in os.environ.items() if k not in SCHEDULER_VARS}
     env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
     env.update({k: str(v) for k, v in extra.items() if v is not None})
     return env
 
@@ -71,11 +82,11 @@ class Attempt:
 def run_job(
     root: Path, out: Path, *args: str | int, timeout: float = 180, **env: str | int | None
 ) -> Attempt:
-    """Run ``python -m lightning_resume._demo_job`` once and return its exit status and output."""
+    """Run ``python -m jobs.train_job`` once and return its exit status and output."""
     cmd = [
         sys.executable,
         "-m",
-        "lightning_resume._demo_job",
+        JOB_MODULE,
         "--root",
         str(root),
         "--out",

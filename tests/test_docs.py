@@ -26,7 +26,7 @@ from conftest import job_env
 
 import lightning_resume
 import lightning_resume.loggers
-from lightning_resume.__main__ import COMMANDS
+from lightning_resume.cli import COMMANDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = DOCS / "src"

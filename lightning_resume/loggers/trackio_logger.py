@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +12,9 @@ from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_resume import _binding, _sidecar
+from lightning_resume._run.binding import PROCESS
+from lightning_resume._warnings import warn
+from lightning_resume.trackers._sidecar import Recorded, check_recorded
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,11 @@ class TrackioLogger(Logger):
                 project=self._project, name=name, group=self._group, resume=resume, **self._init_kwargs
             )
             if recorded is not None and self._experiment.id != recorded["id"]:
-                warnings.warn(
+                warn(
                     f"TrackioLogger: the recorded trackio run {recorded['name']!r} (id {recorded['id']!r}) "
                     f"was not found in project {self._project!r} under {str(storage_dir())!r}; logging to a "
                     f"new run with id {self._experiment.id!r}.",
-                    stacklevel=2,
+                    all_ranks=True,
                 )
         return self._experiment
 
@@ -187,28 +188,20 @@ class TrackioLogger(Logger):
         if self._finished_name is not None:
             return self._finished_name, "allow", None
         default: tuple[str | None, Resume, dict[str, Any] | None] = (self._name, self._resume, None)
-        resolution = _binding.current()
+        resolution = PROCESS.current
         if resolution is None or not resolution.is_resumed:
             return default
-        path = _sidecar.sidecar_path(resolution.path, TRACKER)
-        try:
-            recorded = _sidecar.read_sidecar(path, TRACKER, required=("id", "name"))
-        except ValueError as e:
-            log.debug("not resuming from %s: %s", path, e)  # TrackioResume warns about it
-            return default
-        if recorded is None:
-            return default
-        identity = recorded.identity
         now = {"project": self._project, "dir": str(storage_dir())}
-        conflicts = _sidecar.place_conflicts(identity, now, PLACE_FIELDS, known_only=False)
-        if conflicts:
-            warnings.warn(
-                f"TrackioLogger: not continuing trackio run {identity['name']!r} recorded in {str(path)!r}: "
-                f"this logger is configured for another place ({_sidecar.describe(conflicts)}). A new run "
-                "is created there instead of writing into the recorded one; training still resumes from "
-                "its checkpoint.",
-                stacklevel=3,
-            )
+        check = check_recorded(resolution.path, TRACKER, ("id", "name"), now, PLACE_FIELDS, known_only=False)
+        if check.found is Recorded.UNREADABLE:
+            log.debug("not resuming from %s: %s", check.path, check.error)  # TrackioResume warns about it
+            return default
+        if check.found is Recorded.MISSING:
+            return default
+        assert check.sidecar is not None
+        identity = check.sidecar.identity
+        if check.found is Recorded.ELSEWHERE:
+            warn(f"TrackioLogger: {check.refusal(TRACKER)}", all_ranks=True, stacklevel=3)
             return default
         if self._name is not None and self._name != identity["name"]:
             log.info("Explicit trackio run name %r wins over the recorded %r", self._name, identity["name"])
@@ -216,11 +209,12 @@ class TrackioLogger(Logger):
         others = sorted(set(run_ids_named(self._project, identity["name"])) - {identity["id"]})
         if others:
             # trackio resumes the newest run with a name: that could be one of these, not the recorded one.
-            warnings.warn(
+            warn(
                 f"TrackioLogger: not continuing trackio run {identity['name']!r} (id {identity['id']!r}): "
                 f"project {self._project!r} also has run(s) {others} with that name, and trackio continues a "
                 "run by name, so it could write into one of them. A new run is created instead; rename the "
                 "other run(s) to continue the recorded one on the next restart.",
+                all_ranks=True,
                 stacklevel=3,
             )
             return default

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import job_env, run_job, same_weights
-
-from lightning_resume._demo_job import main as demo_job_main
+from conftest import JOB_MODULE, job_env, run_job, same_weights
+from jobs.train_job import main as demo_job_main
 
 from .conftest import SlurmCluster
 
@@ -40,7 +39,7 @@ def submit(
 ) -> str:
     """sbatch the demo job under srun (requeueable, log appended across restarts); return the job id."""
     out = tmp_path / (f"{name}-%a.pt" if "--array" in " ".join(sbatch) else f"{name}.pt")
-    command = [sys.executable, "-m", "lightning_resume._demo_job", "--root", str(tmp_path / "runs")]
+    command = [sys.executable, "-m", JOB_MODULE, "--root", str(tmp_path / "runs")]
     command += ["--out", str(out).replace("%a", "${SLURM_ARRAY_TASK_ID}"), *ARGS, *extra]
     script = tmp_path / f"{name}.sh"
     script.write_text(

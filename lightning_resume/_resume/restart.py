@@ -1,0 +1,55 @@
+"""The restart rule: what a restarted run does, decided from its checkpoint directory alone.
+
+One function for the callback that acts on it (``RequeueCheckpoint``) and the tool that predicts it
+(``lightning-resume inspect``); ``docs/src/how_resume_works.md`` states it, and a test checks that
+the page says what :data:`RULES` says.
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+from lightning_resume._run import layout
+
+
+class Restart(enum.Enum):
+    """What a restart of a run does."""
+
+    #: ``last.ckpt`` exists: the restart resumes from it.
+    RESUME = "resume"
+    #: No ``last.ckpt`` and the run never committed a checkpoint: it starts from the beginning, in the
+    #: same run dir (the earlier attempt stopped before its first save; nothing is lost).
+    START_OVER = "start over"
+    #: No ``last.ckpt`` although the run committed one: the restart raises ``ResumeError`` rather
+    #: than silently discard the run.
+    LOST = "lost"
+
+    @property
+    def rule(self) -> str:
+        """The rule in one sentence, as the docs state it."""
+        return RULES[self]
+
+
+RULES = {
+    Restart.RESUME: "`last.ckpt` exists: the restart resumes from it.",
+    Restart.START_OVER: (
+        "No `last.ckpt` and the run never committed a checkpoint: the restart starts from the beginning "
+        "in the same run dir."
+    ),
+    Restart.LOST: (
+        "No `last.ckpt` although the run committed one: the restart raises `ResumeError` instead of "
+        "starting over."
+    ),
+}
+
+
+def decide(run_dir: Path) -> Restart:
+    """Apply the restart rule to ``run_dir``."""
+    if layout.last_checkpoint(run_dir).is_file():
+        return Restart.RESUME
+    if layout.saved_marker(run_dir).exists():
+        return Restart.LOST
+    return Restart.START_OVER

@@ -1,0 +1,85 @@
+"""The on-disk layout of a runs root and of a run dir: every file name and glob in one place.
+
+::
+
+    <root>/
+        runs/YYYYMMDD/HHMMSS/<run id>/     one folder per run (a "run dir")
+            run_meta.json                  who created the run, under which session key
+            status.json                    how the latest attempt stands
+            checkpoints/last.ckpt          the checkpoint a restart resumes from
+            checkpoints/.saved             marker: the run has committed a checkpoint
+            <tracker>_resume.json          tracker sidecars
+        .index/<session key>               the run dir a session key belongs to
+        .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+RUNS = "runs"
+INDEX_DIR = ".index"
+HANDOFF_DIR = ".handoff"
+RUN_META = "run_meta.json"
+STATUS = "status.json"
+CHECKPOINTS = "checkpoints"
+LAST = "last"
+CKPT_SUFFIX = ".ckpt"
+LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
+SAVED_MARKER = ".saved"
+#: Run dirs relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
+RUN_GLOB = f"{RUNS}/*/*/*"
+#: How many folders a run dir sits below its root.
+RUN_DEPTH = 4
+
+
+def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:
+    """Where a run created at ``now`` with ``run_id`` lives under ``root``."""
+    return root / RUNS / now.strftime("%Y%m%d") / now.strftime("%H%M%S") / run_id
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every run dir under ``root`` (folders holding a ``run_meta.json``), sorted."""
+    return sorted(meta.parent for meta in root.glob(f"{RUN_GLOB}/{RUN_META}"))
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a ``run_meta.json``."""
+    return (path / RUN_META).is_file()
+
+
+def is_root(path: Path) -> bool:
+    """Whether ``path`` looks like a runs root (it has ``runs/`` or ``.index/``)."""
+    return (path / RUNS).is_dir() or (path / INDEX_DIR).is_dir()
+
+
+def root_of(run_dir: Path) -> Path:
+    """The root a run dir was created under (``root/runs/YYYYMMDD/HHMMSS/<id>``)."""
+    return run_dir.parents[RUN_DEPTH - 1]
+
+
+def is_under_runs(root: Path, path: Path) -> bool:
+    """Whether ``path`` is a folder at run-dir depth under ``root/runs`` (symlinks resolved)."""
+    try:
+        relative = path.resolve().relative_to((root / RUNS).resolve())
+    except ValueError:
+        return False
+    return len(relative.parts) == RUN_DEPTH - 1
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints``."""
+    return run_dir / CHECKPOINTS
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/last.ckpt``."""
+    return checkpoint_dir(run_dir) / LAST_CKPT
+
+
+def saved_marker(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/.saved``: present once the run has committed a checkpoint."""
+    return checkpoint_dir(run_dir) / SAVED_MARKER

@@ -1,0 +1,30 @@
+"""The one channel for warnings to the user: :class:`~lightning_resume.exceptions.LightningResumeWarning`.
+
+A warning is for something the user should change or know before trusting the result (a setting
+that loses exactness, a checkpoint that did not verify, a tracker run not continued). A message about
+the whole job is given once, by global rank 0; one about what a process found (its own files, its own
+writer) is given by that process. Events that need no action (a signal arrived, a save, a recovery
+that worked) are logged through ``logging`` instead, one line each.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
+from lightning_resume.exceptions import LightningResumeWarning
+
+
+def warn(message: str, *, all_ranks: bool = False, stacklevel: int = 2) -> None:
+    """Warn the user with a :class:`LightningResumeWarning`.
+
+    Args:
+        message: What happened and what to do.
+        all_ranks: Warn on every rank (the message is about this process), not only on global rank 0.
+        stacklevel: As for ``warnings.warn``, counted from the caller of this function.
+    """
+    if all_ranks:
+        warnings.warn(message, LightningResumeWarning, stacklevel=stacklevel + 1)
+    else:
+        rank_zero_warn(message, category=LightningResumeWarning, stacklevel=stacklevel + 4)

@@ -1,0 +1,125 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+
+The one rule, used for every file the library writes: write a temporary sibling (its name carries
+the writing process id, so leftovers of dead processes can be recognised), fsync it, rename it onto
+the target, fsync the directory. :func:`replace_durably` is the last two steps; :func:`atomic_open`
+is the whole rule for content written through a file object; :func:`create_text_exclusive` is the
+variant that never replaces an existing file.
+
+Pure standard library: the writer process imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TEMP_PREFIX = ".lr-tmp-"
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory entry to disk so a completed rename survives a power cut."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a file's data to disk (for files written by someone else, e.g. Lightning)."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def temp_sibling(path: str | Path, prefix: str = TEMP_PREFIX) -> tuple[int, Path]:
+    """Create a temporary file beside ``path``; return its open descriptor and its name.
+
+    The name is ``<prefix><pid>-<random>-<name>.tmp``, so that a later process can tell the
+    leftovers of dead processes from the files of a live one.
+    """
+    target = Path(path)
+    fd, name = tempfile.mkstemp(
+        prefix=f"{prefix}{os.getpid()}-", suffix=f"-{target.name}.tmp", dir=target.parent
+    )
+    return fd, Path(name)
+
+
+def replace_durably(temporary: str | Path, path: str | Path) -> None:
+    """Rename an fsynced ``temporary`` file onto ``path`` and fsync the directory."""
+    os.replace(temporary, path)
+    fsync_dir(Path(path).parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``path``; on a clean exit it is fsynced and renamed onto ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+
+    Example::
+
+        with atomic_open("run_meta.json", "w") as f:
+            f.write("{}")
+    """
+    fd, temporary = temp_sibling(path, prefix)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        replace_durably(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def create_text_exclusive(path: str | Path, text: str) -> bool:
+    """Atomically create ``path`` with ``text`` unless it exists; return whether this call created it.
+
+    The content is written to a temporary file first and then hard-linked into place (not renamed:
+    a rename would replace an entry another process created meanwhile), so the entry either does
+    not exist or is complete, and two writers racing for it cannot both win.
+    """
+    target = Path(path)
+    fd, temporary = temp_sibling(target)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here (some network or FUSE filesystems)
+            if target.exists():
+                return False
+            os.replace(temporary, target)
+        fsync_dir(target.parent)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)

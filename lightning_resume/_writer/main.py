@@ -1,0 +1,21 @@
+"""Entry point of the checkpoint writer process: ``python .../_writer/main.py SOCKET_FD BUFFER_FD``.
+
+Run as a script rather than with ``-m`` so that the package ``__init__`` (and with it lightning and
+torch) is not imported: a bare package object stands in for ``lightning_resume``, enough to import
+this torch-free subpackage.
+"""
+
+import os
+import sys
+import types
+
+if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0]) == here:
+        del sys.path[0]  # modules of this folder must not shadow top-level ones
+    package = types.ModuleType("lightning_resume")
+    package.__path__ = [os.path.dirname(here)]
+    sys.modules["lightning_resume"] = package
+    from lightning_resume._writer.process import serve
+
+    serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,247 @@
+"""The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
+
+The training process starts it with ``python _writer/main.py SOCKET_FD BUFFER_FD`` (a script, so the
+package ``__init__`` and with it lightning and torch are never imported: it starts in tens of
+milliseconds and costs little memory). Requests and replies are pickled tuples over a socket pair:
+
+``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` -> ``("done", entry)`` or
+``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
+
+The writer ignores the preemption signals (they are the trainer's to handle: it still has a final
+checkpoint to hand over), finishes the request in hand when the trainer dies, then exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._writer.commit import commit, save_error
+from lightning_resume._writer.direct_file import new_buffer
+from lightning_resume._writer.manifest import Entry
+from lightning_resume._writer.zip_records import use_fast_crc32, write_archive
+
+log = logging.getLogger(__name__)
+
+_MAIN = Path(__file__).with_name("main.py")
+_POLL = 0.2
+
+
+class WriterDied(RuntimeError):
+    """The writer process exited or closed its end of the connection."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in the writer process, chained to the error re-raised here."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
+
+def carried_error(details: dict[str, Any], path: str | Path) -> BaseException:
+    """Rebuild an error the writer reported for a save of ``path`` as an exception to raise here."""
+    err = details.get("errno")
+    if err is not None:
+        error: BaseException = save_error(err, details.get("strerror") or "", details.get("filename"), path)
+    else:
+        error = RuntimeError(
+            f"Could not save checkpoint {str(path)!r}: the writer process raised "
+            f"{details.get('type')}: {details.get('message')}. The previous checkpoint is intact."
+        )
+    error.__cause__ = RemoteTraceback(details.get("traceback", ""))
+    return error
+
+
+class WriterProcess:
+    """A handle on one writer process: start with a readiness ping, send requests, stop.
+
+    Args:
+        buffer_fd: File descriptor of the shared staging buffer, inherited by the writer.
+        start_timeout: Seconds to wait for the writer's readiness reply.
+        shutdown_timeout: Seconds to wait for a graceful exit before killing it.
+        niceness: Added to the writer's nice value so training threads win the CPU.
+    """
+
+    def __init__(self, buffer_fd: int, start_timeout: float, shutdown_timeout: float, niceness: int) -> None:
+        self.buffer_fd = buffer_fd
+        self.start_timeout = start_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.niceness = niceness
+        parent, child = socket.socketpair()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, str(_MAIN), str(child.fileno()), str(buffer_fd)],
+                pass_fds=(child.fileno(), buffer_fd),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        log.debug("started checkpoint writer process %s", self.process.pid)
+        try:
+            kind, _ = self.request(("hello", {"niceness": niceness}), timeout=start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+        if kind != "ready":
+            self.kill()
+            raise WriterDied(f"the checkpoint writer process answered {kind!r} to its readiness ping")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def request(self, message: tuple[str, Any], timeout: float | None = None) -> tuple[str, Any]:
+        """Send ``message`` and wait for the reply.
+
+        Raises:
+            WriterDied: when the process exits or the connection breaks first.
+            TimeoutError: when ``timeout`` seconds pass without a reply (the process is left running).
+        """
+        try:
+            self.conn.send(message)
+        except OSError as e:
+            raise self._died() from e
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                if self.conn.poll(_POLL):
+                    reply: tuple[str, Any] = self.conn.recv()
+                    return reply
+            except (EOFError, OSError) as e:
+                raise self._died() from e
+            if not self.alive():
+                raise self._died()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"The checkpoint writer process {self.pid} did not answer within {timeout:g} s "
+                    f"(request {message[0]!r})."
+                )
+
+    def _died(self) -> WriterDied:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return WriterDied(f"the checkpoint writer process {self.pid} exited (status {code})")
+
+    def close(self) -> None:
+        """Ask the writer to exit; kill it if it has not after ``shutdown_timeout`` seconds."""
+        if self.alive():
+            try:
+                self.request(("exit", None), timeout=self.shutdown_timeout)
+                self.process.wait(timeout=self.shutdown_timeout)
+            except (WriterDied, TimeoutError, subprocess.TimeoutExpired):
+                if self.alive():
+                    log.warning(
+                        "checkpoint writer process %s did not exit within %s s; killing it",
+                        self.pid,
+                        self.shutdown_timeout,
+                    )
+                self.kill()
+        self.conn.close()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.wait()
+        self.conn.close()
+
+
+def write_request(request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None) -> Entry:
+    """Write and commit one staged checkpoint (runs in the writer process).
+
+    Args:
+        request: The ``write`` request: target path, records, manifest fields, ``direct``.
+        view: The shared staging buffer the records point into.
+        buffer: The file-writing buffer to reuse (``_direct_file.new_buffer``).
+    """
+    records = [
+        (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
+        for name, source in request["records"]
+    ]
+    known = request.get("known")
+
+    def make_entry(size: int, checksum: str) -> Entry:
+        return Entry.from_json({**request["entry"], "size": size, "checksum": checksum})
+
+    return commit(
+        request["path"],
+        lambda out: write_archive(out, records, request["alignment"], request["version"]),
+        make_entry,
+        Entry.from_json(known) if known else None,
+        direct=request.get("direct", True),
+        buffer=buffer,
+    )
+
+
+def _describe(error: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "errno": getattr(error, "errno", None),
+        "strerror": getattr(error, "strerror", None),
+        "filename": getattr(error, "filename", None),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def serve(sock_fd: int, buffer_fd: int) -> None:
+    """The writer's main loop."""
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    use_fast_crc32()
+    conn = Connection(sock_fd)
+    mapping: mmap.mmap | None = None
+    file_buffer = new_buffer()
+    while True:
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            return  # the trainer is gone
+        if kind == "hello":
+            if payload.get("niceness"):
+                os.nice(int(payload["niceness"]))
+            reply: tuple[str, Any] = ("ready", os.getpid())
+        elif kind == "exit":
+            reply = ("bye", None)
+        elif kind == "write":
+            try:
+                if mapping is None or len(mapping) < payload["buffer_size"]:
+                    if mapping is not None:
+                        mapping.close()
+                    mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
+                view = memoryview(mapping)
+                try:
+                    reply = ("done", write_request(payload, view, file_buffer).to_json())
+                finally:
+                    view.release()
+            except Exception as e:
+                reply = ("error", _describe(e))
+        else:
+            reply = ("error", {"type": "ValueError", "message": f"unknown request {kind!r}", "traceback": ""})
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+        if kind == "exit":
+            return

@@ -1,0 +1,8 @@
+"""The callbacks: where the run lives, ``last.ckpt`` and resume, preemption signals, diagnostics."""
+
+from lightning_resume.callbacks.preemption_handler import PreemptionHandler
+from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
+from lightning_resume.callbacks.run_dir import RunDir
+from lightning_resume.callbacks.signal_diagnostics import SignalDiagnostics
+
+__all__ = ["PreemptionHandler", "RequeueCheckpoint", "RunDir", "SignalDiagnostics"]

@@ -1,0 +1,299 @@
+"""``PreemptionHandler``: a preemption signal becomes a durable ``last.ckpt``, a requeue, a non-zero exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_resume._collectives import any_rank
+from lightning_resume._run import slurm
+from lightning_resume._run.scheduler import is_global_zero, slurm_requeue_id, under_submitit
+from lightning_resume._run.signals import PREEMPT_SIGNALS, describe, signal_number, submitit_signal
+from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
+from lightning_resume.exceptions import MissingCallbackError, Preempted
+
+log = logging.getLogger(__name__)
+
+_Handler = Any  # what signal.getsignal returns: a callable, SIG_DFL, SIG_IGN or None
+
+
+@dataclass
+class StopReport:
+    """How ``fit`` was stopped by a preemption signal.
+
+    Attributes:
+        signal: The signal's name (or ``"a signal on another rank"``).
+        step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
+        started: ``time.monotonic()`` when the signal arrived.
+        seconds_to_durable: From the signal until ``last.ckpt`` was durable.
+        requeue: What was done to requeue the job (``None`` until it is decided).
+        seconds_to_exit: From the signal until ``fit`` ended.
+    """
+
+    signal: str
+    step: int | None
+    started: float = 0.0
+    seconds_to_durable: float | None = None
+    requeue: str | None = None
+    seconds_to_exit: float | None = None
+
+
+class PreemptionHandler(Callback):
+    """Stop on a preemption signal without losing work, without hangs, and get the job requeued.
+
+    Handlers are installed when the callback is constructed, so the setup window before ``fit``
+    (data, DDP initialisation) is covered too. A handler only records the signal and logs one line;
+    handlers that were installed before (the user's) are still called, and all are restored at the
+    end of ``fit``. During training, at the next step boundary, all ranks agree on the flag (one
+    small all-reduce, so a signal to one rank stops every rank), ``last.ckpt`` is written through
+    :class:`~lightning_resume.RequeueCheckpoint` and waited on until durable, the job is requeued
+    once (``scontrol requeue`` on rank 0 under SLURM, submitit's own requeue path under submitit,
+    nothing elsewhere) and ``fit`` ends with :class:`~lightning_resume.Preempted`, a ``SystemExit``
+    with a non-zero status. A signal during the setup window, before training starts, requeues and
+    exits at once: there is nothing new to save.
+
+    It replaces Lightning's own SIGTERM handling during training (which exits with status 0 and can
+    hang DDP) and, because a SIGUSR1 handler exists, ``SLURMEnvironment(auto_requeue=True)`` installs
+    none: no second requeue and no ``hpc_ckpt_N.ckpt`` files.
+
+    Args:
+        signals: Signal names that mean "preempted". Default: SIGTERM, SIGUSR1, SIGUSR2 (and
+            submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
+        requeue: Requeue the job (SLURM / submitit). ``False``: save and exit only.
+        exit_code: Exit status after a preemption (default 143, "terminated").
+
+    Raises:
+        ValueError: for an unknown signal name or an exit code of 0.
+
+    Example::
+
+        callbacks = [RunDir(), RequeueCheckpoint(every_n_train_steps=500), PreemptionHandler()]
+        trainer = Trainer(callbacks=callbacks)
+    """
+
+    def __init__(self, signals: list[str] | None = None, requeue: bool = True, exit_code: int = 143) -> None:
+        if exit_code == 0:
+            raise ValueError("exit_code must be non-zero: 0 tells the scheduler the job finished.")
+        names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
+        if signals is None and under_submitit(os.environ):
+            names.append(submitit_signal(os.environ))
+        self.signals = sorted({signal_number(name) for name in names})
+        self.requeue = requeue
+        self.exit_code = exit_code
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self._received: tuple[signal.Signals, float] | None = None
+        self._in_training = False
+        self._stopped: StopReport | None = None
+        self._requeue_checkpoint: RequeueCheckpoint | None = None
+        self.install()
+
+    @property
+    def received(self) -> str | None:
+        """Name of the first preemption signal received, if any."""
+        return self._received[0].name if self._received else None
+
+    @property
+    def stop_report(self) -> StopReport | None:
+        """How ``fit`` was stopped (signal, step, requeue, latencies), or ``None`` if it was not."""
+        return self._stopped if self._stopped is not None and self._stopped.requeue is not None else None
+
+    def install(self) -> None:
+        """Install the handlers (main thread only), keeping the ones they replace for chaining."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("PreemptionHandler constructed outside the main thread: no signal handlers installed")
+            return
+        for sig in self.signals:
+            current = signal.getsignal(sig)
+            if current != self._handle:
+                self._previous[sig] = current
+                signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if self._received is not None:
+            log.warning(
+                "%s received while already stopping for %s: ignored", sig.name, self._received[0].name
+            )
+            return
+        self._received = (sig, time.monotonic())
+        when = (
+            "training stops at the next step boundary"
+            if self._in_training
+            else "not training yet: exiting now"
+        )
+        log.warning("%s received (pid %s): %s", sig.name, os.getpid(), when)
+        previous = self._previous.get(sig)
+        if callable(previous) and describe(previous).origin == "user":
+            previous(signum, frame)
+        if not self._in_training:
+            self._stop_before_training(sig)
+
+    def _stop_before_training(self, sig: signal.Signals) -> None:
+        requeued = self._issue_requeue(sig) if is_global_zero(os.environ) else "left to rank 0"
+        self._stopped = StopReport(sig.name, None, requeue=requeued)
+        raise Preempted(self.exit_code)
+
+    def _issue_requeue(self, sig: signal.Signals) -> str:
+        """Requeue once, the way this job was launched; return what was done."""
+        if not self.requeue:
+            return "disabled"
+        submitit = self._submitit_requeue()
+        if submitit is not None:
+            try:
+                # submitit requeues (or decides not to) and exits with its own status.
+                submitit(int(sig), None)
+            except SystemExit:
+                raise
+            except Exception as e:  # reported; the SLURM fallback below runs
+                log.warning("submitit's requeue failed (%r); falling back to scontrol", e)
+        job = slurm_requeue_id(os.environ)
+        if job is None:
+            return "none (not a SLURM job)"
+        state = slurm.slurm_job_state(job)
+        if state is not None and state != "RUNNING":
+            return f"none: job {job} is already {state} (the scheduler is requeueing it)"
+        try:
+            return slurm.scontrol_requeue(job)
+        except RuntimeError as e:
+            log.warning("%s", e)
+            return f"failed: {e}"
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        found = [cb for cb in trainer.callbacks if isinstance(cb, RequeueCheckpoint)]  # type: ignore[attr-defined]
+        if not found:
+            raise MissingCallbackError(
+                "PreemptionHandler saves through RequeueCheckpoint: add RequeueCheckpoint() (and RunDir()) "
+                "to the Trainer's callbacks.",
+                needed="RequeueCheckpoint",
+                needed_by="PreemptionHandler",
+            )
+        self._requeue_checkpoint = found[0]
+        self.install()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning has just put its own SIGTERM handling in front of ours; ours must decide alone.
+        # Lightning restores its pre-fit handlers (ours) at the end of fit.
+        for sig in self.signals:
+            if (
+                signal.getsignal(sig) != self._handle
+                and threading.current_thread() is threading.main_thread()
+            ):
+                signal.signal(sig, self._handle)
+        self._in_training = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # The last batch of an epoch is not a resume point: the epoch end (or, with a stateful
+        # loader, the next epoch's first batch) is, so the check waits for it.
+        if not trainer.is_last_batch and self._agreed(trainer):
+            self._save(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Exiting here rather than right after the save lets Lightning log the saved step's metrics.
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        assert self._requeue_checkpoint is not None
+        if (
+            self._stopped is None
+            and not self._requeue_checkpoint.saves_epoch_start_instead
+            and self._agreed(trainer)
+        ):
+            self._save(trainer)
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    def _agreed(self, trainer: pl.Trainer) -> bool:
+        flag = self._received is not None
+        return any_rank(flag) if trainer.world_size > 1 else flag
+
+    def _save(self, trainer: pl.Trainer) -> None:
+        """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
+        assert self._requeue_checkpoint is not None
+        start = self._received[1] if self._received else time.monotonic()
+        sig = self._received[0] if self._received else None
+        self._requeue_checkpoint.save(trainer)
+        self._requeue_checkpoint.wait_until_durable(trainer)
+        self._stopped = StopReport(
+            sig.name if sig else "a signal on another rank",
+            trainer.global_step,
+            started=start,
+            seconds_to_durable=time.monotonic() - start,
+        )
+
+    def _exit(self, trainer: pl.Trainer) -> None:
+        """Requeue (rank 0) and end ``fit`` with :class:`~lightning_resume.Preempted`."""
+        assert self._stopped is not None
+        sig = self._received[0] if self._received else signal.SIGTERM
+        if trainer.is_global_zero and self._submitit_requeue() is not None:
+            # submitit requeues and exits from its own handler: say everything before handing over.
+            self._stopped.requeue = "through submitit"
+            self._log_stop(trainer, "through submitit, which exits", None)
+        requeued = self._issue_requeue(sig) if trainer.is_global_zero else "left to rank 0"
+        total = time.monotonic() - self._stopped.started
+        self._stopped.requeue, self._stopped.seconds_to_exit = requeued, total
+        if trainer.is_global_zero:
+            self._log_stop(trainer, requeued, total)
+        raise Preempted(self.exit_code)
+
+    def _log_stop(self, trainer: pl.Trainer, requeued: str, total: float | None) -> None:
+        assert self._stopped is not None
+        exit_text = (
+            f"exiting with status {self.exit_code} {total:.3f} s after the signal"
+            if total is not None
+            else ""
+        )
+        log.warning(
+            "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal; requeue: %s%s",
+            self._stopped.signal,
+            self._stopped.step,
+            self._stopped.seconds_to_durable,
+            requeued,
+            f"; {exit_text}" if exit_text else "",
+        )
+
+    def _submitit_requeue(self) -> Any:
+        """submitit's preempt handler (which requeues and exits) when running under submitit."""
+        handler = self._previous.get(signal_number(submitit_signal(os.environ)))
+        return handler if under_submitit(os.environ) and callable(handler) else None
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._in_training = False
+        self.uninstall()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # Lightning runs no teardown hook after an exception.
+        self._in_training = False
+        self.uninstall()

@@ -1,0 +1,457 @@
+"""``RequeueCheckpoint``: an always-present ``last.ckpt`` and automatic, exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_resume._collectives import gather_objects
+from lightning_resume._resume import data_position, rng
+from lightning_resume._resume.lightning_internals import restart_train_iterator
+from lightning_resume._resume.quiet_lightning import QuietLightning
+from lightning_resume._resume.restart import Restart, decide
+from lightning_resume._run import layout
+from lightning_resume._run.binding import PROCESS
+from lightning_resume._warnings import warn
+from lightning_resume._writer.atomic import fsync_dir, fsync_file, replace_durably
+from lightning_resume.callbacks.run_dir import RunDir
+from lightning_resume.exceptions import MissingCallbackError, Preempted, ResumeError
+from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._redirect_first_load import RedirectFirstLoad
+
+log = logging.getLogger(__name__)
+
+LAST = layout.LAST
+
+
+class EpochStart(TypedDict):
+    """One rank's random state when its current epoch's iterator was made, and its loaders' generators."""
+
+    rng: dict[str, Any]
+    generators: list[list[torch.Tensor | None]] | None
+
+
+class RankState(TypedDict):
+    """What one rank stores in the checkpoint (the format of ``state_dict()["ranks"][i]``)."""
+
+    rng: dict[str, Any]
+    generators: list[list[torch.Tensor | None]]
+    epoch_start: EpochStart | None
+
+
+@dataclass(frozen=True)
+class PendingResume:
+    """The loaded state still to be applied, from :meth:`RequeueCheckpoint.load_state_dict`.
+
+    Attributes:
+        ranks: Every rank's saved state, by global rank.
+        mid_epoch: The checkpoint was written inside an epoch (not at its end).
+        batches: Batches of that epoch already consumed.
+    """
+
+    ranks: list[RankState]
+    mid_epoch: bool
+    batches: int
+
+
+def _loaders(source: Any) -> list[Any]:
+    """The data loaders inside ``trainer.train_dataloader`` (one loader or a collection of them)."""
+    if isinstance(source, dict):
+        return [leaf for value in source.values() for leaf in _loaders(value)]
+    if isinstance(source, (list, tuple)):
+        return [leaf for value in source for leaf in _loaders(value)]
+    return [source]
+
+
+def _writes_atomically(io: object) -> bool:
+    return isinstance(io, AtomicCheckpointIO) and io.writes_atomically
+
+
+def _epoch_start(loaders: list[DataLoader]) -> EpochStart:
+    """The random state and the loaders' generators now, as an epoch's iterator is about to be made."""
+    return {"rng": rng.capture(), "generators": [data_position.capture_generators(dl) for dl in loaders]}
+
+
+def _batches_processed(trainer: pl.Trainer) -> int:
+    """Batches of the current epoch whose step has run (what a mid-epoch resume must skip)."""
+    return int(getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0))
+
+
+class RequeueCheckpoint(OnExceptionCheckpoint):
+    """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
+
+    ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
+    at the end of every training epoch, and when ``fit`` stops on a preemption signal, whatever the
+    user's own checkpoint callbacks do. Each write goes to a temporary file that is fsynced and
+    renamed over the previous one, so a kill at any instant leaves a complete ``last.ckpt``.
+
+    On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
+    full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a
+    ``ckpt_path`` (meant for the first attempt) or Lightning finds an ``hpc_ckpt_N.ckpt``. A restart
+    with no ``last.ckpt`` starts from the beginning when the run never committed a checkpoint (it was
+    stopped before its first save), and raises ``ResumeError`` when it did (starting over would
+    silently discard the run). The checkpoint also carries every
+    rank's Python, numpy and torch random state, restored exactly where the interrupted run was, so
+    with a data loader that can resume mid-epoch (torchdata's ``StatefulDataLoader``) the final
+    weights are bitwise equal to an uninterrupted run.
+
+    Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks (in any order). With a
+    ``checkpoint_io`` plugin that writes atomically (such as
+    :class:`~lightning_resume.DurableCheckpointIO`), the plugin writes ``last.ckpt`` itself.
+
+    Args:
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps).
+        every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
+        save_on_train_epoch_end: Save at the end of every training epoch.
+
+    Raises:
+        ValueError: for a non-positive interval.
+        MissingCallbackError: at ``setup`` without exactly one ``RunDir`` in the Trainer.
+        ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``.
+
+    Example::
+
+        trainer = Trainer(callbacks=[RunDir(), RequeueCheckpoint(every_n_train_steps=200)])
+        trainer.fit(model, datamodule=dm)  # resumes by itself after a requeue
+    """
+
+    def __init__(
+        self,
+        every_n_train_steps: int | None = None,
+        every_n_minutes: float | None = None,
+        save_on_train_epoch_end: bool = True,
+    ) -> None:
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(f"every_n_train_steps must be >= 1 or None, got {every_n_train_steps!r}.")
+        if every_n_minutes is not None and every_n_minutes <= 0:
+            raise ValueError(f"every_n_minutes must be > 0 or None, got {every_n_minutes!r}.")
+        super().__init__(dirpath=".", filename=LAST)
+        self.every_n_train_steps = every_n_train_steps
+        self.every_n_minutes = every_n_minutes
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._run_dir: RunDir | None = None
+        self._trainer: pl.Trainer | None = None
+        self._pending: PendingResume | None = None
+        self._epoch_start: EpochStart | None = None
+        self._first_epoch = True
+        self._positioned = False
+        self._stateful_loader = False
+        self._epoch_ended = False
+        self._last_save_step = -1
+        self._marked = False  # checkpoints/.saved is known to exist
+        self._warned_world_size = False
+        self._last_save_time = time.monotonic()
+        self._quiet = QuietLightning(self)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The directory holding ``last.ckpt`` (the run dir's ``checkpoints``)."""
+        if self._run_dir is not None:
+            return self._run_dir.checkpoint_dir
+        resolution = PROCESS.current
+        if resolution is None:
+            raise MissingCallbackError(
+                "RequeueCheckpoint needs a RunDir callback in the same Trainer (it says where last.ckpt "
+                "lives): add RunDir(root=...) to the callbacks.",
+                needed="RunDir",
+                needed_by="RequeueCheckpoint",
+            )
+        return layout.checkpoint_dir(resolution.path)
+
+    @property
+    @override
+    def ckpt_path(self) -> str:
+        """``<run dir>/checkpoints/last.ckpt``; Lightning reads this when choosing what to resume."""
+        return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
+
+    @property
+    def saves_epoch_start_instead(self) -> bool:
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
+        return self._stateful_loader
+
+    @property
+    def _saved_marker(self) -> Path:
+        return self.checkpoint_dir / layout.SAVED_MARKER
+
+    @property
+    def _partial_path(self) -> Path:
+        return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        run_dirs = [cb for cb in trainer.callbacks if isinstance(cb, RunDir)]  # type: ignore[attr-defined]
+        if len(run_dirs) != 1:
+            raise MissingCallbackError(
+                f"RequeueCheckpoint needs exactly one RunDir callback in the Trainer, found {len(run_dirs)}.",
+                needed="RunDir",
+                needed_by="RequeueCheckpoint",
+            )
+        self._run_dir = run_dirs[0]
+        self._trainer = trainer
+        if stage != "fit":
+            return
+        if trainer.is_global_zero:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._partial_path.unlink()
+        if not self._run_dir.is_resumed:
+            return
+        restart = decide(self._run_dir.path)
+        if restart is Restart.START_OVER:
+            # The previous attempt stopped before its first save (say, preempted while loading data):
+            # there is nothing to resume and nothing to lose by starting over in the same run dir.
+            log.info(
+                "Restart of run %s, which stopped before its first checkpoint: starting from the beginning",
+                self._run_dir.run_id,
+            )
+            return
+        if restart is Restart.LOST:
+            raise ResumeError(
+                f"This is a restart of run {self._run_dir.run_id!r}, but {self.ckpt_path!r} does not exist "
+                "although the run has saved checkpoints. Starting over would silently discard the run. "
+                "Restore last.ckpt from a copy, or submit with another key to start a new run.",
+                self.ckpt_path,
+            )
+        strategy = trainer.strategy
+        strategy.checkpoint_io = RedirectFirstLoad(
+            strategy, strategy.checkpoint_io, self.ckpt_path, self._warn_redirect
+        )
+        log.info("Restart of run %s: resuming from %s", self._run_dir.run_id, self.ckpt_path)
+
+    def _warn_redirect(self, requested: str) -> None:
+        warn(
+            f"Restart of a preempted run: resuming from {self.ckpt_path!r} instead of {requested!r} "
+            "(a ckpt_path given to fit() only applies to the first attempt of a run).",
+            all_ranks=True,
+        )
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # At an epoch boundary the next draws are the new epoch's iterator and shuffle, which
+        # happen before any batch hook: put the random state back before them.
+        if self._pending is not None and not self._pending.mid_epoch:
+            rng.restore(self._mine(trainer)["rng"])
+        self._first_epoch = True
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        sources = _loaders(trainer.train_dataloader)
+        loaders = [dl for dl in sources if isinstance(dl, DataLoader)]
+        # Lightning restores a stateful loader only when resuming mid-epoch, so for those the epoch
+        # boundary is saved as the first batch of the next epoch instead (see on_train_batch_end).
+        self._stateful_loader = bool(loaders) and all(hasattr(dl, "state_dict") for dl in loaders)
+        problems = sorted({p for p in map(data_position.loader_problem, sources) if p})
+        self._positioned = (
+            bool(loaders) and not problems and not any(hasattr(dl, "state_dict") for dl in loaders)
+        )
+        mid_epoch_saves = self.every_n_train_steps is not None or self.every_n_minutes is not None
+        if problems and mid_epoch_saves:
+            warn(
+                "RequeueCheckpoint saves mid-epoch, but the train data cannot be put back at the same batch ("
+                + "; ".join(problems)
+                + "): a resume from a mid-epoch last.ckpt continues at the right step with different "
+                "batches. Alternatively save at epoch ends only (every_n_train_steps=None, "
+                "every_n_minutes=None)."
+            )
+        if self._positioned:
+            self._position_loaders(trainer, loaders)
+
+    def _position_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
+        """Rebuild the first epoch's iterator from a known state, skipping what a resumed run consumed.
+
+        Fresh runs go through this too, so the uninterrupted and the resumed run draw alike.
+        """
+        pending = self._pending
+        mine = self._mine(trainer) if pending is not None else None
+        skip = 0
+        start: EpochStart
+        if pending is not None and mine is not None and pending.mid_epoch and mine.get("epoch_start"):
+            start = mine["epoch_start"]  # type: ignore[assignment]  # checked just above
+            skip = pending.batches
+        elif mine is not None:
+            start = {"rng": mine["rng"], "generators": mine.get("generators")}
+        else:
+            start = _epoch_start(loaders)
+        rng.restore(start["rng"])
+        for loader, states in zip(loaders, start.get("generators") or [], strict=False):
+            data_position.restore_generators(loader, states)
+        self._epoch_start = start
+        for loader in loaders:
+            data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        epoch = trainer.current_epoch
+        skippers = [data_position.skip_batches(dl, skip, epoch) for dl in loaders] if skip else []
+        restart_train_iterator(trainer)
+        for skipper in skippers:
+            skipper.start()
+        if pending is not None and mine is not None:
+            if pending.mid_epoch:
+                rng.restore(mine["rng"])  # where the interrupted run was after its last saved step
+            self._pending = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._first_epoch or not self._positioned:
+            return  # the first epoch's iterator was made (and its start recorded) in on_train_start
+        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)]
+        for loader in loaders:  # reloaded loaders (reload_dataloaders_every_n_epochs) need it again
+            data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        self._epoch_start = _epoch_start(loaders)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Mid-epoch with a stateful loader, the resumed iterator is rebuilt before this hook and
+        # draws from the global generator; restoring now continues the stream where it was.
+        if self._pending is not None:
+            rng.restore(self._mine(trainer)["rng"])
+            self._pending = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.is_last_batch and (self.save_on_train_epoch_end or self._stateful_loader):
+            return  # the epoch-end save follows, or (stateful loader) the first batch of the next epoch
+        epoch_start = self._stateful_loader and self.save_on_train_epoch_end and batch_idx == 0
+        if epoch_start or self._due(trainer):
+            self.save(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_epoch = False
+        if self.save_on_train_epoch_end and not self._stateful_loader:
+            self.save(trainer, epoch_ended=True)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != self._last_save_step:
+            # A finished run's last.ckpt says so: a rerun has nothing left to do.
+            self.save(trainer, epoch_ended=True)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        exception = args[-1] if args else kwargs.get("exception")
+        if isinstance(exception, Preempted):
+            return  # PreemptionHandler saved last.ckpt before raising
+        if isinstance(exception, SIGTERMException):
+            self.save(trainer)  # raised at a batch boundary, so the state is consistent
+        elif trainer.is_global_zero:
+            log.warning(
+                "fit stopped by %s; %s keeps its last save (a mid-step state is not a safe resume point)",
+                type(exception).__name__,
+                self.ckpt_path,
+            )
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, RedirectFirstLoad):
+            io.uninstall()
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        step = trainer.global_step
+        if step == self._last_save_step:
+            return False  # gradient accumulation: no optimizer step since the last save
+        due = bool(self.every_n_train_steps and step % self.every_n_train_steps == 0)
+        if self.every_n_minutes is not None:
+            elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
+            # Clocks differ between ranks: rank 0 decides for all of them.
+            due = due or bool(trainer.strategy.broadcast(elapsed))
+        return due
+
+    def save(self, trainer: pl.Trainer, epoch_ended: bool = False) -> None:
+        """Write ``last.ckpt`` now (call on every rank). Used by the hooks and by preemption handling.
+
+        A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
+        :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
+        the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
+
+        Args:
+            trainer: The trainer.
+            epoch_ended: The training epoch has ended (Lightning resumes at the next one).
+        """
+        # An epoch can end before its last batch (max_steps, limit_train_batches): Lightning then
+        # resumes at the next epoch, so the random state belongs to an epoch boundary.
+        self._epoch_ended = epoch_ended or trainer.is_last_batch
+        if _writes_atomically(trainer.strategy.checkpoint_io):
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+        else:
+            partial = self._partial_path
+            trainer.save_checkpoint(partial, weights_only=False)
+            if trainer.is_global_zero:
+                fsync_file(partial)
+                replace_durably(partial, self.ckpt_path)
+        if trainer.is_global_zero and not self._marked:
+            if not self._saved_marker.exists():
+                self._saved_marker.touch()  # the run has checkpoints now: a restart without one is an error
+                fsync_dir(self.checkpoint_dir)
+            self._marked = True
+        log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
+        self._epoch_ended = False
+        self._last_save_step = trainer.global_step
+        self._last_save_time = time.monotonic()
+
+    @staticmethod
+    def wait_until_durable(trainer: pl.Trainer) -> None:
+        """Block until every checkpoint write in flight is on disk (plugins that write in the background)."""
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO):
+            io.wait_until_durable()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        loaders = (
+            [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)] if trainer else []
+        )
+        mine: RankState = {
+            "rng": rng.capture(),
+            "generators": [data_position.capture_generators(dl) for dl in loaders],
+            "epoch_start": self._epoch_start,
+        }
+        ranks = gather_objects(mine)
+        return {
+            "ranks": ranks,
+            "mid_epoch": trainer is not None and not (self._epoch_ended or trainer.is_last_batch),
+            "batches": _batches_processed(trainer) if trainer else 0,
+            "global_step": trainer.global_step if trainer else None,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("ranks"):
+            self._pending = PendingResume(
+                ranks=list(state_dict["ranks"]),
+                mid_epoch=bool(state_dict.get("mid_epoch", True)),
+                batches=int(state_dict.get("batches", 0)),
+            )
+            self._warned_world_size = False
+        step = state_dict.get("global_step")
+        self._last_save_step = int(step) if step is not None else -1
+
+    def _mine(self, trainer: pl.Trainer) -> RankState:
+        """This rank's saved states (rank 0's, with one warning, if the world size changed)."""
+        assert self._pending is not None
+        ranks = self._pending.ranks
+        if len(ranks) == trainer.world_size:
+            return ranks[trainer.global_rank]
+        if not self._warned_world_size:
+            self._warned_world_size = True
+            warn(
+                f"The checkpoint holds random states for {len(ranks)} rank(s) but this run has "
+                f"{trainer.world_size}: continuing with rank 0's, so random draws will not match an "
+                "uninterrupted run."
+            )
+        return ranks[0]

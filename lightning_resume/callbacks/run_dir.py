@@ -1,0 +1,164 @@
+"""``RunDir``: one directory per run, found again by a restarted job."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from lightning_resume._run import layout, resolve
+from lightning_resume._run.binding import PROCESS
+from lightning_resume._run.scheduler import ENV, expects_peers, is_global_zero, launch_key, read_session
+from lightning_resume._run.status import RunStatus, write_status
+from lightning_resume.exceptions import Preempted, ResumeError
+
+log = logging.getLogger(__name__)
+
+
+class RunDir(Callback):
+    """Give the run a directory that a preempted, restarted job finds again.
+
+    The directory is decided when the callback is constructed, before ``Trainer.fit`` picks a
+    checkpoint or a logger creates its run. A fresh run gets ``root/runs/YYYYMMDD/HHMMSS/<run_id>/``
+    with a ``run_meta.json``; the session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id,
+    or an explicit ``key``) is recorded in ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``,
+    a TorchElastic restart, or an explicit key that is already indexed) reuses the recorded directory.
+    All ranks of a launch use rank 0's choice.
+
+    During ``fit`` it also points every ``ModelCheckpoint`` without a ``dirpath`` at
+    :attr:`checkpoint_dir`, checks at train start that the index still points at this run, stores the
+    run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
+
+    Args:
+        root: Folder that holds all runs and the session index.
+        key: Explicit session key (Kubernetes Job, a rerun by hand). Defaults to
+            ``$LIGHTNING_RESUME_KEY``, then the scheduler's ids.
+        handoff_timeout: Seconds ranks other than 0 wait for rank 0's choice.
+
+    Raises:
+        RunDirError: when the directory cannot be decided without risking the run (see messages).
+
+    Example::
+
+        run_dir = RunDir(root="runs")
+        trainer = Trainer(callbacks=[run_dir, RequeueCheckpoint(every_n_train_steps=100)])
+        trainer.fit(model, datamodule=dm)
+    """
+
+    def __init__(
+        self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
+    ) -> None:
+        if handoff_timeout <= 0:
+            raise ValueError(f"handoff_timeout must be positive, got {handoff_timeout!r}.")
+        self.root = Path(root).expanduser().resolve()
+        self.key = key
+        self.handoff_timeout = float(handoff_timeout)
+        self._session = read_session(os.environ, key)
+        self._resolution = self._resolve_for_this_rank()
+        # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
+        # the variable lets them adopt this choice instead of resolving again.
+        os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
+        PROCESS.announce(self._resolution)
+        log.info("RunDir %s (%s)", self.path, self._resolution.reason)
+
+    def _resolve_for_this_rank(self) -> resolve.Resolution:
+        if not is_global_zero(os.environ):
+            inherited = os.environ.get(ENV["handoff"], "")
+            parent, _, payload = inherited.partition(":")
+            if payload and parent == str(os.getppid()):
+                return resolve.Resolution.from_json(payload)
+            launch = launch_key(os.environ)
+            if launch is not None:
+                return resolve.wait_for_handoff(
+                    self.root, launch, self.handoff_timeout, not_before=resolve.process_start_time() - 60
+                )
+        self.root.mkdir(parents=True, exist_ok=True)
+        resolution = resolve.resolve(self.root, self._session)
+        launch = launch_key(os.environ)
+        if launch is not None and expects_peers(os.environ):
+            resolve.publish_handoff(self.root, launch, resolution)
+        return resolution
+
+    @property
+    def path(self) -> Path:
+        """The run directory."""
+        return self._resolution.path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where this run's checkpoints live: ``path / "checkpoints"``."""
+        return layout.checkpoint_dir(self.path)
+
+    @property
+    def run_id(self) -> str:
+        """The run's unique id."""
+        return self._resolution.run_id
+
+    @property
+    def is_resumed(self) -> bool:
+        """Whether this process continues an earlier attempt of the run."""
+        return self._resolution.is_resumed
+
+    @property
+    def session_key(self) -> str | None:
+        """The session key this run is recorded under, if any."""
+        return self._session.key
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        redirected = [
+            cb
+            for cb in trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None
+        ]
+        for callback in redirected:
+            callback.dirpath = str(self.checkpoint_dir)
+        if redirected and trainer.is_global_zero:
+            log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and self._session.key is not None and self._resolution.owns_index:
+            resolve.check_index(self.root, self._session.key, self.path)
+        self._record_status(trainer, RunStatus.RUNNING)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record_status(trainer, RunStatus.FINISHED)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        stopped = isinstance(exception, (Preempted, SIGTERMException))
+        status = RunStatus.PREEMPTED if stopped else RunStatus.FAILED
+        self._record_status(trainer, status, type(exception).__name__)
+
+    def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
+        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only."""
+        if trainer.is_global_zero:
+            write_status(self.path, status, trainer.global_step, detail)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "path": str(self.path)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        stored = state_dict.get("run_id")
+        if stored is None or stored == self.run_id:
+            return
+        if self.is_resumed:
+            raise ResumeError(
+                f"This restart of run {self.run_id!r} ({str(self.path)!r}) was asked to resume a checkpoint "
+                f"of run {stored!r} ({state_dict.get('path')!r}). Refusing to mix two runs: check which "
+                "checkpoint is passed to fit(ckpt_path=...) and which run dir the session index points at.",
+                self.path,
+            )
+        log.info("Fresh run %s starts from a checkpoint of run %s", self.run_id, stored)

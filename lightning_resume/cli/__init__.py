@@ -1,0 +1,279 @@
+"""The ``lightning-resume`` command line (also ``python -m lightning_resume``).
+
+Each subcommand is a :class:`Command` in :data:`COMMANDS`: a function that declares its arguments
+and a function that runs it and returns the exit status. Modules a subcommand needs are imported
+only when it runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from lightning_resume._version import __version__
+
+PROG = "lightning-resume"
+USAGE_ERROR = 2
+INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line on stderr with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that raises :class:`UsageError` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand.
+
+    Attributes:
+        help: One line for ``lightning-resume --help``.
+        description: The subcommand's ``--help`` text.
+        add_arguments: Declares the subcommand's arguments on its parser.
+        run: Runs the subcommand with the parsed arguments and returns the exit status; raises
+            :class:`UsageError` for input it rejects.
+    """
+
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preemptions",
+        type=_non_negative_int,
+        default=3,
+        metavar="N",
+        help="how many times to kill the run (default: 3)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=_non_negative_int,
+        default=None,
+        help="seed for choosing the kill steps (default: random)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="empty or new directory for runs, weights and logs, kept afterwards (default: a temporary "
+        "directory, deleted at the end)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--trackers", action="store_true", help="also log to trackio (offline) and show the run continued"
+    )
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from lightning_resume.cli.demo import DemoError, run_demo
+
+    try:
+        return run_demo(
+            preemptions=args.preemptions,
+            seed=args.seed,
+            workdir=args.workdir,
+            keep=args.keep,
+            trackers=args.trackers,
+        )
+    except DemoError as e:
+        raise UsageError(f"{PROG} demo: {e}") from None
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+
+
+def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--root", type=Path, default=Path("runs"), help="the runs root to check (default: runs)"
+    )
+    _add_json(parser)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from lightning_resume.cli import doctor, render
+
+    findings = doctor.run_checks(args.root.expanduser().resolve(), os.environ)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        render.findings(findings)
+    return 1 if any(f.level is doctor.Level.ERROR for f in findings) else 0
+
+
+def _add_gc_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("root", type=Path, metavar="ROOT", help="the runs root (the RunDir root)")
+    parser.add_argument("--older-than", default="30d", metavar="AGE", help="e.g. 30d, 12h (default: 30d)")
+    parser.add_argument("--apply", action="store_true", help="remove the files (default: only list them)")
+    _add_json(parser)
+
+
+def _run_gc(args: argparse.Namespace) -> int:
+    import json
+
+    from lightning_resume._run import layout
+    from lightning_resume.cli import gc, render
+
+    try:
+        age = gc.parse_age(args.older_than)
+    except ValueError as e:
+        raise UsageError(f"{PROG} gc: {e}") from None
+    root = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{PROG} gc: {str(root)!r} is not a directory")
+    if not layout.is_root(root):
+        raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no runs/ or .index/ inside)")
+    removals = gc.plan(root, age)
+    if args.apply:
+        removals = gc.apply(removals)
+    if args.json:
+        print(json.dumps({"applied": args.apply, "removals": [r.to_dict() for r in removals]}, indent=2))
+    else:
+        render.removals(removals, args.apply)
+    return 0
+
+
+def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, metavar="PATH", help="a runs root (RunDir's root) or one run dir")
+    _add_json(parser)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from lightning_resume._run import layout
+    from lightning_resume.cli import inspect, render
+
+    path = args.path.expanduser().resolve()
+    if not path.exists():
+        raise UsageError(f"{PROG} inspect: {str(args.path)!r} does not exist")
+    if layout.is_run_dir(path):
+        report = inspect.describe_run(path)
+        kind = "run"
+    elif layout.is_root(path):
+        report = inspect.describe_root(path)
+        kind = "root"
+    else:
+        raise UsageError(
+            f"{PROG} inspect: {str(args.path)!r} is neither a run dir (run_meta.json) nor a runs root"
+        )
+    if args.json:
+        print(json.dumps({"kind": kind, **report}, indent=2, default=str))
+    elif kind == "run":
+        render.run(report)
+    else:
+        render.root(report)
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "demo": Command(
+        help="preempt a small training job a few times and check it resumes exactly",
+        description=(
+            "Train a small job without interruption, then again while SIGKILLing it at random steps and "
+            "restarting it like a SLURM requeue; show where each attempt resumed and whether the final "
+            "weights are bitwise equal. Exit status 0 if they are, 1 if not."
+        ),
+        add_arguments=_add_demo_arguments,
+        run=_run_demo,
+    ),
+    "inspect": Command(
+        help="show a runs root or one run: what the next restart will load, and why",
+        description=(
+            "For a runs root: its runs (session key, status, last step, age), the session index entries "
+            "(stale ones marked), orphans and handoff files. For one run dir: which checkpoint the next "
+            "restart loads and why, every checkpoint with its verification (size, checksum, step), the "
+            "index entries pointing at it and the tracker sidecars with the runs they will resume."
+        ),
+        add_arguments=_add_inspect_arguments,
+        run=_run_inspect,
+    ),
+    "doctor": Command(
+        help="check this environment the way a failed requeue would be debugged",
+        description=(
+            "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
+            "handlers, $TMPDIR and free space against the run root, and tracker settings that would send "
+            "data somewhere unexpected. Each finding is ok, warn or error with what to do; exit status 1 "
+            "if any is an error."
+        ),
+        add_arguments=_add_doctor_arguments,
+        run=_run_doctor,
+    ),
+    "gc": Command(
+        help="remove index entries of long-finished runs and stale handoff files",
+        description=(
+            "List (or with --apply remove) session index entries of runs that finished longer ago than "
+            "--older-than, entries pointing at deleted run dirs, and old rank handoff files. Runs that "
+            "are running, preempted, failed or of unknown status keep their entries. Run dirs are never "
+            "deleted."
+        ),
+        add_arguments=_add_gc_arguments,
+        run=_run_gc,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for every subcommand in :data:`COMMANDS`."""
+    parser = _Parser(prog=PROG, description="Make PyTorch Lightning training survive preemption.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    for name, command in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=command.help, description=command.description)
+        command.add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line and return the exit status.
+
+    Args:
+        argv: The arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The subcommand's exit status; 2 for bad input (one line on stderr), 130 on Ctrl-C.
+    """
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help and --version print and exit 0
+            return e.code if isinstance(e.code, int) else 0
+        return COMMANDS[args.command].run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

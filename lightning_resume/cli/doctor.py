@@ -1,0 +1,219 @@
+"""``lightning-resume doctor``: the checks a failed requeue would be debugged with, as plain functions."""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_resume._run import layout, signals
+from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
+
+
+class Level(str, enum.Enum):
+    """How serious a finding is."""
+
+    OK = "ok"
+    WARN = "warn"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's result.
+
+    Attributes:
+        level: ``ok``, ``warn`` or ``error``.
+        check: What was checked.
+        detail: What was found.
+        hint: What to do (empty when nothing is needed).
+    """
+
+    level: Level
+    check: str
+    detail: str
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"level": self.level.value, "check": self.check, "detail": self.detail, "hint": self.hint}
+
+
+def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
+    session = read_session(environ)
+    ids = ", ".join(f"{k}={v}" for k, v in session.ids.items()) or "no scheduler ids"
+    found = [
+        Finding(
+            Level.OK,
+            "scheduler",
+            f"{'explicit key' if session.source is KeySource.EXPLICIT else session.source.value}: {ids}",
+        )
+    ]
+    if session.key is None:
+        found.append(
+            Finding(
+                Level.WARN,
+                "session key",
+                "none: nothing identifies this job across a restart, so a restart starts a new run dir",
+                "under Kubernetes or for reruns by hand, set LIGHTNING_RESUME_KEY (or RunDir(key=...))",
+            )
+        )
+    else:
+        restart = "restart" if session.scheduler_restart else "first attempt (or unknown)"
+        found.append(
+            Finding(
+                Level.OK,
+                "session key",
+                f"{session.key!r} from {session.source.value}; scheduler says: {restart}",
+            )
+        )
+    if under_submitit(environ):
+        found.append(Finding(Level.OK, "submitit", f"preempt signal {signals.submitit_signal(environ)}"))
+    if environ.get(ENV["handoff"]):
+        owner = environ[ENV["handoff"]].partition(":")[0]
+        found.append(
+            Finding(
+                Level.WARN,
+                "inherited run dir",
+                f"{ENV['handoff']} is set (by process {owner}); ranks > 0 spawned by it adopt that run dir",
+                f"unset {ENV['handoff']} unless this process was started by a RunDir job's DDP launcher",
+            )
+        )
+    return found
+
+
+def signal_checks(environ: Mapping[str, str]) -> list[Finding]:
+    found = []
+    if on_slurm(environ):
+        scontrol = shutil.which("scontrol", path=environ.get("PATH"))
+        found.append(
+            Finding(Level.OK, "scontrol", scontrol)
+            if scontrol
+            else Finding(
+                Level.ERROR,
+                "scontrol",
+                "not on PATH: no requeue can be issued",
+                "add SLURM's bin directory to PATH",
+            )
+        )
+    problems = signals.known_problems(signals.handler_table(), environ, preemption_handler=True)
+    found += [
+        Finding(Level.WARN, "signal handlers", problem) for problem in problems if "scontrol" not in problem
+    ]
+    return found
+
+
+def _device(path: Path) -> int | None:
+    for candidate in (path, *path.parents):
+        try:
+            return os.stat(candidate).st_dev
+        except OSError:
+            continue
+    return None
+
+
+def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
+    tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
+    found = []
+    if _device(tmp) != _device(root):
+        found.append(
+            Finding(
+                Level.WARN,
+                "TMPDIR",
+                f"{tmp} is on another filesystem than the run root {root}",
+                "Lightning's own checkpoint writer stages in $TMPDIR and copies across: not atomic. "
+                "RequeueCheckpoint and DurableCheckpointIO write atomically in place",
+            )
+        )
+    else:
+        found.append(Finding(Level.OK, "TMPDIR", f"{tmp} shares a filesystem with {root}"))
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is None:
+        return found
+    free = shutil.disk_usage(existing).free
+    sizes = (
+        [p.stat().st_size for p in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")]
+        if root.is_dir()
+        else []
+    )
+    if sizes:
+        need = 2 * max(sizes)  # the new checkpoint is written beside the old one
+        level = Level.ERROR if free < need else Level.OK
+        hint = (
+            "free space or move the run root: a save needs room for a second copy"
+            if level == Level.ERROR
+            else ""
+        )
+        found.append(
+            Finding(
+                level,
+                "free space",
+                f"{free / 2**30:.1f} GiB free, largest checkpoint {max(sizes) / 2**30:.2f} GiB",
+                hint,
+            )
+        )
+    else:
+        found.append(Finding(Level.OK, "free space", f"{free / 2**30:.1f} GiB free under {existing}"))
+    return found
+
+
+def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
+    found = []
+    mode = environ.get("WANDB_MODE")
+    if mode in (None, "", "online", "run"):
+        found.append(
+            Finding(
+                Level.WARN,
+                "wandb",
+                "WANDB_MODE is online (the default): runs are sent to "
+                + environ.get("WANDB_BASE_URL", "wandb's servers"),
+                "set WANDB_MODE=offline if this machine must not upload",
+            )
+        )
+    else:
+        found.append(Finding(Level.OK, "wandb", f"WANDB_MODE={mode}"))
+    if environ.get("WANDB_RUN_ID"):
+        found.append(
+            Finding(
+                Level.WARN,
+                "wandb",
+                f"WANDB_RUN_ID={environ['WANDB_RUN_ID']!r} is set: every run started here continues that run",
+                "unset it; WandbResume sets it only on a restart",
+            )
+        )
+    swan = environ.get("SWANLAB_MODE")
+    if swan in (None, "", "cloud", "online"):
+        found.append(
+            Finding(
+                Level.WARN,
+                "swanlab",
+                "SWANLAB_MODE is cloud (the default): runs are uploaded",
+                "set SWANLAB_MODE=offline (or local) if this machine must not upload",
+            )
+        )
+    else:
+        found.append(Finding(Level.OK, "swanlab", f"SWANLAB_MODE={swan}"))
+    if environ.get("TRACKIO_DIR"):
+        found.append(Finding(Level.OK, "trackio", f"TRACKIO_DIR={environ['TRACKIO_DIR']}"))
+    if not environ.get("HF_HUB_OFFLINE") and environ.get("TRACKIO_SPACE_ID"):
+        found.append(
+            Finding(
+                Level.WARN,
+                "trackio",
+                f"TRACKIO_SPACE_ID={environ['TRACKIO_SPACE_ID']!r}: runs sync to a Hugging Face Space",
+            )
+        )
+    return found
+
+
+def run_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
+    """All checks, in the order they are shown."""
+    return [
+        *scheduler_checks(environ),
+        *signal_checks(environ),
+        *storage_checks(root, environ),
+        *tracker_checks(environ),
+    ]

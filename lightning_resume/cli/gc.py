@@ -1,0 +1,99 @@
+"""``lightning-resume gc``: find index entries and handoff files nothing will need again."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from lightning_resume._run import layout
+from lightning_resume._run.resolve import index_entries
+from lightning_resume._run.status import RunStatus, read_status
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"`` -> seconds.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not match:
+        raise ValueError(f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {text!r}")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A file ``gc`` would remove, and why."""
+
+    path: str
+    kind: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _status_age(run_dir: Path, now: float) -> float | None:
+    """Seconds since a run finished (from status.json), or ``None`` if it is not known to have finished."""
+    status = read_status(run_dir)
+    if status.get("status") != RunStatus.FINISHED.value:
+        return None
+    try:
+        return now - datetime.fromisoformat(str(status["time"])).timestamp()
+    except (KeyError, ValueError):
+        return _age(run_dir / layout.STATUS, now)
+
+
+def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
+    """What ``gc`` removes: index entries of runs finished longer ago than ``older_than`` seconds,
+    entries whose run dir is gone and that are that old, and handoff files that old.
+
+    A run that is running, preempted, failed or of unknown status keeps its entry: a restart needs it.
+    """
+    now = time.time() if now is None else now
+    removals = []
+    for entry in index_entries(root):
+        target = entry.target
+        if target is None:
+            continue  # unreadable: a restart would stop on it with a clear error; leave it to the user
+        if not target.is_dir():
+            if _age(entry.path, now) > older_than:
+                removals.append(Removal(str(entry.path), "index", f"points at missing {target}"))
+            continue
+        finished = _status_age(target, now)
+        if finished is not None and finished > older_than:
+            removals.append(
+                Removal(
+                    str(entry.path), "index", f"run {target.name} finished {finished / 86400:.1f} days ago"
+                )
+            )
+    handoff = root / layout.HANDOFF_DIR
+    for path in sorted(handoff.iterdir()) if handoff.is_dir() else []:
+        if _age(path, now) > older_than:
+            removals.append(Removal(str(path), "handoff", f"written {_age(path, now) / 86400:.1f} days ago"))
+    return removals
+
+
+def apply(removals: list[Removal]) -> list[Removal]:
+    """Remove the planned files; return the ones actually removed."""
+    done = []
+    for removal in removals:
+        try:
+            Path(removal.path).unlink()
+        except FileNotFoundError:
+            continue
+        done.append(removal)
+    return done

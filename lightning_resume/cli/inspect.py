@@ -1,0 +1,187 @@
+"""``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will do.
+
+What the next restart loads is worked out with the same rules the callbacks and the plugin apply:
+the restart rule of ``lightning_resume._resume.restart`` and the fallback order of
+``lightning_resume._writer.catalog``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._resume.restart import Restart, decide
+from lightning_resume._run import layout
+from lightning_resume._run.resolve import index_entries as read_index_entries
+from lightning_resume._run.resolve import read_meta
+from lightning_resume._run.status import read_status
+from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
+from lightning_resume._writer.manifest import read_entries
+from lightning_resume.trackers._sidecar import SUFFIX as SIDECAR_SUFFIX
+
+LAST = layout.LAST_CKPT
+#: ``result`` of a checkpoint a load may use.
+USABLE = ("verified", "loads")
+_RESULTS = {
+    Status.VERIFIED: "verified",
+    Status.TORN: "corrupt",
+    Status.CORRUPT: "corrupt",
+    Status.UNVERIFIABLE: "unverifiable",
+}
+
+
+def _step_from_file(path: Path) -> int | None:
+    """``global_step`` stored in a checkpoint, read with memory mapping (tensors are not loaded)."""
+    import torch
+
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    return int(step) if step is not None else None
+
+
+def quick_step(path: Path) -> int | None:
+    """The step a checkpoint was saved at, from its manifest or a memory-mapped load; no checksum."""
+    entries = read_entries(path)
+    if entries:
+        return entries[0].global_step
+    try:
+        return _step_from_file(path)
+    except Exception:  # a root listing shows a blank step; `inspect RUN_DIR` says why
+        return None
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Size, checksum and step of one checkpoint file, and whether it can be trusted.
+
+    ``result`` is ``verified`` (matches its manifest), ``corrupt`` (torn or corrupt: a manifest exists
+    and nothing in it matches), ``unverifiable`` (its manifest cannot be read), ``loads`` (no
+    manifest, but the file loads), or ``unreadable``.
+    """
+    verdict = check_file(path)
+    info: dict[str, Any] = {
+        "name": path.name,
+        "size": verdict.size,
+        "checksum": verdict.checksum,
+        "step": None,
+    }
+    if verdict.status is not Status.NO_MANIFEST:
+        step = verdict.entry.global_step if verdict.entry is not None else None
+        return {**info, "step": step, "result": _RESULTS[verdict.status]}
+    try:
+        info["step"] = _step_from_file(path)
+    except Exception as e:  # any load failure means the file cannot be resumed from
+        return {**info, "result": "unreadable", "error": f"{type(e).__name__}: {e}"}
+    return {**info, "result": "loads"}
+
+
+def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which checkpoint a restart of ``run_dir`` loads, and why.
+
+    ``RequeueCheckpoint`` applies the restart rule; ``DurableCheckpointIO`` loads ``last.ckpt`` or,
+    when it does not verify, the newest committed checkpoint that does.
+    """
+    rule = decide(run_dir)
+    if rule is not Restart.RESUME:
+        return {"checkpoint": None, "why": rule.rule}
+    by_name = {c["name"]: c for c in checkpoints}
+    last = by_name[LAST]
+    if last["result"] in USABLE:
+        return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
+    for name in newest_first(scan(layout.checkpoint_dir(run_dir)), exclude=[LAST]):
+        if by_name.get(name, {}).get("result") == "verified":
+            return {
+                "checkpoint": name,
+                "why": f"last.ckpt is {last['result']}; DurableCheckpointIO falls back to the newest "
+                "checkpoint that verifies",
+            }
+    return {"checkpoint": None, "why": f"last.ckpt is {last['result']} and no older checkpoint is verified"}
+
+
+def _sidecars(run_dir: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(run_dir.glob(f"*{SIDECAR_SUFFIX}")):
+        tracker = path.name[: -len(SIDECAR_SUFFIX)]
+        try:
+            data = json.loads(path.read_text())
+            identity = data.get("identity", data) if isinstance(data, dict) else {}
+            found.append({"tracker": tracker, "identity": identity, "readable": True})
+        except (OSError, ValueError) as e:
+            found.append({"tracker": tracker, "identity": {}, "readable": False, "error": str(e)})
+    return found
+
+
+def index_entries(root: Path) -> list[dict[str, Any]]:
+    """Every session index entry: its key, target, and whether the target exists."""
+    entries = []
+    for entry in read_index_entries(root):
+        if entry.target is None:
+            entries.append({"key": entry.path.name, "target": None, "state": f"unreadable: {entry.error}"})
+            continue
+        state = "ok" if entry.target.is_dir() else "stale (run dir missing)"
+        entries.append({"key": entry.path.name, "target": str(entry.target), "state": state})
+    return entries
+
+
+def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
+    """Everything about one run dir."""
+    meta = read_meta(run_dir)
+    folder = layout.checkpoint_dir(run_dir)
+    checkpoints = [verify(p) for p in sorted(folder.glob(f"*{layout.CKPT_SUFFIX}"))]
+    root = root or _root_of(run_dir)
+    pointing = (
+        [e["key"] for e in index_entries(root) if e["target"] and Path(e["target"]) == run_dir]
+        if root
+        else []
+    )
+    return {
+        "path": str(run_dir),
+        "run_id": meta.get("run_id", run_dir.name),
+        "session_key": meta.get("session_key"),
+        "created": meta.get("created"),
+        "status": read_status(run_dir),
+        "checkpoints": checkpoints,
+        "next_restart_loads": next_load(run_dir, checkpoints),
+        "index_entries": pointing,
+        "sidecars": _sidecars(run_dir),
+    }
+
+
+def _root_of(run_dir: Path) -> Path | None:
+    try:
+        candidate = layout.root_of(run_dir)
+    except IndexError:
+        return None
+    return candidate if layout.is_root(candidate) else None
+
+
+def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
+    """The runs under a root, its index entries, orphans and handoff files."""
+    now = time.time() if now is None else now
+    entries = index_entries(root)
+    indexed = {Path(e["target"]) for e in entries if e["target"]}
+    runs = []
+    for run_dir in layout.run_dirs(root):
+        meta = read_meta(run_dir)
+        last = layout.last_checkpoint(run_dir)
+        step = quick_step(last) if last.is_file() else None
+        stamp = last if last.is_file() else run_dir / layout.RUN_META
+        key = meta.get("session_key")
+        runs.append(
+            {
+                "path": str(run_dir),
+                "run_id": meta.get("run_id", run_dir.name),
+                "session_key": key,
+                "status": read_status(run_dir).get("status"),
+                "last_step": step,
+                "age_seconds": round(now - stamp.stat().st_mtime, 1),
+                "indexed": run_dir in indexed,
+                "orphan": key is not None
+                and run_dir not in indexed
+                and not any(e["key"] == key for e in entries),
+            }
+        )
+    handoff = root / layout.HANDOFF_DIR
+    handoffs = sorted(p.name for p in handoff.iterdir()) if handoff.is_dir() else []
+    return {"root": str(root), "runs": runs, "index": entries, "handoff_files": handoffs}

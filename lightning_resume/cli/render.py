@@ -1,0 +1,105 @@
+"""Tables for the command line (rich on a terminal, plain text when piped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from lightning_resume.cli.doctor import Finding, Level
+from lightning_resume.cli.gc import Removal
+
+_STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """Print one table."""
+    out = Table(title=title, title_justify="left")
+    for column in columns:
+        out.add_column(column, overflow="fold")
+    for row in rows:
+        out.add_row(*row)
+    Console().print(out)
+
+
+def findings(items: list[Finding]) -> None:
+    rows = [(f"[{_STYLE[f.level]}]{f.level.value}[/]", f.check, f.detail, f.hint) for f in items]
+    table("lightning-resume doctor", ("", "check", "found", "what to do"), rows)
+
+
+def removals(items: list[Removal], applied: bool) -> None:
+    if not items:
+        Console().print("lightning-resume gc: nothing to remove")
+        return
+    verb = "removed" if applied else "would remove (dry run; --apply to remove)"
+    table(
+        f"lightning-resume gc: {len(items)} file(s) {verb}",
+        ("kind", "path", "why"),
+        ((r.kind, r.path, r.reason) for r in items),
+    )
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def root(report: dict[str, Any]) -> None:
+    rows = [
+        (
+            r["run_id"],
+            str(r["session_key"] or ""),
+            str(r["status"]),
+            "" if r["last_step"] is None else str(r["last_step"]),
+            _age(r["age_seconds"]),
+            "orphan" if r["orphan"] else ("indexed" if r["indexed"] else ""),
+            r["path"],
+        )
+        for r in report["runs"]
+    ]
+    table(
+        f"runs under {report['root']}", ("run", "session key", "status", "step", "age", "index", "path"), rows
+    )
+    index = [(e["key"], str(e["target"]), e["state"]) for e in report["index"]]
+    table("session index", ("key", "run dir", "state"), index)
+    if report["handoff_files"]:
+        Console().print(f"handoff files: {', '.join(report['handoff_files'])}")
+
+
+def run(report: dict[str, Any]) -> None:
+    console = Console()
+    status = report["status"]
+    console.print(f"run {report['run_id']}  ({report['path']})")
+    console.print(
+        f"session key: {report['session_key']}  index entries: {', '.join(report['index_entries']) or 'none'}"
+    )
+    recorded = f"recorded at step {status.get('step')}, {status.get('time', '?')}"
+    console.print(f"status: {status.get('status')} ({recorded})")
+    load = report["next_restart_loads"]
+    console.print(f"next restart loads: [bold]{load['checkpoint']}[/] — {load['why']}")
+    rows = [
+        (
+            c["name"],
+            f"{c['size']:,}",
+            str(c["checksum"] or ""),
+            "" if c["step"] is None else str(c["step"]),
+            c["result"],
+        )
+        for c in report["checkpoints"]
+    ]
+    table("checkpoints", ("file", "bytes", "checksum", "step", "verification"), rows)
+    sidecars = [
+        (
+            s["tracker"],
+            ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None)
+            if s["readable"]
+            else s.get("error", ""),
+        )
+        for s in report["sidecars"]
+    ]
+    if sidecars:
+        table("tracker sidecars (the runs a restart continues)", ("tracker", "identity"), sidecars)

@@ -1,0 +1,152 @@
+"""At most one checkpoint save in flight: snapshot now, write in the writer process, report later.
+
+:meth:`AsyncSaver.save` waits for the previous save (raising its error, if any), snapshots the new
+checkpoint into the shared buffer and hands the write to a background thread that talks to the
+writer process. A writer that dies is restarted and the write retried once from the same snapshot
+(nothing touches the buffer until the write is over).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_resume._writer.commit import clean_stale
+from lightning_resume._writer.manifest import Entry
+from lightning_resume._writer.process import WriterDied, WriterProcess, carried_error
+from lightning_resume.io._snapshot import HostBuffer, Staged, stage
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def torch_archive_version() -> bytes:
+    """The ``version`` record this torch writes in a ``torch.save`` archive."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save({}, buffer)
+    with zipfile.ZipFile(buffer) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("/version"))
+        return archive.read(name)
+
+
+class AsyncSaver:
+    """Snapshot in the caller, write in a writer process, one save in flight.
+
+    Args:
+        start_timeout: Seconds a new writer process has to answer its readiness ping.
+        shutdown_timeout: Seconds a writer has to exit gracefully on :meth:`close`.
+        niceness: Nice increment of the writer process.
+        direct_io: Write files past the page cache where the filesystem allows it.
+        known: Returns the manifest entry of the file this process last committed at a path.
+        on_commit: Called (in the background thread) with each committed path and entry.
+    """
+
+    def __init__(
+        self,
+        start_timeout: float,
+        shutdown_timeout: float,
+        niceness: int,
+        direct_io: bool,
+        known: Callable[[Path], Entry | None],
+        on_commit: Callable[[Path, Entry], None],
+    ) -> None:
+        self.start_timeout = start_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.niceness = niceness
+        self.direct_io = direct_io
+        self._known = known
+        self._on_commit = on_commit
+        self._buffer = HostBuffer()
+        self._process: WriterProcess | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-writer")
+        self._pending: Future[Entry] | None = None
+
+    @property
+    def writer_pid(self) -> int | None:
+        """Process id of the current writer process, if one is running."""
+        return self._process.pid if self._process is not None and self._process.alive() else None
+
+    def save(self, checkpoint: dict[str, Any], path: Path, entry: dict[str, Any]) -> None:
+        """Wait for the previous save, snapshot ``checkpoint`` and start writing it to ``path``.
+
+        Raises:
+            OSError, RuntimeError: the previous save's error, carried back from the writer.
+        """
+        self.wait()
+        staged = stage(checkpoint, self._buffer)
+        self._pending = self._executor.submit(self._write, staged, path, entry)
+
+    def wait(self) -> Entry | None:
+        """Block until the save in flight is committed; raise its error if it failed."""
+        pending = self._pending
+        if pending is None:
+            return None
+        try:
+            return pending.result()
+        finally:
+            if self._pending is pending:  # a nested wait (from a signal handler) may have cleared it
+                self._pending = None
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None and not self._pending.done()
+
+    def _write(self, staged: Staged, path: Path, entry: dict[str, Any]) -> Entry:
+        request: dict[str, Any] = {
+            "path": str(path),
+            "records": staged.records,
+            "alignment": staged.alignment,
+            "version": torch_archive_version(),
+            "buffer_size": staged.buffer_size,
+            "entry": entry,
+            "direct": self.direct_io,
+        }
+        for attempt in (1, 2):
+            known = self._known(path) if attempt == 1 else None  # after a death, read the disk
+            request["known"] = known.to_json() if known is not None else None
+            try:
+                kind, payload = self._writer().request(("write", request))
+                break
+            except WriterDied as died:
+                self._process = None
+                clean_stale(path.parent)
+                if attempt == 2:
+                    raise RuntimeError(
+                        f"Could not save checkpoint {str(path)!r}: {died}, twice while writing it. The "
+                        "previous checkpoint is intact. Check the system log for what kills it (OOM killer?)."
+                    ) from died
+                log.warning("%s; restarting it and writing %s again", died, path)
+        if kind != "done":
+            raise carried_error(payload, path)
+        committed = Entry.from_json(payload)
+        self._on_commit(path, committed)
+        return committed
+
+    def _writer(self) -> WriterProcess:
+        if self._process is None or not self._process.alive():
+            if self._process is not None:
+                self._process.kill()
+            self._process = WriterProcess(
+                self._buffer.fd, self.start_timeout, self.shutdown_timeout, self.niceness
+            )
+        return self._process
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its error), then stop the writer and free the buffer."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            if self._process is not None:
+                self._process.close()
+                self._process = None
+            self._buffer.close()

@@ -1,0 +1,265 @@
+"""Snapshot a checkpoint into reusable shared memory, as the records of a ``torch.save`` archive.
+
+The training process copies every tensor storage once into a host buffer shared with the writer
+process (device tensors go straight from the device, through a pinned buffer when CUDA allows), then
+lets torch's own serialiser pickle the object graph against those copies. Pickling is itself a deep
+copy of every non-tensor object, so training can change anything as soon as :func:`stage` returns.
+The writer process only has to write the records (see ``_zip_records``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import mmap
+import os
+import pickle
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# A region of the shared buffer ("shm", offset, nbytes) or the record's bytes ("bytes", data).
+Source = tuple[str, int, int] | tuple[str, bytes]
+_PAGE = mmap.PAGESIZE
+
+
+def torch_records_supported() -> bool:
+    """Whether the installed torch has the serialiser entry point :func:`record_torch_save` uses."""
+    save = getattr(torch.serialization, "_save", None)
+    if save is None:
+        return False
+    return list(inspect.signature(save).parameters)[:5] == [
+        "obj",
+        "zip_file",
+        "pickle_module",
+        "pickle_protocol",
+        "_disable_byteorder_record",
+    ]
+
+
+def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
+    """Run torch's serialiser on ``obj``, handing each archive record to ``write_record``.
+
+    The only use of a private torch API in this package: ``torch.serialization._save`` writes the
+    records of a ``torch.save`` archive to any object with a ``write_record(name, data, nbytes)``
+    method (torch's own zip writer is one). ``tests/io/test_snapshot.py`` pins that the archive written
+    from these records loads with ``torch.load`` and has the records ``torch.save`` writes.
+    """
+
+    class _Sink:
+        def write_record(self, name: str, data: Any, nbytes: int) -> None:
+            write_record(name, data, nbytes)
+
+    torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+
+
+class HostBuffer:
+    """Host memory shared with the writer process through a file descriptor, reused across saves.
+
+    A ``memfd`` where the platform has one, else an unlinked temporary file; either way nothing is
+    left behind when the processes die. It only grows.
+    """
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.size = 0
+        self._map: mmap.mmap | None = None
+        self._bytes: torch.Tensor | None = None
+        self._pinned = False
+
+    def ensure(self, nbytes: int) -> None:
+        """Make the buffer at least ``nbytes`` long (page-rounded; it never shrinks)."""
+        if nbytes <= self.size:
+            return
+        new_size = -(-max(nbytes, _PAGE) // _PAGE) * _PAGE
+        if self.fd < 0:
+            self.fd = _shared_fd()
+        os.ftruncate(self.fd, new_size)
+        self._unmap()
+        self._map = mmap.mmap(self.fd, new_size)
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.size = new_size
+
+    @property
+    def base(self) -> int:
+        assert self._bytes is not None
+        return self._bytes.data_ptr()
+
+    def region(self, offset: int, nbytes: int) -> torch.UntypedStorage:
+        """The bytes ``[offset, offset + nbytes)`` as a storage."""
+        assert self._map is not None
+        return torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset).untyped_storage()
+
+    def pin(self) -> None:
+        """Page-lock the buffer for fast, asynchronous device-to-host copies (best effort)."""
+        if self._pinned or self._bytes is None or not torch.cuda.is_available():
+            return
+        with contextlib.suppress(Exception):
+            error = torch.cuda.cudart().cudaHostRegister(self.base, self.size, 0)
+            self._pinned = int(error) == 0
+        if not self._pinned:
+            log.debug("could not pin the checkpoint staging buffer; device copies will be synchronous")
+
+    def _unmap(self) -> None:
+        if self._pinned:
+            with contextlib.suppress(Exception):
+                torch.cuda.cudart().cudaHostUnregister(self.base)
+            self._pinned = False
+        self._bytes = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view still alive; it is freed with the view
+                self._map.close()
+            self._map = None
+
+    def close(self) -> None:
+        self._unmap()
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.size = -1, 0
+
+
+def _shared_fd() -> int:
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("lightning-resume-checkpoint", os.MFD_CLOEXEC)
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, name = tempfile.mkstemp(prefix="lightning-resume-", dir=folder)
+    os.unlink(name)
+    return fd
+
+
+@dataclass
+class Staged:
+    """A checkpoint snapshot: the archive records, pointing into the shared buffer where they can."""
+
+    records: list[tuple[str, Source]] = field(default_factory=list)
+    alignment: int = 64
+    buffer_size: int = 0
+    nbytes: int = 0
+
+
+def _stageable(t: torch.Tensor) -> bool:
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and t.device.type != "meta"
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.untyped_storage().nbytes() > 0
+    )
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def _walk(obj: Any, on_tensor: Callable[[torch.Tensor], Any]) -> Any:
+    """Rebuild plain containers (dict, OrderedDict, list, tuple) with ``on_tensor`` applied to tensors."""
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor):
+        return on_tensor(obj)
+    if kind is dict:
+        return {k: _walk(v, on_tensor) for k, v in obj.items()}
+    if kind is OrderedDict:
+        rebuilt: OrderedDict[Any, Any] = OrderedDict((k, _walk(v, on_tensor)) for k, v in obj.items())
+        rebuilt.__dict__.update(vars(obj))  # a state_dict's `_metadata`
+        return rebuilt
+    if kind is list:
+        return [_walk(v, on_tensor) for v in obj]
+    if kind is tuple:
+        return tuple(_walk(v, on_tensor) for v in obj)
+    return obj
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
+    """Copy ``checkpoint`` into ``buffer`` and return the records of its ``torch.save`` archive.
+
+    Tensors reachable through dicts, lists and tuples are copied into the buffer, their storages
+    deduplicated as ``torch.save`` does; tensors anywhere else are copied by torch's serialiser into
+    the records themselves.
+    """
+    layout: dict[tuple[str, int], int] = {}
+    storages: list[torch.Tensor] = []
+
+    def plan(t: torch.Tensor) -> torch.Tensor:
+        if _stageable(t) and _storage_key(t) not in layout:
+            layout[_storage_key(t)] = -1
+            storages.append(t)
+        return t
+
+    _walk(checkpoint, plan)
+    offset = 0
+    for t in storages:
+        layout[_storage_key(t)] = offset
+        offset += _align(t.untyped_storage().nbytes(), alignment)
+    buffer.ensure(offset)
+    if any(t.is_cuda for t in storages):
+        buffer.pin()
+
+    devices = set()
+    for t in storages:
+        nbytes = t.untyped_storage().nbytes()
+        dst = torch.empty(0, dtype=torch.uint8).set_(buffer.region(layout[_storage_key(t)], nbytes))
+        src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        dst.copy_(src, non_blocking=t.is_cuda)
+        if t.is_cuda:
+            devices.add(t.device)
+    for device in devices:
+        torch.cuda.synchronize(device)
+
+    views: dict[int, torch.Tensor] = {}
+    regions: dict[tuple[str, int], torch.UntypedStorage] = {}  # one storage object each: torch dedupes by it
+
+    def swap(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in views:
+            return views[id(t)]
+        key = _storage_key(t) if _stageable(t) else None
+        if key is None or key not in layout:
+            return t
+        if key not in regions:
+            regions[key] = buffer.region(layout[key], t.untyped_storage().nbytes())
+        region = regions[key]
+        with torch.no_grad():
+            view = torch.empty(0, dtype=t.dtype).set_(region, t.storage_offset(), t.size(), t.stride())
+        if isinstance(t, torch.nn.Parameter):
+            view = torch.nn.Parameter(view, requires_grad=t.requires_grad)
+        elif t.requires_grad and t.is_leaf:
+            view.requires_grad_(True)
+        views[id(t)] = view
+        return view
+
+    snapshot = _walk(checkpoint, swap)
+    staged = Staged(alignment=alignment, buffer_size=buffer.size, nbytes=offset)
+    base, end = buffer.base, buffer.base + buffer.size
+
+    def write_record(name: str, data: Any, nbytes: int) -> None:
+        if isinstance(data, str):
+            source: Source = ("bytes", data.encode())
+        elif isinstance(data, (bytes, bytearray)):
+            source = ("bytes", bytes(data))
+        elif isinstance(data, torch.UntypedStorage):
+            ptr = data.data_ptr()
+            if nbytes and base <= ptr and ptr + nbytes <= end:
+                source = ("shm", ptr - base, nbytes)
+            else:  # a tensor outside plain containers: torch handed us a CPU storage; copy it now
+                source = ("bytes", torch.empty(0, dtype=torch.uint8).set_(data).numpy().tobytes())
+                staged.nbytes += nbytes
+        else:
+            raise TypeError(f"unexpected record {name!r} of type {type(data).__name__}")
+        if name == ".storage_alignment":
+            staged.alignment = int(source[1])
+        staged.records.append((name, source))
+
+    record_torch_save(snapshot, write_record)
+    return staged

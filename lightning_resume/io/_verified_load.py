@@ -1,0 +1,75 @@
+"""Load a checkpoint file and check it against its manifest at the same time."""
+
+from __future__ import annotations
+
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_resume._writer.catalog import Status, Verdict, conclude, precheck
+from lightning_resume._writer.manifest import checksum_file
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The outcome of :func:`load_verified`.
+
+    Attributes:
+        checkpoint: The loaded checkpoint, when the file may be used.
+        verdict: What checking the file found (``NO_MANIFEST`` for a plain Lightning file that loads).
+        reason: Why the file cannot be used (empty when it can).
+    """
+
+    checkpoint: dict[str, Any] | None
+    verdict: Verdict
+    reason: str = ""
+
+
+def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> Loaded:
+    """Load ``path`` if it verifies (or, without a manifest, if it loads).
+
+    Raises:
+        Exception: what ``torch.load`` raises for a file that is intact (``weights_only`` refusals,
+            an unknown format): that is not damage a fallback should hide.
+    """
+    pre = precheck(path)
+    if pre.status is Status.NO_MANIFEST:  # a file saved by plain Lightning
+        try:
+            return Loaded(torch.load(path, map_location=map_location, weights_only=weights_only), pre)
+        except Exception as e:
+            if intact_zip(path):
+                raise
+            return Loaded(None, pre, f"unreadable and has no manifest ({type(e).__name__}: {e})")
+    if pre.status is not Status.UNCHECKED:
+        return Loaded(None, pre, pre.reason)
+    digest: dict[str, tuple[int, str]] = {}
+    # Hash beside the load: xxhash releases the GIL, so this costs little more than the load.
+    worker = threading.Thread(target=lambda: digest.update(value=checksum_file(path)), daemon=True)
+    worker.start()
+    error: Exception | None = None
+    checkpoint = None
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as e:
+        error = e
+    finally:
+        worker.join()
+    verdict = conclude(pre, *digest["value"]) if "value" in digest else Verdict(Status.CORRUPT, pre.size)
+    if verdict.status is not Status.VERIFIED:
+        return Loaded(None, verdict, verdict.reason)
+    if error is not None:
+        raise error
+    return Loaded(checkpoint, verdict)
+
+
+def intact_zip(path: Path) -> bool:
+    """Whether ``path`` is a complete zip archive whose records all pass their CRC check."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False

@@ -1,0 +1,559 @@
+"""``DurableCheckpointIO``: atomic, verified, asynchronous, mirrored checkpoint files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.utilities.types import _PATH
+from typing_extensions import override
+
+from lightning_resume._version import __version__
+from lightning_resume._warnings import warn
+from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
+from lightning_resume._writer.commit import clean_stale, commit, remove, save_error, write_manifest
+from lightning_resume._writer.manifest import Entry, check_metadata, describe, read_entries
+from lightning_resume.exceptions import CheckpointVerificationError
+from lightning_resume.io._async_saver import AsyncSaver
+from lightning_resume.io._mirror import Mirror
+from lightning_resume.io._retention import to_delete
+from lightning_resume.io._snapshot import torch_records_supported
+from lightning_resume.io._verified_load import load_verified
+
+log = logging.getLogger(__name__)
+
+# The key the mirror's copy of the checkpoint being loaded takes among the fallback candidates.
+_MIRROR_COPY = "\0mirror"
+
+
+class DurableCheckpointIO(CheckpointIO):
+    """Checkpoint files that survive kills, full disks and lost nodes, written without stalling training.
+
+    - **Atomic**: each save goes to a temporary file in the target directory, is fsynced, renamed into
+      place, and the directory is fsynced. A kill at any instant leaves the old file or the new one.
+    - **Verified**: each file has a manifest ``<file>.manifest.json`` (size, XXH3 hash, step, epoch, time,
+      versions, your metadata). Loading checks it; a torn or corrupt file falls back to the newest
+      checkpoint that verifies, with one warning. Files without a manifest (plain Lightning) load as usual.
+    - **Asynchronous** (default): ``save_checkpoint`` only copies the state into a reused shared-memory
+      buffer; a writer process writes, checksums and commits it. One save is in flight at a time; its
+      error is raised by the next save, ``remove_checkpoint``, ``load_checkpoint``, ``teardown`` or
+      :meth:`wait_until_durable`. Files are written past the page cache (``O_DIRECT``) where the
+      filesystem allows it, so that writing costs training little CPU and no cached data.
+    - **Mirrored** (``mirror=``): each committed file is uploaded in the background to an fsspec URL;
+      a remote copy counts once its manifest is in place. Checkpoints the local directory lacks are
+      downloaded when the plugin is constructed (a job requeued onto an empty node).
+    - **Retention** (``keep=``): after each save, only the newest ``keep`` verified checkpoints of each
+      name pattern (digits ignored: ``epoch=#-step=#.ckpt``) are kept, locally and on the mirror.
+
+    Args:
+        asynchronous: Write in a background writer process (``False``: write before returning).
+        mirror: An fsspec URL (``s3://bucket/run-42``, ``gs://...``, a shared directory) that receives a
+            copy of every checkpoint in ``dirpath``. Needs ``pip install "lightning-resume[remote]"``.
+        mirror_options: Keyword arguments for the fsspec filesystem of ``mirror``
+            (e.g. ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``).
+        dirpath: The local checkpoint directory the mirror copies, restored from the mirror when the
+            plugin is constructed. Default: the folder of the first save (then nothing is restored).
+        keep: Keep only the newest ``keep`` checkpoints per name pattern (``None``: delete only what
+            Lightning's callbacks ask to delete).
+        wait_for_mirror: ``teardown`` and :meth:`wait_until_durable` wait for uploads in flight, so a
+            preempted job exits with its newest checkpoint on the mirror.
+        mirror_timeout: Seconds to wait for uploads there.
+        metadata: User metadata stored in the manifest of every checkpoint (JSON values). Add per save
+            with ``trainer.save_checkpoint(path, storage_options={"metadata": {...}})``.
+        writer_start_timeout: Seconds a new writer process has to report ready.
+        writer_shutdown_timeout: Seconds the writer has to exit at teardown before it is killed.
+        writer_niceness: Nice increment of the writer process (0-19), so training threads come first.
+        direct_io: Write checkpoint files past the page cache (``O_DIRECT``) where the filesystem
+            allows it: less CPU taken from training, no cached data evicted. ``False`` writes through
+            the page cache (for a filesystem where direct writes are slow).
+
+    Raises:
+        ValueError: for an invalid option.
+        ImportError: ``mirror`` is set and fsspec (or the backend for its protocol) is missing.
+
+    Example::
+
+        trainer = Trainer(
+            plugins=[DurableCheckpointIO(mirror="s3://bucket/run-42", keep=3)],
+            callbacks=[ModelCheckpoint(dirpath="ckpt", save_last=True)],
+        )
+        trainer.fit(model, ckpt_path="last")
+    """
+
+    #: Saves are atomic: ``RequeueCheckpoint`` lets this plugin write ``last.ckpt`` itself.
+    writes_atomically = True
+
+    def __init__(
+        self,
+        asynchronous: bool = True,
+        mirror: str | None = None,
+        mirror_options: dict[str, Any] | None = None,
+        dirpath: str | Path | None = None,
+        keep: int | None = None,
+        wait_for_mirror: bool = True,
+        mirror_timeout: float = 1800.0,
+        metadata: dict[str, Any] | None = None,
+        writer_start_timeout: float = 120.0,
+        writer_shutdown_timeout: float = 60.0,
+        writer_niceness: int = 19,
+        direct_io: bool = True,
+    ) -> None:
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 or None, got {keep!r}.")
+        for name, value in (
+            ("mirror_timeout", mirror_timeout),
+            ("writer_start_timeout", writer_start_timeout),
+            ("writer_shutdown_timeout", writer_shutdown_timeout),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}.")
+        if not 0 <= writer_niceness <= 19:
+            raise ValueError(f"writer_niceness must be within 0..19, got {writer_niceness!r}.")
+        if mirror is not None and not str(mirror).strip():
+            raise ValueError("mirror must be an fsspec URL or None, got an empty string.")
+        self.asynchronous = asynchronous
+        self.mirror = mirror
+        self.mirror_options = dict(mirror_options or {})
+        self.dirpath = Path(dirpath).expanduser().absolute() if dirpath is not None else None
+        self.keep = keep
+        self.wait_for_mirror = wait_for_mirror
+        self.mirror_timeout = float(mirror_timeout)
+        self.metadata = dict(check_metadata(metadata or {}))
+        self.writer_start_timeout = float(writer_start_timeout)
+        self.writer_shutdown_timeout = float(writer_shutdown_timeout)
+        self.writer_niceness = int(writer_niceness)
+        self.direct_io = bool(direct_io)
+        self._init_runtime()
+        if mirror is not None:
+            self._remote()  # fail now, with the install hint, rather than at the first save
+            if self.dirpath is not None:
+                self.restore_from_mirror()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.RLock()
+        self._saver: AsyncSaver | None = None
+        self._mirror: Mirror | None = None
+        self._committed: dict[str, Entry] = {}
+        self._prepared: set[Path] = set()
+        self._warned: set[str] = set()
+        self._staging = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Launchers that pickle the trainer (ddp_spawn) get the configuration, not threads and processes.
+        runtime = ("_lock", "_saver", "_mirror", "_committed", "_prepared", "_warned", "_staging")
+        return {k: v for k, v in self.__dict__.items() if k not in runtime}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # -- save ------------------------------------------------------------------------------------
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        """Save ``checkpoint`` to ``path`` atomically; in the background when ``asynchronous``.
+
+        Args:
+            checkpoint: The state Lightning dumped.
+            path: A local file path.
+            storage_options: ``None`` or ``{"metadata": {...}}``, user metadata for this checkpoint's
+                manifest (on top of the constructor's ``metadata``).
+
+        Raises:
+            OSError: the previous asynchronous save (or this synchronous one) failed; the file it was
+                replacing is intact. ``PermissionError`` and ``OSError(ENOSPC)`` say what to do.
+            TypeError: for unsupported ``storage_options``.
+            ValueError: ``path`` is a remote URL (use ``mirror=`` for remote copies).
+        """
+        metadata = {**self.metadata, **self._metadata_option(storage_options)}
+        target = self._local(path)
+        self._prepare(target.parent)
+        entry = self._entry_fields(checkpoint, metadata)
+        if self._staging:
+            # Called from a signal handler (Lightning's SLURM requeue) in the middle of a save: the
+            # shared buffer may be half-filled, so this one is written here and now.
+            self._wait_local()
+            self._save_now(checkpoint, target, entry)
+            return
+        if self._use_async():
+            if self._saver is None:
+                self._saver = AsyncSaver(
+                    self.writer_start_timeout,
+                    self.writer_shutdown_timeout,
+                    self.writer_niceness,
+                    self.direct_io,
+                    known=lambda p: self._committed.get(str(p)),
+                    on_commit=self._after_commit,
+                )
+            self._staging = True
+            try:
+                self._saver.save(checkpoint, target, entry)
+            finally:
+                self._staging = False
+            return
+        self._save_now(checkpoint, target, entry)
+
+    def _save_now(self, checkpoint: dict[str, Any], target: Path, fields: dict[str, Any]) -> None:
+        try:
+            entry = commit(
+                target,
+                lambda out: torch.save(checkpoint, out),  # type: ignore[arg-type]
+                lambda size, checksum: Entry.from_json({**fields, "size": size, "checksum": checksum}),
+                self._committed.get(str(target)),
+                direct=self.direct_io,
+            )
+        except OSError as e:
+            raise save_error(e.errno, e.strerror or str(e), e.filename, target) from e
+        self._after_commit(target, entry)
+
+    def _use_async(self) -> bool:
+        if not self.asynchronous:
+            return False
+        if os.name != "posix" or not torch_records_supported():
+            self._warn_once(
+                "async",
+                "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
+                f"knows (torch {torch.__version__}); saving synchronously instead.",
+            )
+            return False
+        return True
+
+    def _after_commit(self, path: Path, entry: Entry) -> None:
+        """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
+        with self._lock:
+            self._committed[str(path)] = entry
+            if self.keep is not None:
+                for name in to_delete(scan(path.parent), self.keep):
+                    remove(path.parent / name)
+                    self._committed.pop(str(path.parent / name), None)
+                    log.debug("retention (keep=%s) removed %s", self.keep, path.parent / name)
+        if self.mirror is not None and self._mirrors(path):
+            self._remote().submit_upload(path, lambda: self._committed.get(str(path)))
+
+    # -- wait ------------------------------------------------------------------------------------
+
+    def wait_until_durable(self) -> None:
+        """Block until the save in flight is committed (and, with ``wait_for_mirror``, uploaded).
+
+        Raises:
+            OSError, RuntimeError: the save (or the upload) failed.
+            TimeoutError: uploads still running after ``mirror_timeout`` seconds.
+        """
+        self._wait_local()
+        if self._mirror is not None and self.wait_for_mirror:
+            self._mirror.wait(self.mirror_timeout)
+
+    def wait_until_mirrored(self, timeout: float | None = None) -> None:
+        """Block until the save in flight is committed and every queued upload is done.
+
+        Args:
+            timeout: Seconds to wait for uploads (default ``mirror_timeout``).
+
+        Raises:
+            OSError, RuntimeError: the save (or the latest upload of a checkpoint) failed.
+            TimeoutError: uploads still running after ``timeout`` seconds.
+        """
+        self._wait_local()
+        if self._mirror is not None:
+            self._mirror.wait(self.mirror_timeout if timeout is None else timeout)
+
+    def _wait_local(self) -> None:
+        if self._saver is not None:
+            self._saver.wait()
+
+    @property
+    def writing(self) -> bool:
+        """Whether a save is being written in the background right now."""
+        return self._saver is not None and self._saver.busy
+
+    @property
+    def mirroring(self) -> bool:
+        """Whether a save is being written or uploads are queued or running right now."""
+        return self.writing or (self._mirror is not None and self._mirror.pending > 0)
+
+    @property
+    def writer_pid(self) -> int | None:
+        """Process id of the running writer process, if any (for monitoring and tests)."""
+        return self._saver.writer_pid if self._saver is not None else None
+
+    # -- load ------------------------------------------------------------------------------------
+
+    @override
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Load and verify ``path``; fall back to the newest checkpoint that verifies when it does not.
+
+        Args:
+            path: The checkpoint file (local; a remote URL is loaded as is, unverified).
+            map_location: As for ``torch.load`` (default: tensors on the CPU, as Lightning's plugin).
+            weights_only: As for ``torch.load``.
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist (locally or on the mirror).
+            CheckpointVerificationError: ``path`` does not verify and no other checkpoint does (a
+                ``RuntimeError``).
+        """
+        self._wait_local()
+        location = map_location if map_location is not None else "cpu"
+        if "://" in str(path) and not str(path).startswith("file://"):
+            return self._load_remote(str(path), location, weights_only)
+        requested = self._local(path)
+        target = Path(os.path.realpath(requested))
+        if self.mirror is not None and not target.exists() and self._mirrors(target):
+            self._remote().download(target.name, target)
+        loaded = load_verified(target, location, weights_only)
+        if loaded.checkpoint is not None:
+            return loaded.checkpoint
+        if loaded.verdict.status is Status.MISSING:
+            raise FileNotFoundError(f"Checkpoint file not found: {str(requested)!r}")
+        for candidate, remote in self._fallbacks(target):
+            if remote and self._remote().download(target.name, target) is None:
+                continue
+            fallback = load_verified(candidate, location, weights_only)
+            if fallback.checkpoint is not None and fallback.verdict.entry is not None:
+                warn(
+                    f"Checkpoint {str(requested)!r} is {loaded.reason}; loaded "
+                    f"{'the mirror copy of it' if remote else repr(str(candidate))} "
+                    f"({describe(fallback.verdict.entry)}) instead, the newest checkpoint that verifies."
+                )
+                return fallback.checkpoint
+        where = f"{str(target.parent)!r}" + (f" or the mirror {self.mirror!r}" if self.mirror else "")
+        raise CheckpointVerificationError(
+            f"Checkpoint {str(requested)!r} is {loaded.reason}, and no other checkpoint in {where} verifies. "
+            "Restore the checkpoint directory from a copy, or start without this checkpoint.",
+            requested,
+            loaded.reason,
+        )
+
+    def _fallbacks(self, target: Path) -> list[tuple[Path, bool]]:
+        """Other committed checkpoints (local, and the mirror copy of ``target``) in fallback order."""
+        candidates = {name: entry for name, entry in scan(target.parent).items() if name != target.name}
+        if self.mirror is not None and self._mirrors(target):
+            remote = self._remote().committed().get(target.name)
+            if remote is not None:
+                candidates[_MIRROR_COPY] = remote
+        return [
+            (target, True) if name == _MIRROR_COPY else (target.parent / name, False)
+            for name in newest_first(candidates)
+        ]
+
+    @staticmethod
+    def _load_remote(url: str, location: Any, weights_only: bool | None) -> dict[str, Any]:
+        import fsspec
+
+        with fsspec.open(url, "rb") as handle:
+            checkpoint: dict[str, Any] = torch.load(handle, map_location=location, weights_only=weights_only)
+        return checkpoint
+
+    # -- remove, teardown ------------------------------------------------------------------------
+
+    @override
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Delete ``path`` (and its manifest, and its mirror copy) once the save in flight is committed.
+
+        The only verified checkpoint of its directory is kept, with a warning.
+
+        Raises:
+            OSError, RuntimeError: the save in flight failed (the file to remove is then kept).
+        """
+        self._wait_local()
+        target = self._local(path)
+        with self._lock:
+            verified = scan(target.parent)
+            if list(verified) == [target.name]:
+                warn(
+                    f"Not removing {str(target)!r}: it is the only verified checkpoint in "
+                    f"{str(target.parent)!r}."
+                )
+                return
+            remove(target)
+            self._committed.pop(str(target), None)
+        if self.mirror is not None and self._mirrors(target):
+            self._remote().submit_delete(target.name)
+
+    @override
+    def teardown(self) -> None:
+        """Wait for the save in flight and stop the writer; with ``wait_for_mirror``, wait for uploads.
+
+        Uploads that fail or outlast ``mirror_timeout`` are reported with a warning; without
+        ``wait_for_mirror`` they go on in a background thread until the process exits.
+
+        Raises:
+            OSError, RuntimeError: the save in flight failed.
+        """
+        saver, self._saver = self._saver, None
+        try:
+            if saver is not None:
+                saver.close()
+        finally:
+            if self._mirror is not None and self.wait_for_mirror:
+                mirror, self._mirror = self._mirror, None
+                try:
+                    mirror.close(self.mirror_timeout)
+                except (TimeoutError, RuntimeError) as e:
+                    # A warning, not an error: the local checkpoints are committed, and an exception here
+                    # would replace the one a preempted fit is exiting with.
+                    warn(str(e))
+
+    # -- mirror ----------------------------------------------------------------------------------
+
+    def _remote(self) -> Mirror:
+        if self._mirror is None:
+            assert self.mirror is not None
+            self._mirror = Mirror(self.mirror, self.mirror_options, self.keep, self.direct_io)
+        return self._mirror
+
+    def _mirrors(self, path: Path) -> bool:
+        if self.dirpath is None:
+            self.dirpath = path.parent
+            log.info("DurableCheckpointIO mirrors %s to %s", self.dirpath, self.mirror)
+        if path.parent == self.dirpath:
+            return True
+        self._warn_once(
+            f"mirror:{path.parent}",
+            f"Checkpoints in {str(path.parent)!r} are not mirrored: DurableCheckpointIO(mirror="
+            f"{self.mirror!r}) copies {str(self.dirpath)!r} (set dirpath= to choose).",
+        )
+        return False
+
+    def restore_from_mirror(self) -> list[Path]:
+        """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
+
+        Called when the plugin is constructed with ``mirror`` and a known ``dirpath``. Each download is
+        verified and committed atomically; a local file without a manifest is never replaced.
+
+        Returns:
+            The files downloaded.
+        """
+        if self.mirror is None or self.dirpath is None:
+            return []
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        clean_stale(self.dirpath)
+        local = scan(self.dirpath)
+        restored = []
+        for name, entry in sorted(self._remote().committed().items(), key=lambda item: -item[1].saved_at):
+            have = local.get(name)
+            if have is not None and (have.same_data(entry) or have.saved_at >= entry.saved_at):
+                continue
+            if have is None and (self.dirpath / name).exists() and read_entries(self.dirpath / name) is None:
+                continue  # a file we did not write
+            if self._remote().download(name, self.dirpath / name) is not None:
+                restored.append(self.dirpath / name)
+        return restored
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    def get_metadata(self, path: _PATH) -> dict[str, Any]:
+        """The user metadata stored with the checkpoint at ``path``.
+
+        Raises:
+            ValueError: ``path`` has no manifest, or does not verify.
+        """
+        self._wait_local()
+        return dict(self._verified_entry(self._local(path)).metadata)
+
+    def set_metadata(self, path: _PATH, metadata: dict[str, Any]) -> None:
+        """Replace the user metadata of the checkpoint at ``path`` (and of its mirror copy).
+
+        Raises:
+            TypeError: ``metadata`` is not JSON-serialisable.
+            ValueError: ``path`` has no manifest, or does not verify.
+        """
+        self._rewrite(self._local(path), dict(check_metadata(metadata)))
+
+    def update_metadata(self, path: _PATH, metadata: dict[str, Any]) -> None:
+        """Add ``metadata`` to the user metadata of the checkpoint at ``path`` (and of its mirror copy).
+
+        Raises:
+            TypeError: ``metadata`` is not JSON-serialisable.
+            ValueError: ``path`` has no manifest, or does not verify.
+        """
+        target = self._local(path)
+        self._rewrite(target, {**self.get_metadata(target), **check_metadata(metadata)})
+
+    def _verified_entry(self, path: Path) -> Entry:
+        verdict = check_file(path)
+        if verdict.status in (Status.NO_MANIFEST, Status.UNVERIFIABLE):
+            raise ValueError(
+                f"{str(path)!r} has no readable manifest ({path.name}.manifest.json): it was not saved by "
+                "DurableCheckpointIO, so it has no metadata."
+            )
+        if verdict.entry is None:
+            raise ValueError(f"{str(path)!r} does not verify against its manifest ({verdict.reason}).")
+        return verdict.entry
+
+    def _rewrite(self, path: Path, metadata: dict[str, Any]) -> None:
+        self._wait_local()  # before the lock: the commit it waits for takes the lock too
+        with self._lock:
+            entry = self._verified_entry(path)
+            updated = entry.with_metadata(metadata)
+            write_manifest(path, [updated])
+            self._committed[str(path)] = updated
+        if self.mirror is not None and self._mirrors(path):
+            self._remote().submit_upload(path, lambda: self._committed.get(str(path)))
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _local(path: _PATH) -> Path:
+        text = str(path)
+        if text.startswith("file://"):
+            text = text[len("file://") :]
+        elif "://" in text:
+            raise ValueError(
+                f"DurableCheckpointIO writes checkpoints to a local filesystem, got {text!r}. Save to a "
+                "local directory and set DurableCheckpointIO(mirror=...) for a remote copy."
+            )
+        return Path(text).expanduser().absolute()
+
+    def _prepare(self, directory: Path) -> None:
+        if directory in self._prepared:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        removed = clean_stale(directory)
+        if removed:
+            log.info("removed %d leftover file(s) of interrupted saves in %s", len(removed), directory)
+        self._prepared.add(directory)
+
+    @staticmethod
+    def _metadata_option(storage_options: Any | None) -> dict[str, Any]:
+        if storage_options is None:
+            return {}
+        if not isinstance(storage_options, dict) or set(storage_options) - {"metadata"}:
+            raise TypeError(
+                "DurableCheckpointIO accepts storage_options=None or {'metadata': {...}} "
+                f"(user metadata for the manifest), got {storage_options!r}."
+            )
+        return dict(check_metadata(storage_options.get("metadata") or {}))
+
+    @staticmethod
+    def _entry_fields(checkpoint: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+        step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
+        return {
+            "global_step": int(step) if isinstance(step, int) else None,
+            "epoch": int(epoch) if isinstance(epoch, int) else None,
+            "saved_at": time.time(),
+            "versions": {
+                "lightning_resume": __version__,
+                "lightning": str(lightning.__version__),
+                "torch": str(torch.__version__),  # TorchVersion would make the writer import torch
+                "python": platform.python_version(),
+            },
+            "metadata": metadata,
+        }
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warn(message)

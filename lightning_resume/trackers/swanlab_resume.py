@@ -1,0 +1,132 @@
+"""``SwanLabResume``: a restarted job continues its SwanLab experiment."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import Logger
+from typing_extensions import override
+
+from lightning_resume.trackers.tracker_resume import TrackerResume
+
+# SwanLab's documented environment variables that this callback reads or sets
+# (https://docs.swanlab.cn/en/api/environment-variable.html).
+ENV = {
+    "run_id": "SWANLAB_RUN_ID",
+    "resume": "SWANLAB_RESUME",
+    "name": "SWANLAB_EXP_NAME",
+    "project": "SWANLAB_PROJ_NAME",
+    "workspace": "SWANLAB_WORKSPACE",
+    "mode": "SWANLAB_MODE",
+    "dir": "SWANLAB_LOG_DIR",
+}
+_LOGGER_MODULE = "swanlab.integration.pytorch_lightning"
+
+SwanLabMode = Literal["online", "offline", "local", "disabled"]
+
+
+def swanlab_place(run: Any) -> tuple[str | None, str | None]:
+    """``(project, workspace)`` of a SwanLab run.
+
+    The one private touch of this module: swanlab 0.10 exposes a run's project and workspace publicly
+    only in online mode (``run.path``); they live in the run's settings. A test pins this.
+    """
+    settings = getattr(getattr(getattr(run, "_ctx", None), "config", None), "settings", None)
+    project = getattr(settings, "project", None)
+    return getattr(project, "name", None), getattr(project, "workspace", None)
+
+
+class SwanLabResume(TrackerResume):
+    """Make a restarted job continue the SwanLab experiment of its first attempt, with no throwaway run.
+
+    Records ``id``, ``name`` (the experiment name), ``project``, ``workspace``, ``mode`` and ``dir``
+    (the log dir) of the ``swanlab.integration.pytorch_lightning.SwanLabLogger``'s run in
+    ``<run dir>/swanlab_resume.json`` and in every checkpoint. On a restart (see
+    :class:`~lightning_resume.RunDir`) it sets SwanLab's documented ``SWANLAB_RUN_ID``,
+    ``SWANLAB_RESUME=allow`` and ``SWANLAB_EXP_NAME`` as soon as both callbacks exist, before Lightning
+    creates the run (``swanlab.init`` reads them, and the logger passes none of these unless you gave
+    them to it). They are removed again once the run exists. Without the name, an offline run would get
+    a new random experiment name on every restart.
+
+    The restart is refused (one warning, a fresh SwanLab run, the checkpoint resume proceeds) when the
+    run would be created somewhere else: ``SWANLAB_PROJ_NAME``, ``SWANLAB_WORKSPACE``, ``SWANLAB_MODE``
+    or ``SWANLAB_LOG_DIR`` changed since the run was created, or an argument given here differs from
+    the recorded run. Settings passed only to the ``SwanLabLogger`` are visible once the run exists;
+    a change there is reported by a warning at ``setup``. Pass them here as well to have them checked
+    before the run is created.
+
+    Args:
+        project: The project the logger logs to, checked against the recorded run before resuming.
+        workspace: The workspace, checked likewise.
+        mode: ``"online"``, ``"offline"``, ``"local"`` or ``"disabled"``, checked likewise.
+        log_dir: The logger's ``log_dir``, checked likewise.
+
+    Raises:
+        ModuleNotFoundError: when swanlab is not installed.
+        ValueError: for an unknown ``mode``; at ``setup`` when the Trainer logs to several runs.
+
+    Example::
+
+        from swanlab.integration.pytorch_lightning import SwanLabLogger
+
+        trainer = Trainer(
+            logger=SwanLabLogger(project="mnist", mode="offline"),
+            callbacks=[RunDir(root="runs"), SwanLabResume(project="mnist"), RequeueCheckpoint()],
+        )
+    """
+
+    tracker = "swanlab"
+    package = "swanlab"
+    place_fields = ("project", "workspace", "mode", "dir")
+    placement_env = (ENV["project"], ENV["workspace"], ENV["mode"], ENV["dir"])
+
+    def __init__(
+        self,
+        project: str | None = None,
+        workspace: str | None = None,
+        mode: SwanLabMode | None = None,
+        log_dir: str | Path | None = None,
+    ) -> None:
+        if mode is not None and mode not in ("online", "offline", "local", "disabled"):
+            raise ValueError(f"mode must be 'online', 'offline', 'local', 'disabled' or None, got {mode!r}.")
+        self.project = project
+        self.workspace = workspace
+        self.mode = mode
+        self.log_dir = None if log_dir is None else str(Path(log_dir).expanduser().resolve())
+        super().__init__()
+
+    @override
+    def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
+        # No SwanLabLogger can exist unless its module was imported: no need to import swanlab here.
+        logger_class = getattr(sys.modules.get(_LOGGER_MODULE), "SwanLabLogger", None)
+        if logger_class is None:
+            return []
+        return [logger for logger in trainer.loggers if isinstance(logger, logger_class)]
+
+    @override
+    def _identity_of(self, logger: Logger) -> dict[str, Any]:
+        run = logger.experiment  # type: ignore[attr-defined]  # swanlab's logger is not typed
+        project, workspace = swanlab_place(run)
+        return {
+            "id": run.id,
+            "name": run.name or None,
+            "project": project,
+            "workspace": workspace,
+            "mode": run.mode,
+            "dir": str(Path(run.dir).resolve().parent),
+        }
+
+    @override
+    def _expected(self) -> dict[str, Any]:
+        return {"project": self.project, "workspace": self.workspace, "mode": self.mode, "dir": self.log_dir}
+
+    @override
+    def _hand_back(self, identity: Mapping[str, Any]) -> dict[str, str]:
+        env = {ENV["run_id"]: str(identity["id"]), ENV["resume"]: "allow"}
+        if identity.get("name"):
+            env[ENV["name"]] = str(identity["name"])
+        return env

@@ -1,0 +1,117 @@
+"""A tiny Lightning job that logs to one real tracker, for the tracker resume tests.
+
+Run as ``python tests/jobs/tracker_job.py --root DIR --tracker wandb|trackio|swanlab --out FILE``. Every step
+logs ``loss`` and ``echo`` (the step it belongs to, so a reader can check that each row sits at its
+own step). ``--kill-at N`` signals the process at global step N: ``term`` is a preemption notice
+(Lightning stops at the batch boundary and ``RequeueCheckpoint`` saves), ``kill`` a hard SIGKILL. The
+logger is constructed first and the resume callback is listed before ``RunDir``, the orders the
+binding must cope with. On completion ``FILE`` gets ``{"run_dir": ..., "resumed": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import Logger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_resume import RequeueCheckpoint, RunDir, SwanLabResume, TrackioResume, WandbResume
+from lightning_resume.trackers.tracker_resume import TrackerResume
+
+BATCH = 4
+
+
+class Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(8, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss)
+        self.log("echo", float(self.global_step))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class KillAt(pl.Callback):
+    """Signal this process at a global step, after the step's checkpoint (if any) was written."""
+
+    def __init__(self, step: int, how: str) -> None:
+        self.step = step
+        self.signal = signal.SIGTERM if how == "term" else signal.SIGKILL
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signal)
+
+
+def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Logger, TrackerResume]:
+    if tracker == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        return WandbLogger(project=project, save_dir=save_dir), WandbResume()
+    if tracker == "swanlab":
+        from swanlab.integration.pytorch_lightning import SwanLabLogger
+
+        return SwanLabLogger(project=project, log_dir=save_dir), SwanLabResume()
+    from lightning_resume.loggers import TrackioLogger
+
+    return TrackioLogger(project=project, auto_log_cpu=False, auto_log_gpu=False), TrackioResume()
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--tracker", choices=["wandb", "trackio", "swanlab"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--project", default="resume-test")
+    p.add_argument("--save-dir", default="trackers")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--every", type=int, default=1)
+    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--signal", choices=["term", "kill"], default="term")
+    p.add_argument("--no-resume", action="store_true", help="leave the tracker resume callback out")
+    args = p.parse_args(argv)
+
+    pl.seed_everything(0)
+    logger, resume = make_logger(args.tracker, args.project, args.save_dir)
+    callbacks: list[pl.Callback] = [] if args.no_resume else [resume]
+    callbacks += [RequeueCheckpoint(every_n_train_steps=args.every), RunDir(root=args.root)]
+    if args.kill_at is not None:
+        # A SIGTERM is handled at the batch boundary, after this step's save; a SIGKILL lands before it,
+        # so the newest checkpoint is the previous step's, whose metrics were logged just after it.
+        kill = KillAt(args.kill_at, args.signal)
+        callbacks.insert(len(callbacks) if args.signal == "term" else 0, kill)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.steps * BATCH, 8, generator=g)
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
+    trainer = pl.Trainer(
+        max_steps=args.steps,
+        max_epochs=1,
+        accelerator="cpu",
+        logger=logger,
+        callbacks=callbacks,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(Model(), train_dataloaders=data)
+    run_dir = next(cb for cb in callbacks if isinstance(cb, RunDir))
+    with open(args.out, "w") as f:
+        json.dump({"run_dir": str(run_dir.path), "resumed": run_dir.is_resumed}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

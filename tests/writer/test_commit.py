@@ -1,0 +1,112 @@
+"""Local commits: what is on disk at every step, and cleaning up after dead writers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_resume._writer.atomic import temp_sibling
+from lightning_resume._writer.catalog import scan
+from lightning_resume._writer.commit import clean_stale, commit, current_entries, remove
+from lightning_resume._writer.manifest import (
+    ChecksumWriter,
+    Entry,
+    checksum_file,
+    manifest_path,
+    match,
+    read_entries,
+)
+
+
+def make(size: int, checksum: str) -> Entry:
+    return Entry(size=size, checksum=checksum, saved_at=float(size))
+
+
+def write_bytes(data: bytes):  # type: ignore[no-untyped-def]
+    def write(out: ChecksumWriter) -> None:
+        out.write(data)
+
+    return write
+
+
+def verifies(path: Path) -> bool:
+    return match(read_entries(path) or [], *checksum_file(path)) is not None
+
+
+def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    first = commit(path, write_bytes(b"one"), make)
+    assert path.read_bytes() == b"one" and verifies(path)
+    second = commit(path, write_bytes(b"second"), make, known=first)
+    assert path.read_bytes() == b"second"
+    assert read_entries(path) == [second, first]
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    commit(path, write_bytes(b"good"), make)
+
+    def fail(out: ChecksumWriter) -> None:
+        out.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        commit(path, fail, make)
+    assert path.read_bytes() == b"good" and verifies(path)
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
+
+
+def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
+    """The window between the manifest rename and the data rename."""
+    path = tmp_path / "last.ckpt"
+    commit(path, write_bytes(b"old"), make)
+    old_manifest = manifest_path(path).read_bytes()
+    commit(path, write_bytes(b"new!"), make)
+    new_manifest = manifest_path(path).read_bytes()
+    path.write_bytes(b"old")  # the data rename had not happened yet
+    assert verifies(path)
+    manifest_path(path).write_bytes(old_manifest)
+    path.write_bytes(b"new!")  # impossible order (data before manifest): must not verify
+    assert not verifies(path)
+    manifest_path(path).write_bytes(new_manifest)
+    assert verifies(path)
+
+
+def test_without_a_known_entry_the_current_file_is_found_by_size(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    first = commit(path, write_bytes(b"aaa"), make)
+    assert current_entries(path) == [first]
+    assert current_entries(tmp_path / "missing.ckpt") == []
+
+
+def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(dead.stdout)
+    (tmp_path / f".lr-tmp-{dead_pid}-abc-last.ckpt").write_bytes(b"x")
+    fd, mine = temp_sibling(tmp_path / "last.ckpt")
+    os.close(fd)
+    commit(tmp_path / "gone.ckpt", write_bytes(b"x"), make)
+    (tmp_path / "gone.ckpt").unlink()
+    (tmp_path / "user.txt").write_text("keep me")
+    removed = clean_stale(tmp_path)
+    assert removed == [f".lr-tmp-{dead_pid}-abc-last.ckpt"]  # a live temp (ours) blocks manifest cleanup
+    mine.unlink()
+    assert clean_stale(tmp_path) == ["gone.ckpt.manifest.json"]
+    assert sorted(os.listdir(tmp_path)) == ["user.txt"]
+
+
+def test_scan_lists_checkpoints_passing_the_size_check(tmp_path: Path) -> None:
+    commit(tmp_path / "a.ckpt", write_bytes(b"aaaa"), make)
+    commit(tmp_path / "b.ckpt", write_bytes(b"bbbb"), make)
+    (tmp_path / "b.ckpt").write_bytes(b"bb")  # torn
+    (tmp_path / "plain.ckpt").write_bytes(b"no manifest")
+    assert list(scan(tmp_path)) == ["a.ckpt"]
+    remove(tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists() and not manifest_path(tmp_path / "a.ckpt").exists()
