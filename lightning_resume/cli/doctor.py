@@ -160,21 +160,23 @@ def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     return found
 
 
-def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
-    found = []
-    mode = environ.get("WANDB_MODE")
-    if mode in (None, "", "online", "run"):
-        found.append(
-            Finding(
-                Level.WARN,
-                "wandb",
-                "WANDB_MODE is online (the default): runs are sent to "
-                + environ.get("WANDB_BASE_URL", "wandb's servers"),
-                "set WANDB_MODE=offline if this machine must not upload",
-            )
+def _upload_mode(
+    environ: Mapping[str, str], tracker: str, variable: str, uploading: tuple[str, ...]
+) -> Finding:
+    """Whether ``tracker``'s mode variable leaves it uploading (its default)."""
+    mode = environ.get(variable)
+    if mode in (None, "", *uploading):
+        return Finding(
+            Level.WARN,
+            tracker,
+            f"{variable} is {uploading[0]} (the default): runs are uploaded",
+            f"set {variable}=offline if this machine must not upload",
         )
-    else:
-        found.append(Finding(Level.OK, "wandb", f"WANDB_MODE={mode}"))
+    return Finding(Level.OK, tracker, f"{variable}={mode}")
+
+
+def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
+    found = [_upload_mode(environ, "wandb", "WANDB_MODE", ("online", "run"))]
     if environ.get("WANDB_RUN_ID"):
         found.append(
             Finding(
@@ -184,18 +186,7 @@ def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
                 "unset it; WandbResume sets it only on a restart",
             )
         )
-    swan = environ.get("SWANLAB_MODE")
-    if swan in (None, "", "cloud", "online"):
-        found.append(
-            Finding(
-                Level.WARN,
-                "swanlab",
-                "SWANLAB_MODE is cloud (the default): runs are uploaded",
-                "set SWANLAB_MODE=offline (or local) if this machine must not upload",
-            )
-        )
-    else:
-        found.append(Finding(Level.OK, "swanlab", f"SWANLAB_MODE={swan}"))
+    found.append(_upload_mode(environ, "swanlab", "SWANLAB_MODE", ("cloud", "online")))
     if environ.get("TRACKIO_DIR"):
         found.append(Finding(Level.OK, "trackio", f"TRACKIO_DIR={environ['TRACKIO_DIR']}"))
     if not environ.get("HF_HUB_OFFLINE") and environ.get("TRACKIO_SPACE_ID"):

@@ -55,6 +55,7 @@ class TrackioResume(TrackerResume):
         assert isinstance(logger, TrackioLogger)
         return run_identity(logger.experiment)
 
+    # Each tracker's hooks have this shape on purpose: the base owns the logic, members fill one piece.
     @override
     def _hand_back(self, identity: Mapping[str, Any]) -> None:
         return None  # the TrackioLogger continues the recorded run when it creates its experiment

@@ -21,7 +21,8 @@ from _tracker_data import (
     trackio_rows,
 )
 
-from lightning_resume import TrackioResume, _binding
+from lightning_resume import TrackioResume
+from lightning_resume._run.binding import PROCESS
 from lightning_resume.loggers import TrackioLogger
 
 TRACKIO_DIR = trackio_dir_for_tests()
@@ -45,8 +46,7 @@ def project() -> str:
 
 def restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RunDir constructed yet, as in a new process."""
-    monkeypatch.setattr(_binding, "_current", None)
-    monkeypatch.setattr(_binding, "_waiting", [])
+    PROCESS.reset()
 
 
 def fit_trackio(root: Path, project: str, resume: TrackioResume | None, steps: int, **kwargs: str) -> str:

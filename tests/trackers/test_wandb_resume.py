@@ -29,7 +29,8 @@ from _tracker_data import (
 )
 from conftest import job_env
 
-from lightning_resume import RunDir, WandbResume, _binding
+from lightning_resume import RunDir, WandbResume
+from lightning_resume._run.binding import PROCESS
 from lightning_resume.trackers._sidecar import Sidecar, sidecar_path, write_sidecar
 
 wandb = pytest.importorskip("wandb")
@@ -56,8 +57,7 @@ def new_process(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPa
 
 def restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RunDir constructed yet, as in a new process."""
-    monkeypatch.setattr(_binding, "_current", None)
-    monkeypatch.setattr(_binding, "_waiting", [])
+    PROCESS.reset()
 
 
 def fit_wandb(root: Path, resume: WandbResume | None, steps: int) -> str:
@@ -193,7 +193,7 @@ def test_run_id_is_handed_back_before_the_run_exists_in_either_order(
     RunDir(root=tmp_path, key="k")  # the first attempt
     run_dir = next(tmp_path.glob("runs/*/*/*"))
     write_sidecar(sidecar_path(run_dir, "wandb"), "wandb", Sidecar({"id": "abc123"}, {"WANDB_PROJECT": None}))
-    _binding._current = None  # a new process
+    PROCESS.reset()  # a new process
     if run_dir_first:
         keep = [RunDir(root=tmp_path, key="k"), WandbResume()]
     else:
