@@ -6,6 +6,7 @@
         runs/YYYYMMDD/HHMMSS/<run id>/     one folder per run (a "run dir")
             run_meta.json                  who created the run, under which session key
             status.json                    how the latest attempt stands
+            .lock                          locked by the live attempt that trains here
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
             <tracker>_resume.json          tracker sidecars
@@ -25,6 +26,8 @@ INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 RUN_META = "run_meta.json"
 STATUS = "status.json"
+#: Held (advisory lock) by the live attempt that trains in a run dir.
+LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 LAST = "last"
 CKPT_SUFFIX = ".ckpt"

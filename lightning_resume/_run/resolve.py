@@ -5,9 +5,12 @@ The layout of the root is in :mod:`lightning_resume._run.layout`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -23,6 +26,8 @@ from lightning_resume._writer.atomic import create_text_exclusive, write_json_at
 from lightning_resume.exceptions import RunDirError
 
 log = logging.getLogger(__name__)
+
+_MISSING = object()
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -61,9 +66,44 @@ class Resolution:
         )
 
 
+#: The longest file name a session key may become (filesystems allow 255 bytes; leave room).
+MAX_KEY_FILENAME = 200
+
+
 def key_filename(key: str) -> str:
-    """A file name for a session key: safe characters kept, anything else escaped as ``%XX``."""
-    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in key) or "%00"
+    """A file name for a session key: safe characters kept, anything else escaped as ``%XX``.
+
+    A leading ``.`` is escaped too, so that no key names ``.``, ``..`` or a hidden file.
+    """
+    name = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in key) or "%00"
+    return "%2E" + name[1:] if name.startswith(".") else name
+
+
+def check_key(key: str, source: str) -> str:
+    """Return ``key`` if it can be a session key.
+
+    Args:
+        key: The key.
+        source: Where it came from, for the message (``"RunDir(key=...)"``, ``"$LIGHTNING_RESUME_KEY"``).
+
+    Raises:
+        ValueError: an empty key (use ``None`` for no key), one with control characters, or one too
+            long to be a file name.
+    """
+    if not isinstance(key, str) or not key.strip():
+        raise ValueError(
+            f"{source} must be a non-empty string, got {key!r}. Leave it unset (None) to use the scheduler's "
+            "job id, or give each job a name that identifies it across restarts."
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValueError(f"{source} {key!r} contains control characters; use printable characters only.")
+    length = len(key_filename(key).encode())
+    if length > MAX_KEY_FILENAME:
+        raise ValueError(
+            f"{source} {key[:40] + '...'!r} is too long: {length} bytes as a file name, at most "
+            f"{MAX_KEY_FILENAME}. Use a shorter key (a hash of a long one works)."
+        )
+    return key
 
 
 def index_path(root: Path, key: str) -> Path:
@@ -74,9 +114,15 @@ def read_index(root: Path, key: str) -> Path | None:
     """The run dir recorded for ``key``, or ``None`` when there is no entry."""
     entry = index_path(root, key)
     try:
-        text = entry.read_text().strip()
+        text = entry.read_bytes().decode().strip()
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as e:
+        raise RunDirError(
+            f"The session index entry {str(entry)!r} is not UTF-8 text ({e}): it should hold one line, the "
+            "path of the run dir. Write that path into it, or delete it to start a fresh run.",
+            entry,
+        ) from e
     except OSError as e:
         raise RunDirError(
             f"Cannot read the session index entry {str(entry)!r}: {e}. Check its permissions.", entry
@@ -111,12 +157,66 @@ def find_orphans(root: Path, key: str) -> list[Path]:
     return [run_dir for run_dir in layout.run_dirs(root) if read_meta(run_dir).get("session_key") == key]
 
 
+_ROOT_HINTS = {
+    errno.ENOSPC: "free space on that filesystem",
+    errno.EDQUOT: "free space within your quota",
+    errno.EACCES: "make the root writable by the user running training, or choose another root",
+    errno.EPERM: "make the root writable by the user running training, or choose another root",
+    errno.EROFS: "choose a root on a writable filesystem",
+}
+
+
+def _root_error(root: Path, action: str, error: OSError) -> RunDirError:
+    hint = _ROOT_HINTS.get(error.errno or 0, "check the root and the filesystem it is on")
+    return RunDirError(
+        f"Cannot {action} under the runs root {str(root)!r}: {error.strerror or error}. Nothing was left "
+        f"behind; {hint}.",
+        root,
+    )
+
+
+def prepare_root(root: Path) -> None:
+    """Create ``root`` if needed.
+
+    Raises:
+        RunDirError: ``root`` (or a parent) is a file, or cannot be created.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise RunDirError(
+            f"The runs root {str(root)!r} is a file (or lies below one), not a directory. Pass RunDir a "
+            "directory (it is created if missing).",
+            root,
+        ) from None
+    except OSError as e:
+        raise _root_error(root, "create the folder", e) from e
+
+
 def create_run(root: Path, session: Session, now: datetime | None = None) -> tuple[Path, str]:
-    """Create a new, unique run dir with its ``run_meta.json``; return ``(path, run_id)``."""
+    """Create a new, unique run dir with its ``run_meta.json``; return ``(path, run_id)``.
+
+    Raises:
+        RunDirError: the filesystem refused (full, read-only, no permission); no empty or half-made
+            run dir is left behind.
+    """
     now = now or datetime.now()
     run_id = uuid.uuid4().hex[:12]
     path = layout.new_run_dir(root, now, run_id)
-    path.mkdir(parents=True, exist_ok=False)
+    missing = [p for p in (path, *path.parents) if not p.exists() and root in p.parents]
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+        _write_meta(path, run_id, session, now)
+    except OSError as e:
+        (path / layout.RUN_META).unlink(missing_ok=True)
+        for folder in missing:  # deepest first: only folders this call created, and only when empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise _root_error(root, "create a run dir", e) from e
+    return path, run_id
+
+
+def _write_meta(path: Path, run_id: str, session: Session, now: datetime) -> None:
     meta = {
         "run_id": run_id,
         "session_key": session.key,
@@ -128,7 +228,6 @@ def create_run(root: Path, session: Session, now: datetime | None = None) -> tup
         "lightning_resume_version": __version__,
     }
     write_json_atomic(path / layout.RUN_META, meta)
-    return path, run_id
 
 
 def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolution:
@@ -153,6 +252,7 @@ def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolu
                     "entry to start a fresh run.",
                     index_path(root, key),
                 )
+            check_run_dir(root, key, indexed)
             run_id = str(read_meta(indexed).get("run_id") or indexed.name)
             return Resolution(
                 indexed, run_id, True, f"restart of session {key!r}: reusing the indexed run dir", True
@@ -176,12 +276,48 @@ def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolu
     path, run_id = create_run(root, session, now)
     if key is None:
         return Resolution(path, run_id, False, "fresh run")
-    if write_index(root, key, path):
+    try:
+        recorded = write_index(root, key, path)
+    except OSError as e:
+        shutil.rmtree(path, ignore_errors=True)  # unrecorded, it would be an orphan
+        raise _root_error(root, f"record session {key!r} in the index", e) from e
+    if recorded:
         return Resolution(path, run_id, False, f"fresh run, recorded for session {key!r}", True)
     owner = read_index(root, key)
     return Resolution(
         path, run_id, False, f"fresh run; session {key!r} already belongs to {str(owner)!r} (kept)"
     )
+
+
+def check_run_dir(root: Path, key: str, run_dir: Path) -> None:
+    """Refuse an index entry that names anything but a run dir of ``key`` under ``root/runs``.
+
+    Raises:
+        RunDirError: the target is outside ``root/runs/YYYYMMDD/HHMMSS/``, has no readable
+            ``run_meta.json``, or was created for another session key.
+    """
+    entry = index_path(root, key)
+    where = f"The session index entry {str(entry)!r} points at {str(run_dir)!r}"
+    if not layout.is_under_runs(root, run_dir):
+        raise RunDirError(
+            f"{where}, which is not a run dir under {str(root / layout.RUNS)!r}: training would write into "
+            "it. Write the path of this session's run dir into the entry, or delete the entry to start a "
+            "fresh run.",
+            entry,
+        )
+    recorded = read_meta(run_dir).get("session_key", _MISSING)
+    if recorded is _MISSING:
+        raise RunDirError(
+            f"{where}, which has no readable {layout.RUN_META}: it is not a run dir (or it was damaged). "
+            "Restore run_meta.json, or delete the entry to start a fresh run.",
+            entry,
+        )
+    if recorded != key:
+        raise RunDirError(
+            f"{where}, a run dir of session {recorded!r}, not {key!r}: resuming it would mix two jobs. Write "
+            "the path of this session's run dir into the entry, or delete the entry to start a fresh run.",
+            entry,
+        )
 
 
 def check_index(root: Path, key: str, run_dir: Path) -> None:

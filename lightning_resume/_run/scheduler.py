@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from lightning_resume.exceptions import RunDirError
+
 ENV = {
     "key": "LIGHTNING_RESUME_KEY",
     "slurm_job": "SLURM_JOB_ID",
@@ -62,11 +64,23 @@ class Session:
     ids: dict[str, str]
 
 
-def _as_int(value: str | None) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except ValueError:
+def _as_int(environ: Mapping[str, str], var: str) -> int:
+    """The whole number in ``environ[var]`` (0 when unset or empty).
+
+    Raises:
+        RunDirError: the variable holds something else; guessing could resume the wrong run or none.
+    """
+    value = environ.get(var, "").strip()
+    if not value:
         return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise RunDirError(
+            f"{var}={value!r} is not a whole number. The scheduler sets it; a broken value would make "
+            "lightning_resume guess whether this is a restart (and which rank this is). Unset or fix it in "
+            "the job script."
+        ) from None
 
 
 def slurm_key(environ: Mapping[str, str]) -> str | None:
@@ -86,9 +100,7 @@ def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
     A restart is SLURM's ``SLURM_RESTART_COUNT >= 1`` or TorchElastic's restart count ``>= 1``; for an
     explicit key the caller decides from the index instead.
     """
-    restart = (
-        _as_int(environ.get(ENV["slurm_restart"])) >= 1 or _as_int(environ.get(ENV["elastic_restart"])) >= 1
-    )
+    restart = _as_int(environ, ENV["slurm_restart"]) >= 1 or _as_int(environ, ENV["elastic_restart"]) >= 1
     ids = {
         name: environ[var]
         for name, var in (
@@ -101,7 +113,7 @@ def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
         )
         if environ.get(var)
     }
-    explicit = key or environ.get(ENV["key"])
+    explicit = key if key is not None else (environ.get(ENV["key"]) or None)
     if explicit:
         return Session(key=explicit, source=KeySource.EXPLICIT, scheduler_restart=restart, ids=ids)
     slurm = slurm_key(environ)
@@ -117,19 +129,15 @@ def is_global_zero(environ: Mapping[str, str]) -> bool:
     """Whether launchers report this process as global rank 0 (before any process group exists)."""
     for var in (ENV["rank"], ENV["slurm_procid"]):
         if environ.get(var):
-            return _as_int(environ[var]) == 0
+            return _as_int(environ, var) == 0
     # Lightning's own launcher sets LOCAL_RANK and NODE_RANK only for the processes it spawns.
-    return _as_int(environ.get(ENV["local_rank"])) == 0 and _as_int(environ.get(ENV["node_rank"])) == 0
+    return _as_int(environ, ENV["local_rank"]) == 0 and _as_int(environ, ENV["node_rank"]) == 0
 
 
 def expects_peers(environ: Mapping[str, str]) -> bool:
     """Whether a launcher started several ranks that will look for a handoff."""
-    counts = (
-        environ.get(ENV["world_size"]),
-        environ.get(ENV["slurm_step_tasks"]),
-        environ.get(ENV["slurm_ntasks"]),
-    )
-    return any(_as_int(value) > 1 for value in counts)
+    counts = (ENV["world_size"], ENV["slurm_step_tasks"], ENV["slurm_ntasks"])
+    return any(_as_int(environ, var) > 1 for var in counts)
 
 
 def launch_key(environ: Mapping[str, str]) -> str | None:

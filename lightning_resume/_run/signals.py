@@ -40,11 +40,30 @@ def signal_number(name: str) -> signal.Signals:
     Raises:
         ValueError: for a name that is not a signal on this platform.
     """
-    full = name if name.startswith("SIG") else f"SIG{name}"
+    if not isinstance(name, str):
+        raise ValueError(f"Signals are given by name, such as 'SIGTERM' or 'SIGUSR1', got {name!r}.")
+    full = name.strip().upper()
+    full = full if full.startswith("SIG") else f"SIG{full}"
     try:
         return signal.Signals[full]
     except KeyError:
         raise ValueError(f"Unknown signal {name!r}; use a name such as 'SIGTERM' or 'SIGUSR1'.") from None
+
+
+def catchable_signal(name: str) -> signal.Signals:
+    """:func:`signal_number`, refusing signals no handler can catch.
+
+    Raises:
+        ValueError: an unknown name, or SIGKILL / SIGSTOP (the kernel acts on them; nothing is saved).
+    """
+    sig = signal_number(name)
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise ValueError(
+            f"{sig.name} cannot be caught: the kernel kills or stops the process without running any "
+            "handler, so nothing can be saved. Use the signal the scheduler sends first (SIGTERM, or the "
+            "early warning of SLURM's --signal=USR1@N)."
+        )
+    return sig
 
 
 def _owner_module(handler: Any) -> str:
@@ -89,8 +108,21 @@ def handler_table(names: tuple[str, ...] = WATCHED_SIGNALS) -> dict[str, Handler
 
 
 def submitit_signal(environ: Mapping[str, str]) -> str:
-    """The signal submitit preempts with (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2)."""
-    return signal_number(environ.get(ENV["submitit_signal"], "USR2")).name
+    """The signal submitit preempts with (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2).
+
+    Only meaningful under submitit (see :func:`~lightning_resume._run.scheduler.under_submitit`).
+
+    Raises:
+        ValueError: the variable names no signal (submitit itself would fail on it).
+    """
+    value = environ.get(ENV["submitit_signal"], "USR2")
+    try:
+        return signal_number(value).name
+    except ValueError:
+        raise ValueError(
+            f"{ENV['submitit_signal']}={value!r} names no signal: submitit expects a name without 'SIG', "
+            "such as USR2. Fix or unset it in the job's environment."
+        ) from None
 
 
 def known_problems(

@@ -42,16 +42,33 @@ def fsync_file(path: str | Path) -> None:
         os.fsync(handle.fileno())
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux ``/proc``; a set-and-reset elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # the only portable read; not thread-safe, so only where /proc is missing
+    os.umask(mask)
+    return mask
+
+
 def temp_sibling(path: str | Path, prefix: str = TEMP_PREFIX) -> tuple[int, Path]:
     """Create a temporary file beside ``path``; return its open descriptor and its name.
 
     The name is ``<prefix><pid>-<random>-<name>.tmp``, so that a later process can tell the
-    leftovers of dead processes from the files of a live one.
+    leftovers of dead processes from the files of a live one. Its mode is ``0o666`` less the umask,
+    as for any file ``open()`` creates (``mkstemp`` alone would make it private, ``0o600``), so what
+    is renamed into place has the permissions a plain write would give it.
     """
     target = Path(path)
     fd, name = tempfile.mkstemp(
         prefix=f"{prefix}{os.getpid()}-", suffix=f"-{target.name}.tmp", dir=target.parent
     )
+    with contextlib.suppress(OSError):  # a filesystem without modes (some FUSE mounts) keeps its own
+        os.fchmod(fd, 0o666 & ~process_umask())
     return fd, Path(name)
 
 

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Protocol
 
 from lightning_resume._writer.atomic import TEMP_PREFIX
@@ -125,6 +126,8 @@ class Status(enum.Enum):
     #: No manifest: a file saved by plain Lightning; only loading it can tell.
     NO_MANIFEST = "no manifest"
     MISSING = "missing"
+    #: Something else than a regular file (a directory, a device) has the checkpoint's name.
+    NOT_A_FILE = "not a file"
     UNVERIFIABLE = "unverifiable"
     TORN = "torn"
     CORRUPT = "corrupt"
@@ -173,9 +176,12 @@ class Verdict:
 def precheck(path: Path) -> Verdict:
     """The checks that need no checksum: exists, has a readable manifest, has an entry of its size."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        stat = path.stat()
+    except FileNotFoundError:  # also a symbolic link to nothing
         return Verdict(Status.MISSING)
+    if not S_ISREG(stat.st_mode):
+        return Verdict(Status.NOT_A_FILE)
+    size = stat.st_size
     entries = read_entries(path)
     if entries is None:
         return Verdict(Status.NO_MANIFEST, size)

@@ -79,18 +79,33 @@ class Entry:
         try:
             if data.get("algorithm", ALGORITHM) != ALGORITHM:
                 raise ValueError(f"unknown checksum algorithm {data.get('algorithm')!r}")
-            step, epoch = data.get("global_step"), data.get("epoch")
+            checksum = data["checksum"]
+            if not isinstance(checksum, str) or not checksum:
+                raise ValueError(f"checksum {checksum!r} is not a hex string")
+            saved_at = data.get("saved_at", 0.0)
+            number = isinstance(saved_at, (int, float)) and not isinstance(saved_at, bool)
+            if not number or not math.isfinite(saved_at):
+                raise ValueError(f"saved_at {saved_at!r} is not a finite time")
             return cls(
-                size=int(data["size"]),
-                checksum=str(data["checksum"]),
-                global_step=None if step is None else int(step),
-                epoch=None if epoch is None else int(epoch),
-                saved_at=float(data.get("saved_at", 0.0)),
+                size=_whole(data["size"], "size"),
+                checksum=checksum,
+                global_step=_whole(data.get("global_step"), "global_step", optional=True),
+                epoch=_whole(data.get("epoch"), "epoch", optional=True),
+                saved_at=float(saved_at),
                 versions=dict(data.get("versions", {})),
                 metadata=dict(data.get("metadata", {})),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"invalid manifest entry: {e}") from e
+
+
+def _whole(value: Any, name: str, optional: bool = False) -> Any:
+    """``value`` if it is a non-negative whole number (JSON integer) that fits in 63 bits."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"{name} {value!r} is not a whole number from 0 to 2**63")
+    return value
 
 
 class Checksum:

@@ -18,7 +18,13 @@ from typing_extensions import override
 from lightning_resume._collectives import any_rank
 from lightning_resume._run import slurm
 from lightning_resume._run.scheduler import is_global_zero, slurm_requeue_id, under_submitit
-from lightning_resume._run.signals import PREEMPT_SIGNALS, describe, signal_number, submitit_signal
+from lightning_resume._run.signals import (
+    PREEMPT_SIGNALS,
+    catchable_signal,
+    describe,
+    signal_number,
+    submitit_signal,
+)
 from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
 from lightning_resume.exceptions import MissingCallbackError, Preempted
 
@@ -67,13 +73,15 @@ class PreemptionHandler(Callback):
     none: no second requeue and no ``hpc_ckpt_N.ckpt`` files.
 
     Args:
-        signals: Signal names that mean "preempted". Default: SIGTERM, SIGUSR1, SIGUSR2 (and
-            submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
+        signals: Signal names that mean "preempted" (a list, or one name). Default: SIGTERM, SIGUSR1,
+            SIGUSR2 (and submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
         requeue: Requeue the job (SLURM / submitit). ``False``: save and exit only.
-        exit_code: Exit status after a preemption (default 143, "terminated").
+        exit_code: Exit status after a preemption, 1..255 (default 143, "terminated").
 
     Raises:
-        ValueError: for an unknown signal name or an exit code of 0.
+        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), or an exit code outside
+            1..255.
+        TypeError: for arguments of the wrong type.
 
     Example::
 
@@ -82,12 +90,21 @@ class PreemptionHandler(Callback):
     """
 
     def __init__(self, signals: list[str] | None = None, requeue: bool = True, exit_code: int = 143) -> None:
-        if exit_code == 0:
-            raise ValueError("exit_code must be non-zero: 0 tells the scheduler the job finished.")
+        if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+            raise TypeError(f"exit_code must be a whole number from 1 to 255, got {exit_code!r}.")
+        if not 1 <= exit_code <= 255:
+            raise ValueError(
+                f"exit_code must be within 1..255, got {exit_code!r}: 0 tells the scheduler the job "
+                "finished, and a process exit status keeps only its low 8 bits (256 would become 0)."
+            )
+        if not isinstance(requeue, bool):
+            raise TypeError(f"requeue must be True or False, got {requeue!r}.")
+        if isinstance(signals, str):
+            signals = [signals]  # one signal given as a name, not a list of characters
         names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
         if signals is None and under_submitit(os.environ):
             names.append(submitit_signal(os.environ))
-        self.signals = sorted({signal_number(name) for name in names})
+        self.signals = sorted({catchable_signal(name) for name in names})
         self.requeue = requeue
         self.exit_code = exit_code
         self._previous: dict[signal.Signals, _Handler] = {}
@@ -282,8 +299,10 @@ class PreemptionHandler(Callback):
 
     def _submitit_requeue(self) -> Any:
         """submitit's preempt handler (which requeues and exits) when running under submitit."""
+        if not under_submitit(os.environ):
+            return None
         handler = self._previous.get(signal_number(submitit_signal(os.environ)))
-        return handler if under_submitit(os.environ) and callable(handler) else None
+        return handler if callable(handler) else None
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

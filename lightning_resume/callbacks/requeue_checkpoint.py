@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._warnings import warn
-from lightning_resume._writer.atomic import fsync_dir, fsync_file, replace_durably
+from lightning_resume._writer.atomic import create_text_exclusive, fsync_file, replace_durably, temp_sibling
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import MissingCallbackError, Preempted, ResumeError
 from lightning_resume.io._protocol import AtomicCheckpointIO
@@ -72,6 +73,28 @@ def _loaders(source: Any) -> list[Any]:
     if isinstance(source, (list, tuple)):
         return [leaf for value in source for leaf in _loaders(value)]
     return [source]
+
+
+def _lost_save(partial: Path) -> OSError:
+    """The error for a save Lightning reported done but did not write (its plugin swallows some errors)."""
+    try:
+        fd, probe = temp_sibling(partial)
+    except OSError as e:
+        error = OSError(
+            e.errno,
+            f"Could not save {str(partial)!r}: {e.strerror}. last.ckpt is intact; make "
+            f"{str(partial.parent)!r} writable (and check its free space).",
+            e.filename,
+        )
+        error.__cause__ = e
+        return error
+    os.close(fd)
+    probe.unlink()
+    return OSError(
+        f"Lightning's checkpoint writer returned without writing {str(partial)!r} (it hides some errors). "
+        "last.ckpt is intact; check the checkpoint directory's permissions and free space, or use "
+        "DurableCheckpointIO, which reports the real error."
+    )
 
 
 def _writes_atomically(io: object) -> bool:
@@ -132,10 +155,24 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_minutes: float | None = None,
         save_on_train_epoch_end: bool = True,
     ) -> None:
+        if every_n_train_steps is not None and (
+            isinstance(every_n_train_steps, bool) or not isinstance(every_n_train_steps, int)
+        ):
+            raise TypeError(
+                f"every_n_train_steps must be a whole number of steps or None, got {every_n_train_steps!r}."
+            )
         if every_n_train_steps is not None and every_n_train_steps < 1:
             raise ValueError(f"every_n_train_steps must be >= 1 or None, got {every_n_train_steps!r}.")
-        if every_n_minutes is not None and every_n_minutes <= 0:
+        if every_n_minutes is not None and (
+            isinstance(every_n_minutes, bool) or not isinstance(every_n_minutes, (int, float))
+        ):
+            raise TypeError(f"every_n_minutes must be a number of minutes or None, got {every_n_minutes!r}.")
+        if every_n_minutes is not None and not every_n_minutes > 0:
             raise ValueError(f"every_n_minutes must be > 0 or None, got {every_n_minutes!r}.")
+        if not isinstance(save_on_train_epoch_end, bool):
+            raise TypeError(
+                f"save_on_train_epoch_end must be True or False, got {save_on_train_epoch_end!r}."
+            )
         super().__init__(dirpath=".", filename=LAST)
         self.every_n_train_steps = every_n_train_steps
         self.every_n_minutes = every_n_minutes
@@ -207,7 +244,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 self._partial_path.unlink()
         if not self._run_dir.is_resumed:
             return
-        restart = decide(self._run_dir.path)
+        # Rank 0 decides for all: a node-local view of the run dir must not split the ranks.
+        restart = Restart(trainer.strategy.broadcast(decide(self._run_dir.path).value))
         if restart is Restart.START_OVER:
             # The previous attempt stopped before its first save (say, preempted while loading data):
             # there is nothing to resume and nothing to lose by starting over in the same run dir.
@@ -223,6 +261,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 "Restore last.ckpt from a copy, or submit with another key to start a new run.",
                 self.ckpt_path,
             )
+        self._mark_saved(trainer)  # a run dir written before the marker existed gets it now
         strategy = trainer.strategy
         strategy.checkpoint_io = RedirectFirstLoad(
             strategy, strategy.checkpoint_io, self.ckpt_path, self._warn_redirect
@@ -348,11 +387,12 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         if isinstance(exception, SIGTERMException):
             self.save(trainer)  # raised at a batch boundary, so the state is consistent
         elif trainer.is_global_zero:
-            log.warning(
-                "fit stopped by %s; %s keeps its last save (a mid-step state is not a safe resume point)",
-                type(exception).__name__,
-                self.ckpt_path,
-            )
+            if Path(self.ckpt_path).is_file():
+                kept = f"{self.ckpt_path} keeps its last save"
+            else:
+                kept = f"no checkpoint was saved yet, so a restart starts over (nothing at {self.ckpt_path})"
+            # Not saved now: an exception may come from the middle of a step, not a resume point.
+            log.warning("fit stopped by %s; %s", type(exception).__name__, kept)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -391,24 +431,33 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             partial = self._partial_path
             trainer.save_checkpoint(partial, weights_only=False)
             if trainer.is_global_zero:
+                if not partial.is_file():
+                    raise _lost_save(partial)
                 fsync_file(partial)
                 replace_durably(partial, self.ckpt_path)
-        if trainer.is_global_zero and not self._marked:
-            if not self._saved_marker.exists():
-                self._saved_marker.touch()  # the run has checkpoints now: a restart without one is an error
-                fsync_dir(self.checkpoint_dir)
-            self._marked = True
+        self._mark_saved(trainer)
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._epoch_ended = False
         self._last_save_step = trainer.global_step
         self._last_save_time = time.monotonic()
 
-    @staticmethod
-    def wait_until_durable(trainer: pl.Trainer) -> None:
+    def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Block until every checkpoint write in flight is on disk (plugins that write in the background)."""
         io = trainer.strategy.checkpoint_io
         if isinstance(io, AtomicCheckpointIO):
             io.wait_until_durable()
+        self._mark_saved(trainer)
+
+    def _mark_saved(self, trainer: pl.Trainer) -> None:
+        """Record, once ``last.ckpt`` is committed, that the run has a checkpoint (the restart rule).
+
+        A plugin that writes in the background commits a save later than it returns: the marker
+        waits for the file, so a kill before the first commit leaves a run that starts over.
+        """
+        if self._marked or not trainer.is_global_zero or not Path(self.ckpt_path).is_file():
+            return
+        create_text_exclusive(self._saved_marker, "")
+        self._marked = True
 
     @override
     def state_dict(self) -> dict[str, Any]:

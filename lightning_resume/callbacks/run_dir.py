@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,23 @@ from typing_extensions import override
 
 from lightning_resume._run import layout, resolve
 from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.scheduler import ENV, expects_peers, is_global_zero, launch_key, read_session
+from lightning_resume._run.owner import RunLock
+from lightning_resume._run.scheduler import (
+    ENV,
+    KeySource,
+    expects_peers,
+    is_global_zero,
+    launch_key,
+    read_session,
+)
 from lightning_resume._run.status import RunStatus, write_status
-from lightning_resume.exceptions import Preempted, ResumeError
+from lightning_resume._warnings import warn
+from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
 
 log = logging.getLogger(__name__)
+
+# The RunDirs alive in this process (weakly held), to recognise a second one for the same session.
+_LIVE: weakref.WeakSet[RunDir] = weakref.WeakSet()
 
 
 class RunDir(Callback):
@@ -54,18 +67,56 @@ class RunDir(Callback):
     def __init__(
         self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
     ) -> None:
-        if handoff_timeout <= 0:
+        if isinstance(handoff_timeout, bool) or not isinstance(handoff_timeout, (int, float)):
+            raise TypeError(f"handoff_timeout must be a number of seconds, got {handoff_timeout!r}.")
+        if not handoff_timeout > 0:
             raise ValueError(f"handoff_timeout must be positive, got {handoff_timeout!r}.")
+        if not isinstance(root, (str, Path)) or not str(root).strip():
+            raise ValueError(f"root must be a directory path, got {root!r}.")
+        if key is not None:
+            resolve.check_key(key, "RunDir(key=...)")
         self.root = Path(root).expanduser().resolve()
         self.key = key
         self.handoff_timeout = float(handoff_timeout)
         self._session = read_session(os.environ, key)
-        self._resolution = self._resolve_for_this_rank()
+        if self._session.source is KeySource.EXPLICIT and key is None:
+            try:
+                resolve.check_key(str(self._session.key), f"${ENV['key']}")
+            except ValueError as e:
+                raise RunDirError(str(e)) from None
+        self._lock: RunLock | None = None
+        self._used = False
+        twin = self._unused_twin()
+        self._resolution: resolve.Resolution = (
+            twin._resolution if twin is not None else self._resolve_for_this_rank()
+        )
+        _LIVE.add(self)
         # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
         # the variable lets them adopt this choice instead of resolving again.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
         PROCESS.announce(self._resolution)
         log.info("RunDir %s (%s)", self.path, self._resolution.reason)
+
+    def _unused_twin(self) -> RunDir | None:
+        """An earlier ``RunDir`` of this process for the same session that no Trainer has used yet.
+
+        Two of them are almost always two ``RunDir``s meant for one Trainer (which Lightning refuses):
+        sharing the first one's run dir keeps a second, orphan run dir from being created.
+        """
+        if self._session.key is None:
+            return None
+        for other in list(_LIVE):
+            if other.root == self.root and other.session_key == self._session.key and not other._used:
+                warn(
+                    f"A second RunDir for session {self._session.key!r} under {str(self.root)!r} was "
+                    "constructed while the first is still unused; it shares the first one's run dir "
+                    f"{str(other.path)!r}. A Trainer takes exactly one RunDir: pass the same object to every "
+                    "place that needs it.",
+                    all_ranks=True,
+                    stacklevel=3,
+                )
+                return other
+        return None
 
     def _resolve_for_this_rank(self) -> resolve.Resolution:
         if not is_global_zero(os.environ):
@@ -78,8 +129,11 @@ class RunDir(Callback):
                 return resolve.wait_for_handoff(
                     self.root, launch, self.handoff_timeout, not_before=resolve.process_start_time() - 60
                 )
-        self.root.mkdir(parents=True, exist_ok=True)
+        resolve.prepare_root(self.root)
         resolution = resolve.resolve(self.root, self._session)
+        self._lock = RunLock(resolution.path)
+        self._lock.acquire()
+        weakref.finalize(self, self._lock.release)
         launch = launch_key(os.environ)
         if launch is not None and expects_peers(os.environ):
             resolve.publish_handoff(self.root, launch, resolution)
@@ -112,6 +166,7 @@ class RunDir(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._used = True
         redirected = [
             cb
             for cb in trainer.checkpoint_callbacks
@@ -139,11 +194,30 @@ class RunDir(Callback):
         stopped = isinstance(exception, (Preempted, SIGTERMException))
         status = RunStatus.PREEMPTED if stopped else RunStatus.FAILED
         self._record_status(trainer, status, type(exception).__name__)
+        self._release()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def _release(self) -> None:
+        """This attempt no longer trains here: another may take the run dir."""
+        if self._lock is not None:
+            self._lock.release()
 
     def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
-        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only."""
-        if trainer.is_global_zero:
+        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only.
+
+        Never raises: the status is a record for the tools, and an error here (a full disk) must not
+        replace the error that is ending ``fit`` or turn a finished run into a failed one.
+        """
+        if not trainer.is_global_zero:
+            return
+        try:
             write_status(self.path, status, trainer.global_step, detail)
+        except OSError as e:
+            log.warning("could not record status %r in %s: %s", status.value, self.path, e)
 
     @override
     def state_dict(self) -> dict[str, Any]:

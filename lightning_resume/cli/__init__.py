@@ -151,13 +151,21 @@ def _run_gc(args: argparse.Namespace) -> int:
     if not layout.is_root(root):
         raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no runs/ or .index/ inside)")
     removals = gc.plan(root, age)
+    failed: list[tuple[gc.Removal, str]] = []
     if args.apply:
-        removals = gc.apply(removals)
+        removals, failed = gc.apply(removals)
     if args.json:
-        print(json.dumps({"applied": args.apply, "removals": [r.to_dict() for r in removals]}, indent=2))
+        report = {
+            "applied": args.apply,
+            "removals": [r.to_dict() for r in removals],
+            "failed": [{**r.to_dict(), "error": why} for r, why in failed],
+        }
+        print(json.dumps(report, indent=2))
     else:
         render.removals(removals, args.apply)
-    return 0
+        for removal, why in failed:
+            print(f"{PROG} gc: could not remove {removal.path}: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:

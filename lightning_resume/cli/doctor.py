@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lightning_resume._run import layout, signals
 from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
+from lightning_resume.exceptions import RunDirError
 
 
 class Level(str, enum.Enum):
@@ -43,7 +44,10 @@ class Finding:
 
 
 def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
-    session = read_session(environ)
+    try:
+        session = read_session(environ)
+    except RunDirError as e:
+        return [Finding(Level.ERROR, "scheduler", str(e), "fix the variable in the job script")]
     ids = ", ".join(f"{k}={v}" for k, v in session.ids.items()) or "no scheduler ids"
     found = [
         Finding(
@@ -70,8 +74,7 @@ def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
                 f"{session.key!r} from {session.source.value}; scheduler says: {restart}",
             )
         )
-    if under_submitit(environ):
-        found.append(Finding(Level.OK, "submitit", f"preempt signal {signals.submitit_signal(environ)}"))
+    found += _submitit_checks(environ)
     if environ.get(ENV["handoff"]):
         owner = environ[ENV["handoff"]].partition(":")[0]
         found.append(
@@ -83,6 +86,25 @@ def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
             )
         )
     return found
+
+
+def _submitit_checks(environ: Mapping[str, str]) -> list[Finding]:
+    variable = ENV["submitit_signal"]
+    if not under_submitit(environ):
+        if variable in environ:
+            return [
+                Finding(
+                    Level.WARN,
+                    "submitit",
+                    f"{variable}={environ[variable]!r} is set, but this is not a submitit job: ignored",
+                    f"unset {variable} if it was inherited by mistake",
+                )
+            ]
+        return []
+    try:
+        return [Finding(Level.OK, "submitit", f"preempt signal {signals.submitit_signal(environ)}")]
+    except ValueError as e:
+        return [Finding(Level.ERROR, "submitit", str(e), f"set {variable} to a name such as USR2")]
 
 
 def signal_checks(environ: Mapping[str, str]) -> list[Finding]:

@@ -82,18 +82,23 @@ def plan(root: Path, older_than: float, now: float | None = None) -> list[Remova
             )
     handoff = root / layout.HANDOFF_DIR
     for path in sorted(handoff.iterdir()) if handoff.is_dir() else []:
+        if not path.is_file() or path.is_symlink():
+            continue  # handoffs are plain files; anything else is not ours to remove
         if _age(path, now) > older_than:
             removals.append(Removal(str(path), "handoff", f"written {_age(path, now) / 86400:.1f} days ago"))
     return removals
 
 
-def apply(removals: list[Removal]) -> list[Removal]:
-    """Remove the planned files; return the ones actually removed."""
-    done = []
+def apply(removals: list[Removal]) -> tuple[list[Removal], list[tuple[Removal, str]]]:
+    """Remove the planned files, each on its own; return the ones removed and the ones that failed (why)."""
+    done, failed = [], []
     for removal in removals:
         try:
             Path(removal.path).unlink()
         except FileNotFoundError:
             continue
+        except OSError as e:
+            failed.append((removal, e.strerror or str(e)))
+            continue
         done.append(removal)
-    return done
+    return done, failed

@@ -29,6 +29,8 @@ _RESULTS = {
     Status.TORN: "corrupt",
     Status.CORRUPT: "corrupt",
     Status.UNVERIFIABLE: "unverifiable",
+    Status.MISSING: "missing",
+    Status.NOT_A_FILE: "not a file",
 }
 
 
@@ -57,7 +59,7 @@ def verify(path: Path) -> dict[str, Any]:
 
     ``result`` is ``verified`` (matches its manifest), ``corrupt`` (torn or corrupt: a manifest exists
     and nothing in it matches), ``unverifiable`` (its manifest cannot be read), ``loads`` (no
-    manifest, but the file loads), or ``unreadable``.
+    manifest, but the file loads), ``unreadable``, ``missing`` (a link to nothing) or ``not a file``.
     """
     verdict = check_file(path)
     info: dict[str, Any] = {

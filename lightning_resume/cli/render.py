@@ -84,7 +84,7 @@ def run(report: dict[str, Any]) -> None:
     rows = [
         (
             c["name"],
-            f"{c['size']:,}",
+            "" if c["size"] is None else f"{c['size']:,}",
             str(c["checksum"] or ""),
             "" if c["step"] is None else str(c["step"]),
             c["result"],

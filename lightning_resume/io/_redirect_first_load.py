@@ -11,12 +11,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import Strategy
 from typing_extensions import override
+
+from lightning_resume.exceptions import ResumeError
+from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._verified_load import intact_zip
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,20 @@ class RedirectFirstLoad(CheckpointIO):
         if os.path.abspath(str(path)) != os.path.abspath(self.target):
             self.on_redirect(str(path))
             path = self.target
-        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        try:
+            return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except Exception as e:
+            if isinstance(self.inner, AtomicCheckpointIO) or intact_zip(Path(path)):
+                raise  # the plugin explains its own failures; an intact file failed for another reason
+            raise ResumeError(
+                f"The restart cannot load {str(path)!r}: it is damaged (loading raised {type(e).__name__}; "
+                "it is not a complete checkpoint archive). It was "
+                "written without DurableCheckpointIO, so there is no verified copy to fall back to. Restore "
+                "it from a copy, or remove it and checkpoints/.saved to start the run over (the earlier "
+                "training is then lost). DurableCheckpointIO verifies every checkpoint and keeps the "
+                "previous one loadable.",
+                path,
+            ) from e
 
     @override
     def save_checkpoint(

@@ -106,6 +106,8 @@ class DurableCheckpointIO(CheckpointIO):
         writer_niceness: int = 19,
         direct_io: bool = True,
     ) -> None:
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
+            raise TypeError(f"keep must be a whole number of checkpoints or None, got {keep!r}.")
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None, got {keep!r}.")
         for name, value in (
@@ -113,12 +115,23 @@ class DurableCheckpointIO(CheckpointIO):
             ("writer_start_timeout", writer_start_timeout),
             ("writer_shutdown_timeout", writer_shutdown_timeout),
         ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}.")
             if not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value!r}.")
+        if isinstance(writer_niceness, bool) or not isinstance(writer_niceness, int):
+            raise TypeError(f"writer_niceness must be a whole number within 0..19, got {writer_niceness!r}.")
         if not 0 <= writer_niceness <= 19:
             raise ValueError(f"writer_niceness must be within 0..19, got {writer_niceness!r}.")
-        if mirror is not None and not str(mirror).strip():
-            raise ValueError("mirror must be an fsspec URL or None, got an empty string.")
+        for name, flag in (
+            ("asynchronous", asynchronous),
+            ("wait_for_mirror", wait_for_mirror),
+            ("direct_io", direct_io),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
+            raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
         self.asynchronous = asynchronous
         self.mirror = mirror
         self.mirror_options = dict(mirror_options or {})

@@ -20,7 +20,13 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resume import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
+from lightning_resume import (
+    DurableCheckpointIO,
+    PreemptionHandler,
+    RequeueCheckpoint,
+    RunDir,
+    SignalDiagnostics,
+)
 from lightning_resume.cli.demo_job import KillAt, Noisy
 from lightning_resume.cli.demo_job import Model as DemoModel
 
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (a slow job)")
     p.add_argument("--setup-sleep", type=float, default=0.0, help="sleep before fit (a slow setup window)")
     p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
+    p.add_argument("--durable", action="store_true", help="save through DurableCheckpointIO (asynchronous)")
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -161,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         logger = TrackioLogger(project="lightning-resume-demo", auto_log_cpu=False, auto_log_gpu=False)
         callbacks.append(TrackioResume())
     trainer = pl.Trainer(
+        plugins=[DurableCheckpointIO()] if args.durable else None,
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
