@@ -46,9 +46,9 @@ RULES = {
 }
 
 
-def decide(run_dir: Path) -> Restart:
-    """Apply the restart rule to ``run_dir``."""
-    if layout.last_checkpoint(run_dir).is_file():
+def decide(run_dir: Path, last: Path | None = None) -> Restart:
+    """Apply the restart rule to ``run_dir`` (whose ``last.ckpt`` is ``last``, by default in the run dir)."""
+    if (last or layout.last_checkpoint(run_dir)).is_file():
         return Restart.RESUME
     if layout.saved_marker(run_dir).exists():
         return Restart.LOST

@@ -12,6 +12,7 @@ Pure standard library: the writer process imports this module.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -100,6 +101,22 @@ def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, waiting for it.
+
+    For work that processes on one node must do once, such as restoring a checkpoint from a mirror
+    into a node-local directory. Where the filesystem has no locks, the block runs unlocked.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~process_umask())
+    try:
+        with contextlib.suppress(OSError):  # no locks here: each process does the work itself
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

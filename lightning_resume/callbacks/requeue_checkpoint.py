@@ -137,6 +137,13 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_train_steps: Save every this many optimizer steps (``None``: not by steps).
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch.
+        dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
+            are expanded). For a node-local directory (``"$TMPDIR/ckpt"`` on a multi-node job) give
+            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: checkpoints are
+            written locally and mirrored, and a job relaunched onto empty nodes gets them back from
+            the mirror (once per node) when the plugin is constructed, before ``fit`` looks for
+            ``last.ckpt``. The record that the run has saved (``checkpoints/.saved``) stays in the run
+            dir.
 
     Raises:
         ValueError: for a non-positive interval.
@@ -154,6 +161,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_train_steps: int | None = None,
         every_n_minutes: float | None = None,
         save_on_train_epoch_end: bool = True,
+        dirpath: str | Path | None = None,
     ) -> None:
         if every_n_train_steps is not None and (
             isinstance(every_n_train_steps, bool) or not isinstance(every_n_train_steps, int)
@@ -173,7 +181,10 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             raise TypeError(
                 f"save_on_train_epoch_end must be True or False, got {save_on_train_epoch_end!r}."
             )
+        if dirpath is not None and (not isinstance(dirpath, (str, Path)) or not str(dirpath).strip()):
+            raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
         super().__init__(dirpath=".", filename=LAST)
+        self._dirpath = dirpath  # Lightning's own ``dirpath`` attribute stays unused (ckpt_path is ours)
         self.every_n_train_steps = every_n_train_steps
         self.every_n_minutes = every_n_minutes
         self.save_on_train_epoch_end = save_on_train_epoch_end
@@ -191,11 +202,10 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._last_save_time = time.monotonic()
         self._quiet = QuietLightning(self)
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        """The directory holding ``last.ckpt`` (the run dir's ``checkpoints``)."""
+    def _run(self) -> tuple[Path, str]:
+        """``(run dir, run id)`` of the Trainer's ``RunDir``, or of this process's before ``setup``."""
         if self._run_dir is not None:
-            return self._run_dir.checkpoint_dir
+            return self._run_dir.path, self._run_dir.run_id
         resolution = PROCESS.current
         if resolution is None:
             raise MissingCallbackError(
@@ -204,7 +214,14 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 needed="RunDir",
                 needed_by="RequeueCheckpoint",
             )
-        return layout.checkpoint_dir(resolution.path)
+        return resolution.path, resolution.run_id
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The directory holding ``last.ckpt``: ``dirpath``, or the run dir's ``checkpoints``."""
+        if self._dirpath is None:
+            return layout.checkpoint_dir(self._run()[0])
+        return Path(os.path.expandvars(str(self._dirpath))).expanduser().absolute()
 
     @property
     @override
@@ -219,7 +236,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @property
     def _saved_marker(self) -> Path:
-        return self.checkpoint_dir / layout.SAVED_MARKER
+        # In the run dir even when last.ckpt lives elsewhere (node-local): a restart on another node
+        # must still know that the run has committed a checkpoint.
+        return layout.saved_marker(self._run()[0])
 
     @property
     def _partial_path(self) -> Path:
@@ -238,14 +257,15 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._trainer = trainer
         if stage != "fit":
             return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
         if trainer.is_global_zero:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 self._partial_path.unlink()
         if not self._run_dir.is_resumed:
             return
-        # Rank 0 decides for all: a node-local view of the run dir must not split the ranks.
-        restart = Restart(trainer.strategy.broadcast(decide(self._run_dir.path).value))
+        # Rank 0 decides for all: a node-local view of the checkpoints must not split the ranks.
+        last = Path(self.ckpt_path)
+        restart = Restart(trainer.strategy.broadcast(decide(self._run_dir.path, last).value))
         if restart is Restart.START_OVER:
             # The previous attempt stopped before its first save (say, preempted while loading data):
             # there is nothing to resume and nothing to lose by starting over in the same run dir.
@@ -456,6 +476,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         """
         if self._marked or not trainer.is_global_zero or not Path(self.ckpt_path).is_file():
             return
+        self._saved_marker.parent.mkdir(parents=True, exist_ok=True)
         create_text_exclusive(self._saved_marker, "")
         self._marked = True
 

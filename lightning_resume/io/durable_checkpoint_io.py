@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
+from lightning_resume._writer.atomic import exclusive
 from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
 from lightning_resume._writer.commit import clean_stale, commit, remove, save_error, write_manifest
 from lightning_resume._writer.manifest import Entry, check_metadata, describe, read_entries
@@ -30,6 +31,8 @@ from lightning_resume.io._verified_load import load_verified
 
 log = logging.getLogger(__name__)
 
+#: Held while a mirror copy is downloaded into a directory: one process per node downloads it.
+RESTORE_LOCK = ".lr-restore.lock"
 # The key the mirror's copy of the checkpoint being loaded takes among the fallback candidates.
 _MIRROR_COPY = "\0mirror"
 
@@ -60,7 +63,8 @@ class DurableCheckpointIO(CheckpointIO):
         mirror_options: Keyword arguments for the fsspec filesystem of ``mirror``
             (e.g. ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``).
         dirpath: The local checkpoint directory the mirror copies, restored from the mirror when the
-            plugin is constructed. Default: the folder of the first save (then nothing is restored).
+            plugin is constructed (environment variables expanded: ``"$TMPDIR/ckpt"`` is node-local on
+            a cluster). Default: the folder of the first save (then nothing is restored).
         keep: Keep only the newest ``keep`` checkpoints per name pattern (``None``: delete only what
             Lightning's callbacks ask to delete).
         wait_for_mirror: ``teardown`` and :meth:`wait_until_durable` wait for uploads in flight, so a
@@ -135,7 +139,9 @@ class DurableCheckpointIO(CheckpointIO):
         self.asynchronous = asynchronous
         self.mirror = mirror
         self.mirror_options = dict(mirror_options or {})
-        self.dirpath = Path(dirpath).expanduser().absolute() if dirpath is not None else None
+        self.dirpath = (
+            Path(os.path.expandvars(dirpath)).expanduser().absolute() if dirpath is not None else None
+        )
         self.keep = keep
         self.wait_for_mirror = wait_for_mirror
         self.mirror_timeout = float(mirror_timeout)
@@ -324,14 +330,14 @@ class DurableCheckpointIO(CheckpointIO):
         requested = self._local(path)
         target = Path(os.path.realpath(requested))
         if self.mirror is not None and not target.exists() and self._mirrors(target):
-            self._remote().download(target.name, target)
+            self._download(target, missing_only=True)
         loaded = load_verified(target, location, weights_only)
         if loaded.checkpoint is not None:
             return loaded.checkpoint
         if loaded.verdict.status is Status.MISSING:
             raise FileNotFoundError(f"Checkpoint file not found: {str(requested)!r}")
         for candidate, remote in self._fallbacks(target):
-            if remote and self._remote().download(target.name, target) is None:
+            if remote and self._download(target) is None:
                 continue
             fallback = load_verified(candidate, location, weights_only)
             if fallback.checkpoint is not None and fallback.verdict.entry is not None:
@@ -443,27 +449,41 @@ class DurableCheckpointIO(CheckpointIO):
     def restore_from_mirror(self) -> list[Path]:
         """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
 
-        Called when the plugin is constructed with ``mirror`` and a known ``dirpath``. Each download is
-        verified and committed atomically; a local file without a manifest is never replaced.
+        Called when the plugin is constructed with ``mirror`` and a known ``dirpath``, so a job relaunched
+        onto an empty (node-local) directory finds its checkpoints before ``fit`` looks for them. Each
+        download is verified and committed atomically; a local file without a manifest is never
+        replaced. The processes of one node that share the directory take turns: the first downloads,
+        the others find the files there.
 
         Returns:
             The files downloaded.
         """
         if self.mirror is None or self.dirpath is None:
             return []
-        self.dirpath.mkdir(parents=True, exist_ok=True)
-        clean_stale(self.dirpath)
-        local = scan(self.dirpath)
+        folder = self.dirpath
+        folder.mkdir(parents=True, exist_ok=True)
         restored = []
-        for name, entry in sorted(self._remote().committed().items(), key=lambda item: -item[1].saved_at):
-            have = local.get(name)
-            if have is not None and (have.same_data(entry) or have.saved_at >= entry.saved_at):
-                continue
-            if have is None and (self.dirpath / name).exists() and read_entries(self.dirpath / name) is None:
-                continue  # a file we did not write
-            if self._remote().download(name, self.dirpath / name) is not None:
-                restored.append(self.dirpath / name)
+        with exclusive(folder / RESTORE_LOCK):
+            clean_stale(folder)
+            local = scan(folder)
+            for name, entry in sorted(self._remote().committed().items(), key=lambda item: -item[1].saved_at):
+                have = local.get(name)
+                if have is not None and (have.same_data(entry) or have.saved_at >= entry.saved_at):
+                    continue
+                if have is None and (folder / name).exists() and read_entries(folder / name) is None:
+                    continue  # a file we did not write
+                if self._remote().download(name, folder / name) is not None:
+                    restored.append(folder / name)
         return restored
+
+    def _download(self, target: Path, missing_only: bool = False) -> Entry | None:
+        """Download the mirror copy of ``target``, once per node: processes of a node that share a
+        node-local directory take turns (a lock in it), and the later ones find the file there."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with exclusive(target.parent / RESTORE_LOCK):
+            if missing_only and target.exists():
+                return None  # another process of this node restored it meanwhile
+            return self._remote().download(target.name, target)
 
     # -- metadata --------------------------------------------------------------------------------
 

@@ -285,3 +285,28 @@ def test_an_interrupted_upload_is_never_counted(tmp_path: Path, s3_endpoint: str
         assert not any(n.startswith(".lr-upload-") for n in remote_names(url, s3_options(s3_endpoint)))
         io.teardown()
     assert interrupted, "no kill landed during an upload: the test proves nothing"
+
+
+def test_processes_of_one_node_restore_a_node_local_dir_once(tmp_path: Path) -> None:
+    remote, local = tmp_path / "remote", tmp_path / "node-local"
+    io = DurableCheckpointIO(asynchronous=False, mirror=f"file://{remote}", dirpath=tmp_path / "first")
+    for step in (1, 2, 3):
+        io.save_checkpoint(
+            {"global_step": step, "w": torch.randn(1 << 16)}, tmp_path / "first" / f"s{step}.ckpt"
+        )
+    io.teardown()
+    # Four processes of one node construct the plugin at the same moment over one empty directory.
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+        "from lightning_resume import DurableCheckpointIO; "
+        f"DurableCheckpointIO(mirror={f'file://{remote}'!r}, dirpath={str(local)!r})"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=job_env())
+        for _ in range(4)
+    ]
+    logs = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    downloads = [line for text in logs for line in text.splitlines() if line.startswith("restored ")]
+    assert sorted(line.split()[1] for line in downloads) == [str(local / f"s{n}.ckpt") for n in (1, 2, 3)]
+    assert all(verifies(local / f"s{n}.ckpt") for n in (1, 2, 3))

@@ -98,6 +98,10 @@ def _append(path: str, text: str) -> None:
         f.write(text)
 
 
+# A node-local checkpoint directory, expanded by the process that uses it.
+LOCAL_CKPT = "$TMPDIR/ckpt"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -132,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setup-sleep", type=float, default=0.0, help="sleep before fit (a slow setup window)")
     p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
     p.add_argument("--durable", action="store_true", help="save through DurableCheckpointIO (asynchronous)")
+    p.add_argument("--mirror", default=None, help="DurableCheckpointIO(mirror=URL)")
+    p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
+    p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -149,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.insert(
             0,
             RequeueCheckpoint(
-                every_n_train_steps=args.every or None, save_on_train_epoch_end=not args.no_epoch_end
+                every_n_train_steps=args.every or None,
+                save_on_train_epoch_end=not args.no_epoch_end,
+                dirpath=LOCAL_CKPT if args.local_ckpt else None,
             ),
         )
     if args.kill_at is not None:
@@ -168,11 +177,14 @@ def main(argv: list[str] | None = None) -> None:
         logger = TrackioLogger(project="lightning-resume-demo", auto_log_cpu=False, auto_log_gpu=False)
         callbacks.append(TrackioResume())
     trainer = pl.Trainer(
-        plugins=[DurableCheckpointIO()] if args.durable else None,
+        plugins=[DurableCheckpointIO(mirror=args.mirror, dirpath=LOCAL_CKPT if args.local_ckpt else None)]
+        if args.durable or args.mirror
+        else None,
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        num_nodes=args.nodes,
+        strategy="ddp" if args.devices * args.nodes > 1 else "auto",
         callbacks=callbacks,
         logger=logger,
         log_every_n_steps=1,

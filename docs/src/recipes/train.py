@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps in total (default: 200)")
     parser.add_argument("--every", type=int, default=20, help="save last.ckpt every N steps (default: 20)")
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs, CPUs) per node (default: 1)")
+    parser.add_argument("--num-nodes", type=int, default=1, help="nodes (default: 1)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep in each step")
     return parser.parse_args(argv)
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = pl.Trainer(
         max_steps=args.max_steps,
         devices=args.devices,
+        num_nodes=args.num_nodes,
         deterministic=True,
         default_root_dir=run_dir.path,  # Lightning's own logs go into the run dir too
         callbacks=callbacks,
