@@ -250,7 +250,7 @@ class PreemptionHandler(Callback):
 
     def _agreed(self, trainer: pl.Trainer) -> bool:
         flag = self._received is not None
-        return any_rank(flag) if trainer.world_size > 1 else flag
+        return any_rank(trainer.strategy, flag)
 
     def _save(self, trainer: pl.Trainer) -> None:
         """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""

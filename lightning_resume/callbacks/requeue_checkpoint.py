@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_resume._collectives import gather_objects
+from lightning_resume._collectives import broadcast, gather_objects
 from lightning_resume._resume import data_position, rng
 from lightning_resume._resume.lightning_internals import restart_train_iterator
 from lightning_resume._resume.quiet_lightning import QuietLightning
@@ -265,7 +265,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             return
         # Rank 0 decides for all: a node-local view of the checkpoints must not split the ranks.
         last = Path(self.ckpt_path)
-        restart = Restart(trainer.strategy.broadcast(decide(self._run_dir.path, last).value))
+        restart = Restart(broadcast(trainer.strategy, decide(self._run_dir.path, last).value))
         if restart is Restart.START_OVER:
             # The previous attempt stopped before its first save (say, preempted while loading data):
             # there is nothing to resume and nothing to lose by starting over in the same run dir.
@@ -428,7 +428,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         if self.every_n_minutes is not None:
             elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
             # Clocks differ between ranks: rank 0 decides for all of them.
-            due = due or bool(trainer.strategy.broadcast(elapsed))
+            due = due or bool(broadcast(trainer.strategy, elapsed))
         return due
 
     def save(self, trainer: pl.Trainer, epoch_ended: bool = False) -> None:
@@ -491,7 +491,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             "generators": [data_position.capture_generators(dl) for dl in loaders],
             "epoch_start": self._epoch_start,
         }
-        ranks = gather_objects(mine)
+        ranks = gather_objects(trainer.strategy, mine) if trainer is not None else [mine]
         return {
             "ranks": ranks,
             "mid_epoch": trainer is not None and not (self._epoch_ended or trainer.is_last_batch),
