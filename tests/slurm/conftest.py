@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 CLUSTER_SH = Path(__file__).resolve().parent / "cluster.sh"
+TESTS = CLUSTER_SH.parent.parent
 #: States after which a job will not run again by itself.
 FINAL_STATES = frozenset(
     {
@@ -63,8 +64,13 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment to run SLURM client tools (or submitit) with: this one plus ``SLURM_CONF``."""
-        return {**os.environ, **self._env}
+        """The environment to run SLURM client tools (or submitit) with: this one plus ``SLURM_CONF``.
+
+        Jobs inherit it (``sbatch`` exports the environment), so ``tests/`` is on ``PYTHONPATH`` for
+        ``python -m jobs.train_job``.
+        """
+        path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+        return {**os.environ, "PYTHONPATH": path, **self._env}
 
     def run(self, *cmd: str | os.PathLike[str], timeout: float = 30, check: bool = True) -> str:
         proc = subprocess.run(
