@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from _tracker_data import (
-    JOB,
     dead_network_env,
     fit_tiny,
     offline_env,
@@ -126,7 +125,6 @@ def test_yaml_configured_trackers_continue_their_runs_without_touching_the_netwo
     env = {
         **offline_env(tmp_path),
         **dead_network_env(url),
-        "PYTHONPATH": str(JOB.parent),
         "SLURM_JOB_ID": "61",
     }
     cmd = [sys.executable, "cli.py", "--config", "config.yaml"]
