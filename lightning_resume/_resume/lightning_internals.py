@@ -5,6 +5,8 @@ Pinned by ``tests/resume/test_lightning_internals.py``: when Lightning changes, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 
 
@@ -18,3 +20,76 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
     if fetcher is None:
         raise RuntimeError("Lightning has no training data fetcher yet: call this from on_train_start.")
     iter(fetcher)
+
+
+# Where Lightning keeps the training loaders' states in a checkpoint: ``_FitLoop.on_save_checkpoint``
+# stores ``CombinedLoader._state_dicts()`` (one entry per stateful loader, of the saving rank only)
+# and ``_FitLoop.on_load_checkpoint`` takes them from the same place, to load them into the loaders
+# in ``FitLoop.setup_data`` (only when restarting mid-epoch), before any callback hook runs.
+_LOADER_STATES = ("loops", "fit_loop", "state_dict", "combined_loader")
+# The fit loop's validation progress in a checkpoint.
+_VAL_PROGRESS = ("loops", "fit_loop", "epoch_loop.val_loop.batch_progress")
+
+
+def _walk(checkpoint: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    node: Any = checkpoint
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def train_loader_states(checkpoint: dict[str, Any]) -> list[Any] | None:
+    """The training loaders' states Lightning put in ``checkpoint`` (``None`` if there are none)."""
+    states = _walk(checkpoint, _LOADER_STATES)
+    return states if isinstance(states, list) else None
+
+
+def replace_train_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> bool:
+    """Make Lightning load ``states`` into the training loaders; call from ``Callback.on_load_checkpoint``.
+
+    Lightning reads the loop state from the same dict after the callbacks' ``on_load_checkpoint``
+    (``_CheckpointConnector.restore_training_state`` -> ``restore_loops``). Returns whether it was there.
+    """
+    parent = _walk(checkpoint, _LOADER_STATES[:-1])
+    if not isinstance(parent, dict) or _LOADER_STATES[-1] not in parent:
+        return False
+    parent[_LOADER_STATES[-1]] = states
+    return True
+
+
+def wrapped_sampler(sampler: Any) -> Any:
+    """The user's sampler inside Lightning's ``DistributedSamplerWrapper`` (``None`` for other samplers)."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    if not isinstance(sampler, DistributedSamplerWrapper):
+        return None
+    return getattr(sampler.dataset, "_sampler", None)
+
+
+def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
+    """Make a checkpoint taken during fit's validation restart that validation from its first batch.
+
+    Lightning restarts a validation only when the saved progress says "inside a validation step"
+    (``_EvaluationLoop.update_restart_stage``: started == ready, processed == started - 1); from a
+    save in a validation hook it would skip the rest of that validation instead. The progress is
+    rewritten to "inside the first batch of this validation". Returns whether it was there.
+    """
+    node = _walk(checkpoint, _VAL_PROGRESS)
+    if not isinstance(node, dict):
+        return False
+    before = max(int(node["total"]["completed"]) - int(node["current"]["completed"]), 0)
+    node["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
+    node["current"] = {"ready": 1, "started": 1, "processed": 0, "completed": 0}
+    node["is_last_batch"] = False
+    return True
+
+
+def settle_validation_progress(trainer: pl.Trainer) -> None:
+    """After a restarted validation: drop the one batch that was counted as started but never ran.
+
+    Without this, every later checkpoint looks like "inside a validation step" to Lightning.
+    """
+    total: Any = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total  # a _BatchProgress tracker
+    total.ready = total.started = total.processed = total.completed

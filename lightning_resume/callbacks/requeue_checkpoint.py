@@ -13,13 +13,20 @@ from typing import Any, TypedDict
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_resume._collectives import broadcast, gather_objects
-from lightning_resume._resume import data_position, rng
-from lightning_resume._resume.lightning_internals import restart_train_iterator
+from lightning_resume._resume import data_position, rng, stateful_loaders
+from lightning_resume._resume.lightning_internals import (
+    redo_validation_on_restart,
+    replace_train_loader_states,
+    restart_train_iterator,
+    settle_validation_progress,
+    train_loader_states,
+)
 from lightning_resume._resume.quiet_lightning import QuietLightning
 from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
@@ -43,12 +50,17 @@ class EpochStart(TypedDict):
     generators: list[list[torch.Tensor | None]] | None
 
 
-class RankState(TypedDict):
-    """What one rank stores in the checkpoint (the format of ``state_dict()["ranks"][i]``)."""
+class RankState(TypedDict, total=False):
+    """What one rank stores in the checkpoint (the format of ``state_dict()["ranks"][i]``).
+
+    ``loaders`` (under DDP) is this rank's training loader states, which Lightning keeps for the
+    saving rank only.
+    """
 
     rng: dict[str, Any]
     generators: list[list[torch.Tensor | None]]
     epoch_start: EpochStart | None
+    loaders: list[Any] | None
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,20 @@ class PendingResume:
         ranks: Every rank's saved state, by global rank.
         mid_epoch: The checkpoint was written inside an epoch (not at its end).
         batches: Batches of that epoch already consumed.
+        in_validation: The checkpoint was written during fit's validation (a preemption), which the
+            restart runs again from its first batch, from the random state it started with.
     """
 
     ranks: list[RankState]
     mid_epoch: bool
     batches: int
+    in_validation: bool = False
+
+
+def _train_loaders(trainer: pl.Trainer) -> list[Any]:
+    """The training loaders in Lightning's order (``CombinedLoader.flattened``, as its loader states)."""
+    source = trainer.train_dataloader
+    return [] if source is None else list(CombinedLoader(source, "max_size_cycle").flattened)
 
 
 def _loaders(source: Any) -> list[Any]:
@@ -195,6 +216,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._first_epoch = True
         self._positioned = False
         self._stateful_loader = False
+        self._loader_states: list[Any] | None = None  # this rank's saved loader states, to reload
+        self._validation_rng: dict[str, Any] | None = None  # the random state as this validation started
+        self._saving_in_validation = False
+        self._pending_validation_rng: dict[str, Any] | None = None  # restored as the redone validation starts
+        self._redoing_validation = False
         self._epoch_ended = False
         self._last_save_step = -1
         self._marked = False  # checkpoints/.saved is known to exist
@@ -325,6 +351,35 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             )
         if self._positioned:
             self._position_loaders(trainer, loaders)
+        elif self._stateful_loader and trainer.world_size > 1:
+            self._position_stateful_loaders(trainer)
+
+    def _position_stateful_loaders(self, trainer: pl.Trainer) -> None:
+        """Under DDP: an order that depends on seed and epoch only, this rank's state, a new iterator.
+
+        Lightning made the first iterator in ``FitLoop.setup_data``, before ``set_epoch`` and with the
+        sampler it wrapped (see ``_resume.stateful_loaders``); fresh runs go through this too, so both
+        runs draw alike.
+        """
+        loaders = [dl for dl in _train_loaders(trainer) if isinstance(dl, DataLoader)]
+        changed = False
+        for loader in loaders:
+            changed |= stateful_loaders.unwrap_random_sampler(loader)
+            problem = stateful_loaders.hidden_sampler_problem(loader)
+            if problem:
+                warn(f"RequeueCheckpoint cannot resume the train data exactly: {problem}.")
+            for sampler in stateful_loaders.distributed_samplers(loader):
+                if sampler.epoch != trainer.current_epoch:
+                    sampler.set_epoch(trainer.current_epoch)
+                    changed = True
+        states, self._loader_states = self._loader_states, None
+        if not changed:
+            return  # Lightning's iterator already starts where this rank's state says
+        if states is not None:
+            stateful: list[Any] = [dl for dl in loaders if stateful_loaders.is_stateful(dl)]
+            for loader, state in zip(stateful, states, strict=True):
+                loader.load_state_dict(state)
+        restart_train_iterator(trainer)
 
     def _position_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
         """Rebuild the first epoch's iterator from a known state, skipping what a resumed run consumed.
@@ -349,12 +404,16 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         for loader in loaders:
             data_position.seed_workers_per_batch(loader, trainer.global_rank)
         epoch = trainer.current_epoch
-        skippers = [data_position.skip_batches(dl, skip, epoch) for dl in loaders] if skip else []
+        # A save during the epoch-end validation has consumed the whole epoch: nothing to skip (a skip
+        # of everything would leave an exhausted iterator for the next epoch to pick up).
+        skippers = [data_position.skip_batches(dl, skip, epoch) for dl in loaders if 0 < skip < len(dl)]
         restart_train_iterator(trainer)
         for skipper in skippers:
             skipper.start()
         if pending is not None and mine is not None:
-            if pending.mid_epoch:
+            if pending.in_validation:
+                self._pending_validation_rng = mine["rng"]  # restored as the redone validation starts
+            elif pending.mid_epoch:
                 rng.restore(mine["rng"])  # where the interrupted run was after its last saved step
             self._pending = None
 
@@ -374,8 +433,44 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         # Mid-epoch with a stateful loader, the resumed iterator is rebuilt before this hook and
         # draws from the global generator; restoring now continues the stream where it was.
         if self._pending is not None:
-            rng.restore(self._mine(trainer)["rng"])
+            if self._pending.in_validation:
+                # Saved during validation: the random state belongs to that validation's start.
+                self._pending_validation_rng = self._mine(trainer)["rng"]
+            else:
+                rng.restore(self._mine(trainer)["rng"])
             self._pending = None
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if self._pending is not None and self._pending.in_validation:
+            self._pending_validation_rng = self._mine(trainer)["rng"]
+            self._pending = None
+        if self._pending_validation_rng is not None:
+            # The validation a preemption interrupted runs again, from the same random state.
+            rng.restore(self._pending_validation_rng)
+            self._pending_validation_rng = None
+            self._redoing_validation = True
+        self._validation_rng = rng.capture()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._redoing_validation:
+            settle_validation_progress(trainer)
+            self._redoing_validation = False
+
+    def save_in_validation(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` from inside fit's validation (call on every rank).
+
+        Validation changes no training state, so this is the state of the last training step; the
+        restart runs this validation again from its first batch and its starting random state.
+        """
+        self._saving_in_validation = True
+        try:
+            self.save(trainer)
+        finally:
+            self._saving_in_validation = False
 
     @override
     def on_train_batch_end(
@@ -486,18 +581,50 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         loaders = (
             [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, DataLoader)] if trainer else []
         )
+        in_validation = self._saving_in_validation and self._validation_rng is not None
         mine: RankState = {
-            "rng": rng.capture(),
+            "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
             "generators": [data_position.capture_generators(dl) for dl in loaders],
             "epoch_start": self._epoch_start,
         }
-        ranks = gather_objects(trainer.strategy, mine) if trainer is not None else [mine]
+        # Every rank's states are gathered in on_save_checkpoint, with the loader states Lightning took.
         return {
-            "ranks": ranks,
-            "mid_epoch": trainer is not None and not (self._epoch_ended or trainer.is_last_batch),
+            "ranks": [mine],
+            # A save in validation resumes inside the epoch, also after its last batch: the
+            # validation, then the epoch-end hooks, run again.
+            "mid_epoch": trainer is not None
+            and (in_validation or not (self._epoch_ended or trainer.is_last_batch)),
+            "in_validation": in_validation,
             "batches": _batches_processed(trainer) if trainer else 0,
             "global_step": trainer.global_step if trainer else None,
         }
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if state is None:
+            return
+        if state.get("in_validation"):
+            redo_validation_on_restart(checkpoint)
+        if trainer.world_size > 1:
+            mine = dict(state["ranks"][0])
+            # Lightning keeps only the saving rank's loader states; each rank needs its own back.
+            mine["loaders"] = train_loader_states(checkpoint)
+            state["ranks"] = gather_objects(trainer.strategy, mine)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
+        ranks = state.get("ranks") or []
+        if trainer.world_size <= 1 or len(ranks) != trainer.world_size:
+            return  # rank 0's loader states for everyone (the world size changed: _mine warns)
+        loaders = ranks[trainer.global_rank].get("loaders")
+        if loaders is not None and replace_train_loader_states(checkpoint, loaders):
+            self._loader_states = loaders if state.get("mid_epoch", True) else None
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -506,6 +633,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 ranks=list(state_dict["ranks"]),
                 mid_epoch=bool(state_dict.get("mid_epoch", True)),
                 batches=int(state_dict.get("batches", 0)),
+                in_validation=bool(state_dict.get("in_validation", False)),
             )
             self._warned_world_size = False
         step = state_dict.get("global_step")

@@ -155,7 +155,7 @@ def test_slurm_auto_requeue_installs_nothing_beside_it(
 
 
 def test_needs_requeue_checkpoint_and_a_non_zero_exit_code(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="exit_code must be non-zero"):
+    with pytest.raises(ValueError, match=r"exit_code must be within 1\.\.255, got 0: 0 tells the scheduler"):
         PreemptionHandler(exit_code=0)
     with pytest.raises(ValueError, match="Unknown signal 'SIGNOPE'"):
         PreemptionHandler(signals=["SIGNOPE"])

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -27,8 +28,8 @@ from lightning_resume import (
     RunDir,
     SignalDiagnostics,
 )
-from lightning_resume.cli.demo_job import KillAt, Noisy
 from lightning_resume.cli.demo_job import Model as DemoModel
+from lightning_resume.cli.demo_job import Noisy
 
 
 class Model(DemoModel):
@@ -45,18 +46,78 @@ class Model(DemoModel):
         return super().training_step(batch, batch_idx)
 
 
+class KillAt(pl.Callback):
+    """SIGKILL at a global step on one rank: its whole process group, or (under torchrun, whose agent
+    shares the group and restarts failed workers) only itself."""
+
+    def __init__(self, step: int, rank: int, group: bool) -> None:
+        self.step, self.rank, self.group = step, rank, group
+
+    def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step != self.step or trainer.global_rank != self.rank:
+            return
+        if self.group and trainer.world_size > 1:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowValidation(Model):
+    """The model with a validation step that takes ``val_sleep`` seconds."""
+
+    def __init__(self, sample_log: str | None = None, val_sleep: float = 0.0) -> None:
+        super().__init__(sample_log)
+        self.val_sleep = val_sleep
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        time.sleep(self.val_sleep)
+        super().validation_step(batch, batch_idx)
+
+
+class Probe(pl.Callback):
+    """Print the first step an attempt trains and every validation it finishes (the tests read them)."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.val_batches = 0
+
+    def on_train_batch_start(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if self.first is None:
+            self.first = trainer.global_step
+            print(f"FIRST_STEP rank={trainer.global_rank} step={trainer.global_step}", flush=True)
+
+    def on_validation_batch_end(self, *args) -> None:  # type: ignore[no-untyped-def]
+        self.val_batches += 1
+
+    def on_validation_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_rank == 0:
+            sanity, step = trainer.sanity_checking, trainer.global_step
+            print(f"VAL_DONE sanity={sanity} step={step} batches={self.val_batches}", flush=True)
+        self.val_batches = 0
+
+
+def send(sig: signal.Signals, group: bool) -> None:
+    """``sig`` to this process, or to its whole process group from another process (as a scheduler does)."""
+    if group:
+        # The sender runs in a session of its own, or it would be in the group it signals.
+        command = ["kill", "-s", sig.name.removeprefix("SIG"), "--", f"-{os.getpgrp()}"]
+        subprocess.run(command, check=True, start_new_session=True)
+    else:
+        os.kill(os.getpid(), sig)
+
+
 class SignalAt(pl.Callback):
-    """Send this process a real signal as the step after ``step`` starts, on one rank (or all).
+    """Send a real signal as the step after ``step`` starts, on one rank (or all).
 
     With ``count > 1`` the further signals arrive while the next checkpoint is being written.
     """
 
-    def __init__(self, step: int, name: str, rank: int | None, count: int) -> None:
+    def __init__(self, step: int, name: str, rank: int | None, count: int, group: bool = False) -> None:
         self.step, self.sig, self.rank, self.remaining = step, signal.Signals[name], rank, count
+        self.group = group
 
     def _send(self) -> None:
         self.remaining -= 1
-        os.kill(os.getpid(), self.sig)
+        send(self.sig, self.group)
 
     def on_train_batch_start(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and self.remaining:
@@ -65,6 +126,47 @@ class SignalAt(pl.Callback):
     def on_save_checkpoint(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
         if trainer.global_step > self.step and self.remaining:
             self._send()
+
+
+class SignalIn(pl.Callback):
+    """SIGTERM from inside fit's validation (at validation batch ``k`` after training step ``step``),
+    the sanity check (at its batch ``k``), or a slow ``on_train_epoch_end`` of a user callback."""
+
+    def __init__(self, where: str, step: int, k: int, rank: int | None, epoch_end_sleep: float) -> None:
+        self.where, self.step, self.k, self.rank = where, step, k, rank
+        self.epoch_end_sleep = epoch_end_sleep
+        self.sent_at_batch: int | None = None
+        self.sent = time.monotonic()
+
+    def _send(self, trainer, what: str, batch: int | None = None) -> None:  # type: ignore[no-untyped-def]
+        if self.sent_at_batch is not None or self.rank not in (None, trainer.global_rank):
+            return
+        self.sent_at_batch, self.sent = batch if batch is not None else -1, time.monotonic()
+        print(f"SIGNAL {what} rank={trainer.global_rank} step={trainer.global_step}", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:  # type: ignore[no-untyped-def]
+        if batch_idx != self.k:
+            return
+        if self.where == "sanity" and trainer.sanity_checking:
+            self._send(trainer, "sanity", batch_idx)
+        elif self.where == "val" and not trainer.sanity_checking and trainer.global_step >= self.step:
+            self._send(trainer, f"val batch {batch_idx}", batch_idx)
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:  # type: ignore[no-untyped-def]
+        if self.sent_at_batch is not None and self.sent_at_batch >= 0:
+            print(f"VAL_BATCH_AFTER_SIGNAL {batch_idx - self.sent_at_batch}", flush=True)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if self.where == "epoch_end" and trainer.global_step >= self.step:
+            self._send(trainer, "epoch_end")
+            time.sleep(self.epoch_end_sleep)  # a long user epoch-end job
+
+    def on_exception(self, trainer, pl_module, exception) -> None:  # type: ignore[no-untyped-def]
+        if self.sent_at_batch is not None:
+            print(f"STOPPED {type(exception).__name__} {time.monotonic() - self.sent:.3f}s", flush=True)
 
 
 class Slow(pl.Callback):
@@ -107,7 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--key", default=None)
-    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument(
+        "--kill-at", default=None, help="global step; a comma list is indexed by TORCHELASTIC_RESTART_COUNT"
+    )
+    p.add_argument("--kill-rank", type=int, default=0, help="the rank that SIGKILLs its process group")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--loader", choices=["stateful", "plain"], default="stateful")
@@ -132,6 +237,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--signal-name", default="SIGTERM")
     p.add_argument("--signal-rank", type=int, default=None)
     p.add_argument("--signal-count", type=int, default=1)
+    p.add_argument("--signal-group", action="store_true", help="signal the process group from outside")
+    p.add_argument("--signal-in", choices=["val", "sanity", "epoch_end"], default=None)
+    p.add_argument("--signal-step", type=int, default=0, help="--signal-in val: a validation after this step")
+    p.add_argument("--signal-k", type=int, default=0, help="--signal-in val/sanity: at this validation batch")
+    p.add_argument("--epoch-end-sleep", type=float, default=0.0)
+    p.add_argument("--val-samples", type=int, default=32)
+    p.add_argument("--val-batch-size", type=int, default=16)
+    p.add_argument("--val-sleep", type=float, default=0.0, help="seconds per validation batch")
+    p.add_argument("--val-check-interval", type=int, default=None, help="validate every N training batches")
+    p.add_argument("--val-workers", type=int, default=0)
+    p.add_argument("--sanity", type=int, default=2, help="num_sanity_val_steps")
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (a slow job)")
     p.add_argument("--setup-sleep", type=float, default=0.0, help="sleep before fit (a slow setup window)")
     p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
@@ -161,14 +277,29 @@ def main(argv: list[str] | None = None) -> None:
                 dirpath=LOCAL_CKPT if args.local_ckpt else None,
             ),
         )
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if args.kill_at is not None:
-        callbacks.insert(0, KillAt(args.kill_at))
+        kills = [int(step) for step in str(args.kill_at).split(",")]
+        attempt = int(restart or 0)
+        if attempt < len(kills):
+            callbacks.insert(0, KillAt(kills[attempt], args.kill_rank, group=restart is None))
     if args.step_sleep:
         callbacks.insert(0, Slow(args.step_sleep))
     if args.preemption:
         callbacks.extend([PreemptionHandler(), SignalDiagnostics()])
     if args.signal_at is not None:
-        callbacks.insert(0, SignalAt(args.signal_at, args.signal_name, args.signal_rank, args.signal_count))
+        callbacks.insert(
+            0,
+            SignalAt(
+                args.signal_at, args.signal_name, args.signal_rank, args.signal_count, args.signal_group
+            ),
+        )
+    if args.signal_in is not None:
+        where = SignalIn(
+            args.signal_in, args.signal_step, args.signal_k, args.signal_rank, args.epoch_end_sleep
+        )
+        callbacks.insert(0, where)
+    callbacks.insert(0, Probe())
     logger: Any = False
     if args.tracker == "trackio":
         from lightning_resume import TrackioResume
@@ -192,16 +323,19 @@ def main(argv: list[str] | None = None) -> None:
         enable_model_summary=False,
         deterministic=True,
         default_root_dir=args.root,
+        val_check_interval=args.val_check_interval,
+        num_sanity_val_steps=args.sanity,
     )
     if args.setup_sleep:
         with open(args.out + ".setup", "w") as f:
             f.write(str(os.getpid()))
         time.sleep(args.setup_sleep)
     train = Noisy(args.samples, augment=args.augment)
+    validation = Noisy(args.val_samples)
     trainer.fit(
-        Model(args.sample_log),
+        SlowValidation(args.sample_log, args.val_sleep),
         train_dataloaders=loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last),
-        val_dataloaders=loader(args.loader, Noisy(32), 16, shuffle=False),
+        val_dataloaders=loader(args.loader, validation, args.val_batch_size, False, args.val_workers),
         ckpt_path=args.ckpt_path,
     )
     if trainer.is_global_zero:

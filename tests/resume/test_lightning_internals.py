@@ -1,4 +1,4 @@
-"""Pins the one Lightning internal lightning_resume touches; fails loudly when Lightning changes it."""
+"""Pins the Lightning internals lightning_resume touches; fails loudly when Lightning changes them."""
 
 from __future__ import annotations
 
@@ -6,11 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
-from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import DataLoader
 
-from lightning_resume._resume.lightning_internals import restart_train_iterator
+from lightning_resume._resume.lightning_internals import (
+    redo_validation_on_restart,
+    replace_train_loader_states,
+    restart_train_iterator,
+    settle_validation_progress,
+    train_loader_states,
+    wrapped_sampler,
+)
 
 
 class Recorder(BoringModel):
@@ -44,3 +53,107 @@ def test_restart_train_iterator_rebuilds_the_iterator_training_uses(tmp_path: Pa
     )
     trainer.fit(model)
     assert model.seen == [5, 4, 3, 2, 1, 0]
+
+
+class Seen(BoringModel):
+    """Records the first value of every training batch and counts validation batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: list[float] = []
+        self.val_batches = 0
+
+    def train_dataloader(self) -> Any:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        data = torch.arange(8, dtype=torch.float32).unsqueeze(1).repeat(1, 32)
+        return StatefulDataLoader(data, batch_size=1)
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(RandomDataset(32, 3), batch_size=1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.first.append(float(batch[0, 0]))
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        self.val_batches += 1
+        return super().validation_step(batch, batch_idx)
+
+
+def trainer_for(tmp_path: Path, *callbacks: pl.Callback, **options: Any) -> pl.Trainer:
+    defaults: dict[str, Any] = dict(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    return pl.Trainer(callbacks=list(callbacks), **{**defaults, **options})
+
+
+def test_train_loader_states_live_where_the_fit_loop_reads_them(tmp_path: Path) -> None:
+    class SaveAt3(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(tmp_path / "a.ckpt")
+
+    trainer_for(tmp_path, SaveAt3()).fit(Seen())
+    checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=False)
+    states = train_loader_states(checkpoint)
+    assert states is not None and states[0]["_num_yielded"] == 3
+
+    class Replace(pl.Callback):  # the state of another rank: 5 batches consumed
+        def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any, ckpt: dict[str, Any]) -> None:
+            found = train_loader_states(ckpt)
+            assert found is not None
+            state = dict(found[0])
+            state.update(_num_yielded=5, _sampler_iter_yielded=5, _sampler_iter_state={"samples_yielded": 5})
+            assert replace_train_loader_states(ckpt, [state])
+
+    model = Seen()
+    trainer_for(tmp_path, Replace()).fit(model, ckpt_path=tmp_path / "a.ckpt")
+    assert model.first[0] == 5.0  # Lightning loaded the replaced state, not the saved one
+
+
+def test_the_sampler_lightning_wraps_is_reachable() -> None:
+    inner = torch.utils.data.RandomSampler(range(10))
+    assert wrapped_sampler(DistributedSamplerWrapper(inner, num_replicas=2, rank=0)) is inner
+    assert wrapped_sampler(inner) is None
+
+
+def test_a_checkpoint_rewritten_inside_validation_redoes_that_validation(tmp_path: Path) -> None:
+    class StopInValidation(pl.Callback):
+        def on_validation_batch_end(
+            self,
+            trainer: pl.Trainer,
+            pl_module: Any,
+            outputs: Any,
+            batch: Any,
+            batch_idx: int,
+            dataloader_idx: int = 0,
+        ) -> None:
+            if not trainer.sanity_checking and batch_idx == 1:  # of 3
+                trainer.save_checkpoint(tmp_path / "v.ckpt")
+                raise SystemExit(143)
+
+        def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, ckpt: dict[str, Any]) -> None:
+            assert redo_validation_on_restart(ckpt)
+
+    with pytest.raises(SystemExit):
+        trainer_for(tmp_path, StopInValidation(), limit_val_batches=3, val_check_interval=4).fit(Seen())
+
+    class Settle(pl.Callback):
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            settle_validation_progress(trainer)
+            self.total = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+
+    model, settle = Seen(), Settle()
+    trainer = trainer_for(tmp_path, settle, limit_val_batches=3, val_check_interval=4)
+    trainer.fit(model, ckpt_path=tmp_path / "v.ckpt")
+    assert model.val_batches == 3 + 3  # the interrupted validation again, then the one at step 8
+    assert model.first[0] == 4.0  # training continues after the step that preceded it
+    assert settle.total.ready == settle.total.completed

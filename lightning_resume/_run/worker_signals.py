@@ -1,0 +1,99 @@
+"""DataLoader workers and a signal to the whole process group.
+
+SLURM signals every process of a job step, and so does ``kill -- -PGID``. A DataLoader worker forked
+by the training process inherits its Python handlers, but torch's worker loop installs C-level
+handlers of its own: a SIGTERM from anyone but the worker's parent kills the worker, and the main
+process then fails at once ("DataLoader worker ... is killed by signal") instead of stopping cleanly
+at the next step boundary. SIGUSR1/SIGUSR2 would run our inherited handler inside the worker.
+
+So, once ``PreemptionHandler`` is installed, a DataLoader worker (and only a worker) forked by this
+process blocks the preemption signals, and a daemon thread takes them: it ignores a signal from
+anyone else and leaves at once when the parent sends one, which is how ``multiprocessing`` stops a
+worker. Other forked children (``multiprocessing`` pools...) keep the normal behaviour.
+
+Recognising a worker at fork time needs one look at the stdlib's ``multiprocessing`` internals (the
+process object being launched, in the forking frame); ``tests/run/test_worker_signals.py`` pins it.
+Workers started with ``spawn`` or ``forkserver`` are not forked from this process and keep torch's
+behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+# torch's and torchdata's worker loops.
+_WORKER_LOOPS = frozenset(
+    {
+        ("torch.utils.data._utils.worker", "_worker_loop"),
+        ("torchdata.stateful_dataloader.worker", "_worker_loop"),
+    }
+)
+_BLOCKED: dict[int, frozenset[int]] = {}  # installing pid -> the signals its workers hold back
+_IN_THIS_WORKER: frozenset[int] = frozenset()  # set in a worker whose signals are held back
+_REGISTERED = False
+
+
+def _forked_target() -> Any:
+    """The ``target`` of the ``multiprocessing.Process`` being forked (called from an at-fork hook).
+
+    The one touch of stdlib internals: ``multiprocessing.popen_fork.Popen._launch`` holds the process
+    object as ``process_obj`` while it calls ``os.fork()``.
+    """
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return None
+        process = frame.f_locals.get("process_obj")
+        if process is not None:
+            return getattr(process, "_target", None)
+        frame = frame.f_back
+    return None
+
+
+def is_worker_loop(target: Any) -> bool:
+    """Whether ``target`` is torch's (or torchdata's) DataLoader worker loop."""
+    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) in _WORKER_LOOPS
+
+
+def _wait_for_parent(signals: frozenset[int]) -> None:
+    """In a worker: take the held-back signals; leave only when the parent sent one."""
+    parent = os.getppid()
+    while True:
+        if signal.sigwaitinfo(signals).si_pid == parent:
+            os._exit(0)
+
+
+def _after_fork_in_child() -> None:
+    global _IN_THIS_WORKER
+    if _IN_THIS_WORKER:
+        # A child of a worker gets the normal behaviour back.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _IN_THIS_WORKER)
+        _IN_THIS_WORKER = frozenset()
+        return
+    signals = _BLOCKED.get(os.getppid())
+    _BLOCKED.clear()
+    if signals and is_worker_loop(_forked_target()):
+        # Blocked in every thread of the worker, so torch's handler never runs; a thread takes them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        _IN_THIS_WORKER = signals
+        threading.Thread(target=_wait_for_parent, args=(signals,), name="signal-guard", daemon=True).start()
+
+
+def block_in_workers(signals: Iterable[signal.Signals]) -> None:
+    """From now on, DataLoader workers forked by this process ignore ``signals`` sent by others."""
+    global _REGISTERED
+    if not _REGISTERED:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _REGISTERED = True
+    _BLOCKED[os.getpid()] = frozenset(int(s) for s in signals)
+
+
+def unblock_in_workers() -> None:
+    """Workers forked from now on get signals as usual."""
+    _BLOCKED.pop(os.getpid(), None)

@@ -1,0 +1,83 @@
+"""DataLoader workers forked after ``PreemptionHandler`` is installed ignore a signal sent to the group.
+
+Pins what ``lightning_resume._run.worker_signals`` relies on: the forking frame of
+``multiprocessing`` holds the process object, torch's worker loop is recognised, a signal from
+another process leaves the workers running, and their parent can still stop them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_resume._run.worker_signals import block_in_workers, unblock_in_workers
+
+
+class Slow(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.01)
+        return torch.tensor(i)
+
+
+def blocked(pid: int, sig: signal.Signals) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line for line in f if line.startswith("SigBlk:")).split()[1]
+    return bool(int(mask, 16) & (1 << (sig - 1)))
+
+
+@pytest.fixture
+def guarded() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)  # the main process survives, as with ours
+    block_in_workers([signal.SIGTERM])
+    yield
+    unblock_in_workers()
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.usefixtures("guarded")
+def test_workers_ignore_a_foreign_sigterm_and_their_parent_still_stops_them() -> None:
+    iterator: Any = iter(DataLoader(Slow(), batch_size=2, num_workers=2, multiprocessing_context="fork"))
+    next(iterator)
+    workers = list(iterator._workers)
+    assert all(blocked(w.pid, signal.SIGTERM) for w in workers)
+    # From another process, as slurmstepd sends it: torch's own worker handler would die of it.
+    subprocess.run(["kill", "-s", "TERM", *(str(w.pid) for w in workers)], check=True)
+    time.sleep(0.5)
+    assert all(w.is_alive() for w in workers)
+    for _ in range(5):
+        next(iterator)  # and they still serve batches
+    start = time.monotonic()
+    for w in workers:  # what multiprocessing does at exit: the parent's SIGTERM still ends them
+        w.terminate()
+        w.join(timeout=10)
+    assert not any(w.is_alive() for w in workers) and time.monotonic() - start < 5
+
+
+@pytest.mark.usefixtures("guarded")
+def test_other_forked_children_keep_the_normal_behaviour() -> None:
+    pool = multiprocessing.get_context("fork").Pool(1)
+    try:
+        assert not blocked(pool._pool[0].pid, signal.SIGTERM)  # type: ignore[attr-defined]
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def test_nothing_is_blocked_once_uninstalled() -> None:
+    block_in_workers([signal.SIGTERM])
+    unblock_in_workers()
+    iterator: Any = iter(DataLoader(Slow(), batch_size=2, num_workers=1, multiprocessing_context="fork"))
+    next(iterator)
+    assert not blocked(iterator._workers[0].pid, signal.SIGTERM)
+    del iterator
