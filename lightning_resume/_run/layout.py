@@ -9,6 +9,7 @@
             .lock                          locked by the live attempt that trains here
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
+            checkpoints/.validated-after   the step of the last save that a validation followed
             <tracker>_resume.json          tracker sidecars
         .index/<session key>               the run dir a session key belongs to
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
@@ -33,6 +34,8 @@ LAST = "last"
 CKPT_SUFFIX = ".ckpt"
 LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
 SAVED_MARKER = ".saved"
+#: The step of the last save that a validation followed (that validation is redone on restart).
+VALIDATED_AFTER = ".validated-after"
 #: Run dirs relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
 RUN_GLOB = f"{RUNS}/*/*/*"
 #: How many folders a run dir sits below its root.
@@ -86,3 +89,8 @@ def last_checkpoint(run_dir: Path) -> Path:
 def saved_marker(run_dir: Path) -> Path:
     """``<run dir>/checkpoints/.saved``: present once the run has committed a checkpoint."""
     return checkpoint_dir(run_dir) / SAVED_MARKER
+
+
+def validated_after(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/.validated-after``: the step of the last save a validation followed."""
+    return checkpoint_dir(run_dir) / VALIDATED_AFTER

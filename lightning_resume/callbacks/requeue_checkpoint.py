@@ -32,7 +32,13 @@ from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._warnings import warn
-from lightning_resume._writer.atomic import create_text_exclusive, fsync_file, replace_durably, temp_sibling
+from lightning_resume._writer.atomic import (
+    create_text_exclusive,
+    fsync_file,
+    replace_durably,
+    temp_sibling,
+    write_text_atomic,
+)
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import MissingCallbackError, Preempted, ResumeError
 from lightning_resume.io._protocol import AtomicCheckpointIO
@@ -73,12 +79,16 @@ class PendingResume:
         batches: Batches of that epoch already consumed.
         in_validation: The checkpoint was written during fit's validation (a preemption), which the
             restart runs again from its first batch, from the random state it started with.
+        before_validation: The checkpoint was written at the end of a step that a validation
+            followed; the restart runs that validation again, from the random state the checkpoint
+            holds (restored before the validation draws anything).
     """
 
     ranks: list[RankState]
     mid_epoch: bool
     batches: int
     in_validation: bool = False
+    before_validation: bool = False
 
 
 def _train_loaders(trainer: pl.Trainer) -> list[Any]:
@@ -331,6 +341,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        before_validation = self._pending is not None and self._pending.before_validation
         sources = _loaders(trainer.train_dataloader)
         loaders = [dl for dl in sources if isinstance(dl, DataLoader)]
         # Lightning restores a stateful loader only when resuming mid-epoch, so for those the epoch
@@ -353,6 +364,13 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             self._position_loaders(trainer, loaders)
         elif self._stateful_loader and trainer.world_size > 1:
             self._position_stateful_loaders(trainer)
+        if before_validation:
+            # The validation that followed the saved step runs first: it must draw from the state the
+            # step ended with, as it did in the interrupted run (plain loaders restored it above).
+            if self._pending is not None:
+                rng.restore(self._mine(trainer)["rng"])
+                self._pending = None
+            self._redoing_validation = True
 
     def _position_stateful_loaders(self, trainer: pl.Trainer) -> None:
         """Under DDP: an order that depends on seed and epoch only, this rank's state, a new iterator.
@@ -453,6 +471,10 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             self._pending_validation_rng = None
             self._redoing_validation = True
         self._validation_rng = rng.capture()
+        if trainer.global_step == self._last_save_step and trainer.is_global_zero:
+            # last.ckpt was saved at this step, before this validation: a restart from it must run
+            # the validation again (Lightning would skip it, and the random draws it made with it).
+            write_text_atomic(self._validated_after, f"{trainer.global_step}\n")
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -614,11 +636,27 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             mine["loaders"] = train_loader_states(checkpoint)
             state["ranks"] = gather_objects(trainer.strategy, mine)
 
+    @property
+    def _validated_after(self) -> Path:
+        return layout.validated_after(self._run()[0])
+
+    def _validation_followed(self, step: Any) -> bool:
+        """Whether a validation ran after the save of ``step`` (recorded by ``on_validation_start``)."""
+        try:
+            return int(self._validated_after.read_text().strip()) == step
+        except (OSError, ValueError):
+            return False
+
     @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
+        followed = self._validation_followed(checkpoint.get("global_step"))
+        # Saved at the end of a step that a validation followed: redo that validation, from the
+        # random state the checkpoint holds (nothing draws between the step's end and validation).
+        if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
+            state["before_validation"] = True
         ranks = state.get("ranks") or []
         if trainer.world_size <= 1 or len(ranks) != trainer.world_size:
             return  # rank 0's loader states for everyone (the world size changed: _mine warns)
@@ -634,6 +672,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 mid_epoch=bool(state_dict.get("mid_epoch", True)),
                 batches=int(state_dict.get("batches", 0)),
                 in_validation=bool(state_dict.get("in_validation", False)),
+                before_validation=bool(state_dict.get("before_validation", False)),
             )
             self._warned_world_size = False
         step = state_dict.get("global_step")

@@ -121,3 +121,19 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_stops_cleanly(
     again = run_job(root, out, *args, LIGHTNING_RESUME_KEY="g")
     assert again.returncode == 0, again.output
     assert same_weights(out, tmp_path / "ref.pt")
+
+
+@pytest.mark.parametrize("loader", ["plain", "stateful"])
+def test_a_kill_after_a_save_that_a_validation_followed_resumes_exactly(tmp_path: Path, loader: str) -> None:
+    # last.ckpt is saved at step 6; the validation after step 6 draws random numbers; the kill at 7
+    # comes after it. The restart redoes that validation (Lightning alone would skip it).
+    args = ("--loader", loader, "--epochs", "1", "--every", "2", "--val-check-interval", "6", "--sanity", "0")
+    reference = run_job(tmp_path / "ref", tmp_path / "ref.pt", *args)
+    assert reference.returncode == 0, reference.output
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    first = run_job(root, out, *args, "--kill-at", "7", LIGHTNING_RESUME_KEY="v")
+    assert first.returncode == -9, first.output
+    again = run_job(root, out, *args, LIGHTNING_RESUME_KEY="v")
+    assert again.returncode == 0, again.output
+    assert validations(again.output)[0][0] == 6, again.output
+    assert same_weights(out, tmp_path / "ref.pt")
