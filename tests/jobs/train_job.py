@@ -113,10 +113,11 @@ class SignalAt(pl.Callback):
 
     def __init__(self, step: int, name: str, rank: int | None, count: int, group: bool = False) -> None:
         self.step, self.sig, self.rank, self.remaining = step, signal.Signals[name], rank, count
-        self.group = group
+        self.group, self.sent = group, False
 
     def _send(self) -> None:
         self.remaining -= 1
+        self.sent = True
         send(self.sig, self.group)
 
     def on_train_batch_start(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
@@ -124,7 +125,8 @@ class SignalAt(pl.Callback):
             self._send()
 
     def on_save_checkpoint(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
-        if trainer.global_step > self.step and self.remaining:
+        # Only the rank that got the first signal gets the further ones.
+        if self.sent and self.remaining:
             self._send()
 
 
@@ -210,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--key", default=None)
     p.add_argument(
-        "--kill-at", default=None, help="global step; a comma list is indexed by TORCHELASTIC_RESTART_COUNT"
+        "--kill-at",
+        default=None,
+        help="global step; a comma list (two or more) is indexed by TORCHELASTIC_RESTART_COUNT",
     )
     p.add_argument("--kill-rank", type=int, default=0, help="the rank that SIGKILLs its process group")
     p.add_argument("--epochs", type=int, default=3)
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if args.kill_at is not None:
         kills = [int(step) for step in str(args.kill_at).split(",")]
-        attempt = int(restart or 0)
+        attempt = int(restart or 0) if len(kills) > 1 else 0
         if attempt < len(kills):
             callbacks.insert(0, KillAt(kills[attempt], args.kill_rank, group=restart is None))
     if args.step_sleep:
