@@ -21,13 +21,20 @@ from lightning_resume.exceptions import (
     RunDirError,
 )
 from lightning_resume.io import DurableCheckpointIO
-from lightning_resume.trackers import SwanLabResume, TrackerResume, TrackioResume, WandbResume
+from lightning_resume.trackers import (
+    LocalLoggerResume,
+    SwanLabResume,
+    TrackerResume,
+    TrackioResume,
+    WandbResume,
+)
 
 __all__ = [
     "CheckpointVerificationError",
     "DurableCheckpointIO",
     "LightningResumeError",
     "LightningResumeWarning",
+    "LocalLoggerResume",
     "MissingCallbackError",
     "Preempted",
     "PreemptionHandler",

@@ -6,6 +6,7 @@ Pinned by ``tests/resume/test_lightning_internals.py``: when Lightning changes, 
 from __future__ import annotations
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 
 def restart_train_iterator(trainer: pl.Trainer) -> None:
@@ -18,3 +19,25 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
     if fetcher is None:
         raise RuntimeError("Lightning has no training data fetcher yet: call this from on_train_start.")
     iter(fetcher)
+
+
+def logging_step(trainer: pl.Trainer) -> int:
+    """The step Lightning passes to ``Logger.log_metrics`` next (``_LoggerConnector.log_metrics``).
+
+    From the first ``on_train_batch_start`` of a resumed attempt on, it is the step that batch is
+    logged at (during ``on_train_start`` it is still one lower: the loop adds one when it starts). It
+    differs from ``global_step`` under manual optimization with several optimizers.
+    """
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def point_logger_at_version(logger: Logger, version: int | str) -> None:
+    """Make a ``TensorBoardLogger`` or ``CSVLogger`` log into ``version`` from now on.
+
+    Both decide their version once (``_version``) and create their writer once (``_experiment``), with
+    no public way to change either afterwards. The caller closes the old writer first (rank 0).
+    """
+    if not isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        raise TypeError(f"expected a TensorBoardLogger or CSVLogger, got {type(logger).__name__}")
+    logger._version = version
+    logger._experiment = None

@@ -9,7 +9,9 @@
             .lock                          locked by the live attempt that trains here
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
-            <tracker>_resume.json          tracker sidecars
+            <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
+            logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
+            config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
         .index/<session key>               the run dir a session key belongs to
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
 
@@ -33,6 +35,8 @@ LAST = "last"
 CKPT_SUFFIX = ".ckpt"
 LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
 SAVED_MARKER = ".saved"
+#: Links to the local loggers' version dirs: ``logs/<kind>``.
+LOGS = "logs"
 #: Run dirs relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
 RUN_GLOB = f"{RUNS}/*/*/*"
 #: How many folders a run dir sits below its root.
@@ -86,3 +90,8 @@ def last_checkpoint(run_dir: Path) -> Path:
 def saved_marker(run_dir: Path) -> Path:
     """``<run dir>/checkpoints/.saved``: present once the run has committed a checkpoint."""
     return checkpoint_dir(run_dir) / SAVED_MARKER
+
+
+def logs_link(run_dir: Path, kind: str) -> Path:
+    """The link in ``run_dir`` to the version dir of its ``kind`` logger (``"tensorboard"``, ``"csv"``)."""
+    return run_dir / LOGS / kind

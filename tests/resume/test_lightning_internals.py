@@ -1,4 +1,4 @@
-"""Pins the one Lightning internal lightning_resume touches; fails loudly when Lightning changes it."""
+"""Pins the Lightning internals lightning_resume touches; fails loudly when Lightning changes them."""
 
 from __future__ import annotations
 
@@ -6,11 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightning_resume._resume.lightning_internals import restart_train_iterator
+from lightning_resume._resume.lightning_internals import (
+    logging_step,
+    point_logger_at_version,
+    restart_train_iterator,
+)
 
 
 class Recorder(BoringModel):
@@ -44,3 +51,78 @@ def test_restart_train_iterator_rebuilds_the_iterator_training_uses(tmp_path: Pa
     )
     trainer.fit(model)
     assert model.seen == [5, 4, 3, 2, 1, 0]
+
+
+class StepLogger(Logger):
+    """Records the steps Lightning logs at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[int] = []
+
+    @property
+    def name(self) -> str:
+        return "steps"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "train_loss" in metrics:
+            assert step is not None
+            self.steps.append(step)
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class Logged(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        self.log("train_loss", out["loss"])
+        return out
+
+
+def test_logging_step_at_the_first_resumed_batch_is_the_step_that_batch_is_logged_at(tmp_path: Path) -> None:
+    class Probe(pl.Callback):
+        def __init__(self) -> None:
+            self.first: int | None = None
+
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            if self.first is None:
+                self.first = logging_step(trainer)
+
+    def fit(steps: int, ckpt: str | None) -> tuple[StepLogger, Probe]:
+        logger, probe = StepLogger(), Probe()
+        trainer = pl.Trainer(
+            max_steps=steps,
+            limit_val_batches=0,
+            logger=logger,
+            log_every_n_steps=1,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[probe, ModelCheckpoint(dirpath=tmp_path, filename="c", every_n_train_steps=3)],
+        )
+        trainer.fit(Logged(), ckpt_path=ckpt)
+        return logger, probe
+
+    first, _ = fit(3, None)
+    assert first.steps == [0, 1, 2]
+    resumed, probe = fit(6, str(tmp_path / "c.ckpt"))
+    assert probe.first == resumed.steps[0] == 3
+
+
+@pytest.mark.parametrize("kind", [TensorBoardLogger, CSVLogger])
+def test_point_logger_at_version_moves_the_next_writer(tmp_path: Path, kind: type) -> None:
+    logger = kind(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    assert Path(logger.log_dir).name == "version_0"
+    point_logger_at_version(logger, "again")
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger.save()
+    logger.finalize("success")
+    assert Path(logger.log_dir) == tmp_path / "lightning_logs" / "again"
+    assert any((tmp_path / "lightning_logs" / "again").iterdir())
