@@ -23,6 +23,7 @@ from lightning_resume.exceptions import (
 from lightning_resume.io import DurableCheckpointIO
 from lightning_resume.trackers import (
     LocalLoggerResume,
+    MLflowResume,
     SwanLabResume,
     TrackerResume,
     TrackioResume,
@@ -35,6 +36,7 @@ __all__ = [
     "LightningResumeError",
     "LightningResumeWarning",
     "LocalLoggerResume",
+    "MLflowResume",
     "MissingCallbackError",
     "Preempted",
     "PreemptionHandler",

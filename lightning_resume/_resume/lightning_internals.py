@@ -5,8 +5,10 @@ Pinned by ``tests/resume/test_lightning_internals.py``: when Lightning changes, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 
 
 def restart_train_iterator(trainer: pl.Trainer) -> None:
@@ -41,3 +43,32 @@ def point_logger_at_version(logger: Logger, version: int | str) -> None:
         raise TypeError(f"expected a TensorBoardLogger or CSVLogger, got {type(logger).__name__}")
     logger._version = version
     logger._experiment = None
+
+
+@dataclass(frozen=True)
+class MLflowTarget:
+    """Where an ``MLFlowLogger`` logs, as configured (nothing is created to find out)."""
+
+    tracking_uri: str
+    experiment_name: str
+    run_id: str | None
+    started: bool
+
+
+def mlflow_target(logger: MLFlowLogger) -> MLflowTarget:
+    """The tracking store, experiment name and run id an ``MLFlowLogger`` was given, and whether it started.
+
+    The logger has public properties for its run and experiment ids, but reading them creates the run.
+    """
+    return MLflowTarget(logger._tracking_uri, logger._experiment_name, logger._run_id, logger._initialized)
+
+
+def set_mlflow_run(logger: MLFlowLogger, run_id: str | None) -> None:
+    """Have an ``MLFlowLogger`` that has not started continue ``run_id`` (``None``: a new run).
+
+    With a run id, Lightning's logger continues that run instead of creating one, as with its
+    ``run_id`` argument, which the user would have to read from the run dir before building the logger.
+    """
+    logger._run_id = run_id
+    logger._experiment_id = None
+    logger._initialized = False

@@ -6,9 +6,17 @@ TensorBoard and CSV loggers. Importing this package imports no tracker.
 """
 
 from lightning_resume.trackers.local_logger_resume import LocalLoggerResume
+from lightning_resume.trackers.mlflow_resume import MLflowResume
 from lightning_resume.trackers.swanlab_resume import SwanLabResume
 from lightning_resume.trackers.tracker_resume import TrackerResume
 from lightning_resume.trackers.trackio_resume import TrackioResume
 from lightning_resume.trackers.wandb_resume import WandbResume
 
-__all__ = ["LocalLoggerResume", "SwanLabResume", "TrackerResume", "TrackioResume", "WandbResume"]
+__all__ = [
+    "LocalLoggerResume",
+    "MLflowResume",
+    "SwanLabResume",
+    "TrackerResume",
+    "TrackioResume",
+    "WandbResume",
+]

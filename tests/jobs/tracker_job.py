@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resume import (
     LocalLoggerResume,
+    MLflowResume,
     RequeueCheckpoint,
     RunDir,
     SwanLabResume,
@@ -77,6 +78,14 @@ def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Any, pl.Call
         # Both with a fixed version: the case where CSVLogger deletes metrics.csv before any hook.
         loggers = [TensorBoardLogger(save_dir, version="fixed"), CSVLogger(save_dir, version=0)]
         return loggers, LocalLoggerResume()
+    if tracker in ("mlflow", "mlflow-lightning"):
+        from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
+
+        from lightning_resume.loggers import MLFlowLogger
+
+        kind = MLFlowLogger if tracker == "mlflow" else LightningMLFlowLogger
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{os.path.abspath(save_dir)}/mlruns"
+        return kind(experiment_name=project, tracking_uri=uri), MLflowResume()
     if tracker == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
@@ -95,9 +104,19 @@ def main(argv: list[str]) -> None:
     p.add_argument("--root", required=True)
     p.add_argument(
         "--tracker",
-        choices=["wandb", "trackio", "swanlab", "default", "default-csv", "local"],
+        choices=[
+            "wandb",
+            "trackio",
+            "swanlab",
+            "default",
+            "default-csv",
+            "local",
+            "mlflow",
+            "mlflow-lightning",
+        ],
         required=True,
-        help="default, default-csv: Lightning's default logger; local: TensorBoardLogger and CSVLogger",
+        help="default, default-csv: Lightning's default logger; local: TensorBoardLogger and CSVLogger; "
+        "mlflow: our MLFlowLogger, mlflow-lightning: Lightning's",
     )
     p.add_argument("--out", required=True)
     p.add_argument("--project", default="resume-test")

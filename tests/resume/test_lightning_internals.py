@@ -14,9 +14,12 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from lightning_resume._resume.lightning_internals import (
+    MLflowTarget,
     logging_step,
+    mlflow_target,
     point_logger_at_version,
     restart_train_iterator,
+    set_mlflow_run,
 )
 
 
@@ -126,3 +129,24 @@ def test_point_logger_at_version_moves_the_next_writer(tmp_path: Path, kind: typ
     logger.finalize("success")
     assert Path(logger.log_dir) == tmp_path / "lightning_logs" / "again"
     assert any((tmp_path / "lightning_logs" / "again").iterdir())
+
+
+def test_mlflow_target_and_set_mlflow_run_continue_an_existing_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    first = MLFlowLogger("exp", tracking_uri=uri)
+    assert mlflow_target(first) == MLflowTarget(uri, "exp", None, False)
+    run_id = first.run_id
+    assert mlflow_target(first).started
+    again = MLFlowLogger("exp", tracking_uri=uri)
+    set_mlflow_run(again, run_id)
+    again.log_metrics({"m": 1.0}, step=3)
+    assert again.run_id == run_id
+    experiment = MlflowClient(uri).get_experiment_by_name("exp")
+    assert len(MlflowClient(uri).search_runs([experiment.experiment_id])) == 1
