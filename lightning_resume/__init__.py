@@ -22,6 +22,7 @@ from lightning_resume.exceptions import (
 )
 from lightning_resume.io import DurableCheckpointIO
 from lightning_resume.trackers import (
+    CometResume,
     LocalLoggerResume,
     MLflowResume,
     SwanLabResume,
@@ -32,6 +33,7 @@ from lightning_resume.trackers import (
 
 __all__ = [
     "CheckpointVerificationError",
+    "CometResume",
     "DurableCheckpointIO",
     "LightningResumeError",
     "LightningResumeWarning",

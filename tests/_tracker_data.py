@@ -29,7 +29,7 @@ DEAD_URL = "http://127.0.0.1:9"
 
 
 def offline_env(home: Path) -> dict[str, str]:
-    """Offline settings for all three trackers, their files kept under ``home``."""
+    """Offline settings for every tracker, their files kept under ``home``."""
     return {
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
@@ -40,6 +40,11 @@ def offline_env(home: Path) -> dict[str, str]:
         "SWANLAB_SAVE_DIR": str(home / "swanlab-home"),
         "HF_HUB_OFFLINE": "1",
         "TRACKIO_DIR": str(home / "trackio"),
+        # Comet offline: no API key, no config file, and its temporary data under home.
+        "COMET_START_ONLINE": "false",
+        "COMET_API_KEY": "",
+        "COMET_CONFIG": str(home / "comet-config-none"),
+        "TMPDIR": str(home / "tmp"),
     }
 
 
@@ -58,6 +63,7 @@ def dead_network_env(url: str = DEAD_URL) -> dict[str, str]:
         "SWANLAB_API_HOST": url,
         "SWANLAB_WEB_HOST": url,
         "HF_ENDPOINT": url,
+        "COMET_URL_OVERRIDE": f"{url}/clientlib/",
     }
 
 
@@ -72,7 +78,7 @@ def run_tracker_job(
     workdir: Path, tracker: str, *args: str | int, timeout: float = 180, **env: str | int | None
 ) -> Attempt:
     """Run ``tracker_job.py`` once in ``workdir`` (offline, network dead) and return how it ended."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     out = workdir / "result.json"
     out.unlink(missing_ok=True)
     cmd = [

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resume import (
+    CometResume,
     LocalLoggerResume,
     MLflowResume,
     RequeueCheckpoint,
@@ -86,6 +87,12 @@ def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Any, pl.Call
         kind = MLFlowLogger if tracker == "mlflow" else LightningMLFlowLogger
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{os.path.abspath(save_dir)}/mlruns"
         return kind(experiment_name=project, tracking_uri=uri), MLflowResume()
+    if tracker == "comet":
+        from lightning_resume.loggers import CometLogger
+
+        # Built first, as LightningCLI builds it: this logger starts its experiment on first use.
+        os.makedirs(save_dir, exist_ok=True)  # comet makes the offline dir, not its parents
+        return CometLogger(project=project, offline_directory=os.path.join(save_dir, "comet")), CometResume()
     if tracker == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
@@ -113,10 +120,11 @@ def main(argv: list[str]) -> None:
             "local",
             "mlflow",
             "mlflow-lightning",
+            "comet",
         ],
         required=True,
         help="default, default-csv: Lightning's default logger; local: TensorBoardLogger and CSVLogger; "
-        "mlflow: our MLFlowLogger, mlflow-lightning: Lightning's",
+        "mlflow: our MLFlowLogger, mlflow-lightning: Lightning's; comet: our CometLogger",
     )
     p.add_argument("--out", required=True)
     p.add_argument("--project", default="resume-test")

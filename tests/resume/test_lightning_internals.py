@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,29 @@ def test_mlflow_target_and_set_mlflow_run_continue_an_existing_run(
     assert again.run_id == run_id
     experiment = MlflowClient(uri).get_experiment_by_name("exp")
     assert len(MlflowClient(uri).search_runs([experiment.experiment_id])) == 1
+
+
+def test_comet_logger_starts_in_its_constructor_and_ours_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("comet_ml")
+    from lightning.pytorch.loggers import CometLogger as LightningCometLogger
+
+    from lightning_resume.loggers import CometLogger
+
+    for name, value in {
+        "COMET_START_ONLINE": "false",
+        "COMET_API_KEY": "",
+        "COMET_CONFIG": str(tmp_path / "none"),
+        "COMET_URL_OVERRIDE": "http://127.0.0.1:9/clientlib/",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    eager = LightningCometLogger(project="p", offline_directory=str(tmp_path))
+    assert eager._experiment is not None  # what makes CometLogger too early for COMET_EXPERIMENT_KEY
+    eager._experiment.end()
+    lazy = CometLogger(project="p", offline_directory=str(tmp_path))
+    assert lazy._experiment is None
+    monkeypatch.setenv("COMET_EXPERIMENT_KEY", "a" * 32)
+    assert lazy.experiment.get_key() == "a" * 32
+    lazy.experiment.end()
