@@ -22,11 +22,14 @@ class HydraLaunch:
         output_dir: Hydra's output dir (``hydra.runtime.output_dir``).
         chdir: Whether Hydra made it the working dir (``hydra.job.chdir``).
         launcher: The launcher's ``_target_``.
+        config_file: The composed configuration Hydra saved for the launch (``.hydra/config.yaml``),
+            if it saves one.
     """
 
     output_dir: Path
     chdir: bool
     launcher: str
+    config_file: Path | None = None
 
     @property
     def keeps_output_dir(self) -> bool:
@@ -46,8 +49,12 @@ def current_launch() -> HydraLaunch | None:
     output_dir = config.runtime.output_dir
     if not output_dir:
         return None
+    subdir = config.output_subdir
     return HydraLaunch(
-        Path(output_dir).resolve(), bool(config.job.chdir), str(config.launcher.get("_target_") or "")
+        Path(output_dir).resolve(),
+        bool(config.job.chdir),
+        str(config.launcher.get("_target_") or ""),
+        None if subdir is None else Path(output_dir).resolve() / str(subdir) / "config.yaml",
     )
 
 

@@ -12,6 +12,7 @@
             <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
+            hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
         .index/<session key>               the run dir a session key belongs to
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
 

@@ -236,15 +236,20 @@ def _mark_first_start(logger: Any) -> None:
 
 
 def _link(link: Path, target: Path) -> None:
-    """``link`` -> ``target``, replaced atomically; a filesystem without symlinks goes without."""
+    """``link`` -> ``target``, replaced atomically; a filesystem without symlinks goes without.
+
+    A target inside the run dir is linked relatively, so the run dir can be moved as a whole.
+    """
+    run_dir = link.parent.parent
+    value = Path(os.path.relpath(target, link.parent)) if target.is_relative_to(run_dir) else target
     try:
         link.parent.mkdir(exist_ok=True)
-        if link.is_symlink() and Path(os.readlink(link)) == target:
+        if link.is_symlink() and Path(os.readlink(link)) == value:
             return
         temporary = link.with_name(f".{link.name}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
-        temporary.symlink_to(target, target_is_directory=True)
+        temporary.symlink_to(value, target_is_directory=True)
         os.replace(temporary, link)
     except OSError as e:
         log.debug("no link %s -> %s: %s", link, target, e)
