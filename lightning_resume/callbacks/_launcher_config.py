@@ -89,11 +89,12 @@ def _compare_with_saved(run_dir: RunDir, target: Path, launcher: str, now_text: 
     try:
         before = saved_config.read_config(target)
     except ValueError as e:
-        kept = _keep(target)
+        kept = saved_config.kept_name(target)
         warn(
             f"RunDir: the saved {launcher} configuration of run {run_dir.run_id!r} is unusable ({e}); it is "
             f"kept as {str(kept)!r} and this attempt's configuration is saved as {str(target)!r}."
         )
+        replace_durably(target, kept)
         return True
     if before is None:
         return True
@@ -104,16 +105,12 @@ def _compare_with_saved(run_dir: RunDir, target: Path, launcher: str, now_text: 
             "Restart of run %s: the %s configuration is unchanged (%s)", run_dir.run_id, launcher, target
         )
         return False
-    kept = _keep(target)
+    kept = saved_config.kept_name(target)
+    # Warn first: a filter that turns the warning into an error leaves the saved file where it is.
     warn(
         f"RunDir: the {launcher} configuration of run {run_dir.run_id!r} changed since its previous "
         f"attempt: {saved_config.describe(found)}. The run continues with the new configuration, saved as "
         f"{str(target)!r}; the previous one is kept as {str(kept)!r}."
     )
-    return True
-
-
-def _keep(target: Path) -> Path:
-    kept = saved_config.kept_name(target)
     replace_durably(target, kept)
-    return kept
+    return True
