@@ -40,11 +40,10 @@ def offline_env(home: Path) -> dict[str, str]:
         "SWANLAB_SAVE_DIR": str(home / "swanlab-home"),
         "HF_HUB_OFFLINE": "1",
         "TRACKIO_DIR": str(home / "trackio"),
-        # Comet offline: no API key, no config file, and its temporary data under home.
+        # Comet offline: no API key, no config file.
         "COMET_START_ONLINE": "false",
         "COMET_API_KEY": "",
         "COMET_CONFIG": str(home / "comet-config-none"),
-        "TMPDIR": str(home / "tmp"),
     }
 
 
@@ -92,7 +91,10 @@ def run_tracker_job(
         str(out),
         *map(str, args),
     ]
-    full_env = job_env(**{**offline_env(workdir), **dead_network_env(), **env})
+    # TMPDIR: Comet keeps an offline experiment's data in a temporary dir; a killed job leaves it here.
+    full_env = job_env(
+        **{**offline_env(workdir), **dead_network_env(), "TMPDIR": str(workdir / "tmp"), **env}
+    )
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB.parent), full_env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, cwd=workdir, env=full_env, capture_output=True, text=True, timeout=timeout)
     return Attempt(proc.returncode, proc.stdout + proc.stderr, out.exists())
