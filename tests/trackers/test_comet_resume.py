@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from _tracker_data import (
     dead_network_env,
     fit_tiny,
@@ -64,6 +65,8 @@ def test_one_comet_experiment_through_two_preemptions(tmp_path: Path) -> None:
     assert len(found) == 3
     assert [step for _, steps in found for step in steps] == list(range(STEPS)), (first, second, found)
     assert (recorded["project"], recorded["mode"]) == ("resume-test", "offline")
+    checkpoint = torch.load(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["callbacks"]["CometResume"]["identity"]["id"] == recorded["id"]
 
 
 @pytest.fixture
@@ -89,3 +92,21 @@ def test_lightnings_comet_logger_built_before_the_callbacks_cannot_continue(come
     with pytest.warns(LightningResumeWarning, match="construct RunDir and CometResume before it"):
         fit_tiny(root, logger, CometResume(), steps=4)
     logger.experiment.end()
+
+
+def test_a_restart_for_another_project_gets_a_new_experiment(comet_offline: Path) -> None:
+    from lightning_resume.loggers import CometLogger
+
+    root = comet_offline.parent / "root"
+    first = CometLogger(project="a", offline_directory=str(comet_offline))
+    fit_tiny(root, first, CometResume(project="a"), steps=2)
+    first.experiment.end()
+    PROCESS.reset()
+    again = CometLogger(project="b", offline_directory=str(comet_offline))
+    with pytest.warns(
+        LightningResumeWarning, match=r"not continuing comet run .*project 'a' \(recorded\) vs 'b'"
+    ):
+        fit_tiny(root, again, CometResume(project="b"), steps=4)
+    assert again.experiment.get_key() != first.experiment.get_key()
+    assert again.experiment.project_name == "b"
+    again.experiment.end()
