@@ -21,13 +21,24 @@ from lightning_resume.exceptions import (
     RunDirError,
 )
 from lightning_resume.io import DurableCheckpointIO
-from lightning_resume.trackers import SwanLabResume, TrackerResume, TrackioResume, WandbResume
+from lightning_resume.trackers import (
+    CometResume,
+    LocalLoggerResume,
+    MLflowResume,
+    SwanLabResume,
+    TrackerResume,
+    TrackioResume,
+    WandbResume,
+)
 
 __all__ = [
     "CheckpointVerificationError",
+    "CometResume",
     "DurableCheckpointIO",
     "LightningResumeError",
     "LightningResumeWarning",
+    "LocalLoggerResume",
+    "MLflowResume",
     "MissingCallbackError",
     "Preempted",
     "PreemptionHandler",

@@ -29,7 +29,7 @@ DEAD_URL = "http://127.0.0.1:9"
 
 
 def offline_env(home: Path) -> dict[str, str]:
-    """Offline settings for all three trackers, their files kept under ``home``."""
+    """Offline settings for every tracker, their files kept under ``home``."""
     return {
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
@@ -40,6 +40,10 @@ def offline_env(home: Path) -> dict[str, str]:
         "SWANLAB_SAVE_DIR": str(home / "swanlab-home"),
         "HF_HUB_OFFLINE": "1",
         "TRACKIO_DIR": str(home / "trackio"),
+        # Comet offline: no API key, no config file.
+        "COMET_START_ONLINE": "false",
+        "COMET_API_KEY": "",
+        "COMET_CONFIG": str(home / "comet-config-none"),
     }
 
 
@@ -58,6 +62,7 @@ def dead_network_env(url: str = DEAD_URL) -> dict[str, str]:
         "SWANLAB_API_HOST": url,
         "SWANLAB_WEB_HOST": url,
         "HF_ENDPOINT": url,
+        "COMET_URL_OVERRIDE": f"{url}/clientlib/",
     }
 
 
@@ -72,7 +77,7 @@ def run_tracker_job(
     workdir: Path, tracker: str, *args: str | int, timeout: float = 180, **env: str | int | None
 ) -> Attempt:
     """Run ``tracker_job.py`` once in ``workdir`` (offline, network dead) and return how it ended."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     out = workdir / "result.json"
     out.unlink(missing_ok=True)
     cmd = [
@@ -86,7 +91,10 @@ def run_tracker_job(
         str(out),
         *map(str, args),
     ]
-    full_env = job_env(**{**offline_env(workdir), **dead_network_env(), **env})
+    # TMPDIR: Comet keeps an offline experiment's data in a temporary dir; a killed job leaves it here.
+    full_env = job_env(
+        **{**offline_env(workdir), **dead_network_env(), "TMPDIR": str(workdir / "tmp"), **env}
+    )
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOB.parent), full_env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, cwd=workdir, env=full_env, capture_output=True, text=True, timeout=timeout)
     return Attempt(proc.returncode, proc.stdout + proc.stderr, out.exists())

@@ -808,6 +808,26 @@ def cli_usage_errors(tmp_path: Path) -> None:
         assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
+@case(
+    '`dirpath="$TMPDIR/ckpt"` (RequeueCheckpoint or DurableCheckpointIO) with `TMPDIR` not set',
+    "`ValueError` naming `$TMPDIR`, at construction; no folder called `$TMPDIR` is created",
+)
+def unset_variable_in_dirpath(tmp_path: Path) -> None:
+    assert "LR_TEST_UNSET" not in os.environ
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # where a literal "$LR_TEST_UNSET" folder would appear
+    try:
+        for build in (
+            lambda: RequeueCheckpoint(dirpath="$LR_TEST_UNSET/ckpt"),
+            lambda: DurableCheckpointIO(dirpath="${LR_TEST_UNSET}/ckpt"),
+        ):
+            with pytest.raises(ValueError, match=r"uses \$LR_TEST_UNSET, which is not set"):
+                build()
+    finally:
+        os.chdir(cwd)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_catalogue_entries_are_unique() -> None:
     assert len({c.name for c in CATALOGUE}) == len(CATALOGUE)
     assert len({c.given for c in CATALOGUE}) == len(CATALOGUE)

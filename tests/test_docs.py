@@ -291,6 +291,40 @@ def test_mirror_recipe_restores_a_lost_run_from_the_mirror(
     same_checkpoints(work, reference.checkpoint, run_dir / "checkpoints" / "last.ckpt", capsys)
 
 
+def test_hydra_recipe_resumes_bitwise_in_its_run_dir_from_a_new_output_dir(
+    tmp_path: Path, reference: Reference, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("hydra")
+    work = copy_recipes(tmp_path)
+    cmd = [sys.executable, "hydra_train.py", "max_steps=40", "every=4"]
+    key = {"LIGHTNING_RESUME_KEY": "hydra"}
+    preempt([*cmd, "step_sleep=0.05"], work, work / "runs", tmp_path / "first.log", **key)
+    time.sleep(1)  # Hydra names output dirs by the second: the next launch gets a new one
+    output = run(cmd, work, tmp_path / "second.log", **key)
+    assert len(list(work.glob("outputs/*/*/.hydra"))) == 2, "one Hydra output dir per launch"
+    assert "restart of session 'hydra'" in output
+    assert "Restored all states from the checkpoint" in output
+    (run_dir,) = run_dirs(work / "runs")
+    assert f"finished at step 40 in {run_dir}" in output
+    # Hydra's configuration of the run is kept in the run dir, and a restart names what changed.
+    assert "the Hydra configuration of run" in output and "step_sleep: 0.05 -> 0.0" in output
+    assert yaml.safe_load((run_dir / "hydra_config.yaml").read_text())["step_sleep"] == 0.0
+    assert yaml.safe_load((run_dir / "hydra_config.1.yaml").read_text())["step_sleep"] == 0.05
+    same_checkpoints(work, reference.checkpoint, run_dir / "checkpoints" / "last.ckpt", capsys)
+
+    # The mistake the recipe avoids: a relative root in the working dir Hydra changes per launch.
+    cmd = [
+        sys.executable,
+        "hydra_train.py",
+        "max_steps=1",
+        "hydra.job.chdir=true",
+        "callbacks.run_dir.root=runs",
+    ]
+    output = run(cmd, work, tmp_path / "chdir.log", LIGHTNING_RESUME_KEY="lost")
+    assert "is inside Hydra's output dir of this launch" in output
+    assert "root: ${hydra:runtime.cwd}/runs" in output
+
+
 def worker_pids(parent: int) -> list[int]:
     """The child processes of ``parent`` (the torchrun agent's workers), from /proc."""
     children = []

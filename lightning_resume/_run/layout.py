@@ -10,7 +10,10 @@
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
             checkpoints/.validated-after   the step of the last save that a validation followed
-            <tracker>_resume.json          tracker sidecars
+            <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
+            logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
+            config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
+            hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
         .index/<session key>               the run dir a session key belongs to
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
 
@@ -36,6 +39,8 @@ LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
 SAVED_MARKER = ".saved"
 #: The step of the last save that a validation followed (that validation is redone on restart).
 VALIDATED_AFTER = ".validated-after"
+#: Links to the local loggers' version dirs: ``logs/<kind>``.
+LOGS = "logs"
 #: Run dirs relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
 RUN_GLOB = f"{RUNS}/*/*/*"
 #: How many folders a run dir sits below its root.
@@ -94,3 +99,8 @@ def saved_marker(run_dir: Path) -> Path:
 def validated_after(run_dir: Path) -> Path:
     """``<run dir>/checkpoints/.validated-after``: the step of the last save a validation followed."""
     return checkpoint_dir(run_dir) / VALIDATED_AFTER
+
+
+def logs_link(run_dir: Path, kind: str) -> Path:
+    """The link in ``run_dir`` to the version dir of its ``kind`` logger (``"tensorboard"``, ``"csv"``)."""
+    return run_dir / LOGS / kind

@@ -174,7 +174,9 @@ class PreemptionHandler(Callback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
             # A forked child (a worker of some library) inherited this handler: the training
-            # process decides; a child that logs, raises or requeues here would break it.
+            # process decides; a child that logs, raises or requeues here would break it. The child
+            # gets what it would have got without us (a pool's terminate() must still end it).
+            self._as_before_in_child(signum, frame)
             return
         sig = signal.Signals(signum)
         if self._received is not None:
@@ -194,6 +196,17 @@ class PreemptionHandler(Callback):
             previous(signum, frame)
         if not self._in_training:
             self._stop_before_training(sig)
+
+    def _as_before_in_child(self, signum: int, frame: FrameType | None) -> None:
+        """In a forked child: the handler installed before ours, or the default action."""
+        previous = self._previous.get(signal.Signals(signum))
+        if callable(previous):
+            previous(signum, frame)
+            return
+        if previous == signal.SIG_IGN:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _stop_before_training(self, sig: signal.Signals) -> None:
         requeued = self._issue_requeue(sig) if is_global_zero(os.environ) else "left to rank 0"

@@ -31,6 +31,7 @@ from lightning_resume._resume.quiet_lightning import QuietLightning
 from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
+from lightning_resume._run.paths import expand_dir
 from lightning_resume._warnings import warn
 from lightning_resume._writer.atomic import (
     create_text_exclusive,
@@ -214,6 +215,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             )
         if dirpath is not None and (not isinstance(dirpath, (str, Path)) or not str(dirpath).strip()):
             raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
+        if dirpath is not None:
+            expand_dir(dirpath, "RequeueCheckpoint(dirpath=...)")  # an unset variable: told now
         super().__init__(dirpath=".", filename=LAST)
         self._dirpath = dirpath  # Lightning's own ``dirpath`` attribute stays unused (ckpt_path is ours)
         self.every_n_train_steps = every_n_train_steps
@@ -257,7 +260,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         """The directory holding ``last.ckpt``: ``dirpath``, or the run dir's ``checkpoints``."""
         if self._dirpath is None:
             return layout.checkpoint_dir(self._run()[0])
-        return Path(os.path.expandvars(str(self._dirpath))).expanduser().absolute()
+        return expand_dir(self._dirpath, "RequeueCheckpoint(dirpath=...)")
 
     @property
     @override

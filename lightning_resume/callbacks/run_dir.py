@@ -26,6 +26,7 @@ from lightning_resume._run.scheduler import (
 )
 from lightning_resume._run.status import RunStatus, write_status
 from lightning_resume._warnings import warn
+from lightning_resume.callbacks import _launcher_config
 from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class RunDir(Callback):
     During ``fit`` it also points every ``ModelCheckpoint`` without a ``dirpath`` at
     :attr:`checkpoint_dir`, checks at train start that the index still points at this run, stores the
     run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
+    Under LightningCLI the configuration is saved in the run dir, and a restart with a changed
+    configuration warns with the changed keys; under Hydra, a root inside the launch's output dir is
+    warned about (the next launch gets another one).
 
     Args:
         root: Folder that holds all runs and the session index.
@@ -176,6 +180,7 @@ class RunDir(Callback):
             callback.dirpath = str(self.checkpoint_dir)
         if redirected and trainer.is_global_zero:
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
+        _launcher_config.on_setup(self, trainer)  # LightningCLI's config into the run dir; Hydra's output dir
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

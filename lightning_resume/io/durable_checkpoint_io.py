@@ -16,6 +16,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
+from lightning_resume._run.paths import expand_dir
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
 from lightning_resume._writer.atomic import exclusive
@@ -139,9 +140,7 @@ class DurableCheckpointIO(CheckpointIO):
         self.asynchronous = asynchronous
         self.mirror = mirror
         self.mirror_options = dict(mirror_options or {})
-        self.dirpath = (
-            Path(os.path.expandvars(dirpath)).expanduser().absolute() if dirpath is not None else None
-        )
+        self.dirpath = None if dirpath is None else expand_dir(dirpath, "DurableCheckpointIO(dirpath=...)")
         self.keep = keep
         self.wait_for_mirror = wait_for_mirror
         self.mirror_timeout = float(mirror_timeout)

@@ -1,4 +1,6 @@
-"""RunDir and RequeueCheckpoint built by LightningCLI from YAML (class_path / init_args) resume too."""
+"""A stock ``LightningCLI(Model, Data)`` with RunDir and RequeueCheckpoint in its YAML: a killed job
+resumes exactly, with one configuration, saved in the run dir; a restart with a changed configuration
+says which keys changed and keeps the earlier file."""
 
 from __future__ import annotations
 
@@ -6,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
+import yaml
 from conftest import job_env, same_weights
 
 SCRIPT = """
-import os, signal, sys
+import os, signal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LightningCLI
@@ -20,23 +22,20 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self):
         return loader("stateful", Noisy(), 8, shuffle=True)
 
-class Kill(pl.Callback):
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == int(os.environ.get("KILL_AT", "-1")):
-            os.kill(os.getpid(), signal.SIGKILL)
-
 class CLIModel(Model):
     def validation_step(self, batch, batch_idx):
         pass
 
-pl.seed_everything(7)
-cli = LightningCLI(CLIModel, Data, run=False, save_config_callback=None, seed_everything_default=7)
-cli.trainer.callbacks.append(Kill())
-cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    def on_train_batch_end(self, *args):
+        if self.trainer.global_step == int(os.environ.get("KILL_AT", "-1")):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+cli = LightningCLI(CLIModel, Data)  # stock: SaveConfigCallback as Lightning sets it up
 torch.save(cli.model.state_dict(), os.environ["OUT"])
 """
 
 CONFIG = """
+seed_everything: 7
 trainer:
   max_epochs: 2
   accelerator: cpu
@@ -55,22 +54,56 @@ trainer:
 """
 
 
-def run(tmp_path: Path, root: Path, out: Path, **env: str | int | None) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, root: Path, out: Path, *args: str, **env: str | int | None
+) -> subprocess.CompletedProcess[str]:
     script, config = tmp_path / "cli.py", tmp_path / f"{root.name}.yaml"
     script.write_text(SCRIPT)
     config.write_text(CONFIG.format(root=root))
-    cmd = [sys.executable, str(script), "--config", str(config)]
-    return subprocess.run(cmd, env=job_env(OUT=str(out), **env), capture_output=True, text=True, timeout=180)
+    cmd = [sys.executable, str(script), "fit", "--config", str(config), *args]
+    return subprocess.run(cmd, env=job_env(OUT=str(out), **env), capture_output=True, text=True, timeout=300)
 
 
-def test_yaml_configured_callbacks_resume_exactly(tmp_path: Path) -> None:
+def test_stock_cli_resumes_exactly_with_its_config_in_the_run_dir(tmp_path: Path) -> None:
     ref = run(tmp_path, tmp_path / "ref", tmp_path / "ref.pt")
     assert ref.returncode == 0, ref.stderr
-    out = tmp_path / "out.pt"
-    first = run(tmp_path, tmp_path / "runs", out, SLURM_JOB_ID=61, KILL_AT=10)
+    out, root = tmp_path / "out.pt", tmp_path / "runs"
+    first = run(tmp_path, root, out, SLURM_JOB_ID=61, KILL_AT=10)
     assert first.returncode == -9, first.stderr
-    second = run(tmp_path, tmp_path / "runs", out, SLURM_JOB_ID=61, SLURM_RESTART_COUNT=1)
+    second = run(tmp_path, root, out, SLURM_JOB_ID=61, SLURM_RESTART_COUNT=1)
     assert second.returncode == 0, second.stderr
     assert "Restored all states" in second.stderr + second.stdout
+    assert "configuration is unchanged" not in second.stderr  # INFO, not shown: nothing to warn about
+    assert "changed since its previous attempt" not in second.stderr
     assert same_weights(out, tmp_path / "ref.pt")
-    assert torch.load(out).keys()
+    (run_dir,) = root.glob("runs/*/*/*")
+    (ref_dir,) = (tmp_path / "ref").glob("runs/*/*/*")
+    # One configuration per run, in its run dir (Lightning would put it in default_root_dir).
+    configs = sorted(tmp_path.rglob("config*.yaml"))
+    assert configs == sorted([run_dir / "config.yaml", ref_dir / "config.yaml"]), configs
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["trainer"]["max_epochs"] == 2 and saved["seed_everything"] == 7
+
+    # The same job, extended by hand: a changed configuration is saved, the earlier one kept, and the
+    # warning names exactly the keys that changed.
+    third = run(
+        tmp_path,
+        root,
+        out,
+        "--trainer.max_epochs",
+        "3",
+        "--ckpt_path",
+        "last",
+        SLURM_JOB_ID=61,
+        SLURM_RESTART_COUNT=2,
+    )
+    assert third.returncode == 0, third.stderr
+    expected = (
+        f"RunDir: the LightningCLI configuration of run {run_dir.name!r} changed since its previous attempt: "
+        f"trainer.max_epochs: 2 -> 3. The run continues with the new configuration, saved as "
+        f"{str(run_dir / 'config.yaml')!r}; the previous one is kept as {str(run_dir / 'config.1.yaml')!r}."
+    )
+    assert expected in " ".join(third.stderr.split()), third.stderr
+    assert third.stderr.count("changed since its previous attempt") == 1
+    assert yaml.safe_load((run_dir / "config.1.yaml").read_text())["trainer"]["max_epochs"] == 2
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 3

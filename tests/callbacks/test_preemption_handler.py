@@ -167,3 +167,24 @@ def test_preempted_is_a_system_exit_with_the_status() -> None:
     assert issubclass(Preempted, SystemExit)
     assert Preempted(EXIT).code == EXIT
     assert os.name == "posix"
+
+
+def _sleep_forever() -> None:
+    time.sleep(60)
+
+
+def test_a_forked_child_keeps_what_it_had_without_us() -> None:
+    """A child forked by some library gets the default action for SIGTERM, not our handler's silence."""
+    import multiprocessing
+
+    handler = PreemptionHandler(signals=["SIGTERM"])
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_sleep_forever)
+        child.start()
+        time.sleep(0.5)
+        os.kill(child.pid or 0, signal.SIGTERM)
+        child.join(timeout=10)
+        assert child.exitcode == -signal.SIGTERM  # killed by the signal, as without PreemptionHandler
+        assert handler.received is None  # and the training process did not take it for its own
+    finally:
+        handler.uninstall()

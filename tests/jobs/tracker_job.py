@@ -15,15 +15,23 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resume import RequeueCheckpoint, RunDir, SwanLabResume, TrackioResume, WandbResume
-from lightning_resume.trackers.tracker_resume import TrackerResume
+from lightning_resume import (
+    CometResume,
+    LocalLoggerResume,
+    MLflowResume,
+    RequeueCheckpoint,
+    RunDir,
+    SwanLabResume,
+    TrackioResume,
+    WandbResume,
+)
 
 BATCH = 4
 
@@ -56,7 +64,35 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), self.signal)
 
 
-def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Logger, TrackerResume]:
+def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Any, pl.Callback]:
+    if tracker in ("default", "default-csv"):
+        if tracker == "default-csv":
+            # As in an environment without tensorboard: Lightning's default logger is then a CSVLogger.
+            from lightning.pytorch.trainer.connectors.logger_connector import logger_connector
+
+            logger_connector._TENSORBOARD_AVAILABLE = False
+            logger_connector._TENSORBOARDX_AVAILABLE = False
+        return None, LocalLoggerResume()
+    if tracker == "local":
+        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+        # Both with a fixed version: the case where CSVLogger deletes metrics.csv before any hook.
+        loggers = [TensorBoardLogger(save_dir, version="fixed"), CSVLogger(save_dir, version=0)]
+        return loggers, LocalLoggerResume()
+    if tracker in ("mlflow", "mlflow-lightning"):
+        from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
+
+        from lightning_resume.loggers import MLFlowLogger
+
+        kind = MLFlowLogger if tracker == "mlflow" else LightningMLFlowLogger
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{os.path.abspath(save_dir)}/mlruns"
+        return kind(experiment_name=project, tracking_uri=uri), MLflowResume()
+    if tracker == "comet":
+        from lightning_resume.loggers import CometLogger
+
+        # Built first, as LightningCLI builds it: this logger starts its experiment on first use.
+        os.makedirs(save_dir, exist_ok=True)  # comet makes the offline dir, not its parents
+        return CometLogger(project=project, offline_directory=os.path.join(save_dir, "comet")), CometResume()
     if tracker == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
@@ -73,7 +109,23 @@ def make_logger(tracker: str, project: str, save_dir: str) -> tuple[Logger, Trac
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
-    p.add_argument("--tracker", choices=["wandb", "trackio", "swanlab"], required=True)
+    p.add_argument(
+        "--tracker",
+        choices=[
+            "wandb",
+            "trackio",
+            "swanlab",
+            "default",
+            "default-csv",
+            "local",
+            "mlflow",
+            "mlflow-lightning",
+            "comet",
+        ],
+        required=True,
+        help="default, default-csv: Lightning's default logger; local: TensorBoardLogger and CSVLogger; "
+        "mlflow: our MLFlowLogger, mlflow-lightning: Lightning's; comet: our CometLogger",
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--project", default="resume-test")
     p.add_argument("--save-dir", default="trackers")

@@ -8,6 +8,7 @@ another process leaves the workers running, and their parent can still stop them
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import subprocess
 import time
@@ -38,7 +39,15 @@ def blocked(pid: int, sig: signal.Signals) -> bool:
 
 @pytest.fixture
 def guarded() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, lambda *a: None)  # the main process survives, as with ours
+    parent = os.getpid()
+
+    def survive(signum: int, frame: Any) -> None:
+        """The main process survives, as with ours; a forked child gets the default action, as with ours."""
+        if os.getpid() != parent:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signal.SIGTERM, survive)
     block_in_workers([signal.SIGTERM])
     yield
     unblock_in_workers()

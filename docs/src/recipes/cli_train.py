@@ -14,9 +14,8 @@ from train import Regression, RegressionData
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # A restart saves the configuration again into the same folder (logger: false puts it in
-    # default_root_dir): allow the overwrite.
-    LightningCLI(Regression, RegressionData, save_config_kwargs={"overwrite": True})
+    # Stock LightningCLI: RunDir saves the configuration in the run dir and compares it on a restart.
+    LightningCLI(Regression, RegressionData)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resume import PreemptionHandler, RequeueCheckpoint, RunDir
+from lightning_resume import LocalLoggerResume, PreemptionHandler, RequeueCheckpoint, RunDir
 
 
 class Regression(pl.LightningModule):
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir,
         RequeueCheckpoint(every_n_train_steps=args.every),  # last.ckpt, loaded by itself on a restart
         PreemptionHandler(),  # SIGTERM/SIGUSR1: save at the next step, requeue, exit with status 143
+        LocalLoggerResume(),  # Lightning's default logger keeps one version dir, every step once
     ]
     # A tracker, continued across restarts (see the tracker resume page):
     #   from lightning.pytorch.loggers import WandbLogger; from lightning_resume import WandbResume

@@ -1,0 +1,63 @@
+"""Hydra's output dir of this launch, and whether a runs root inside it survives a restart.
+
+Hydra gives each local launch a new output dir (``outputs/<date>/<time>/``), and with
+``hydra.job.chdir=true`` makes it the working dir, so a relative ``RunDir(root="runs")`` lands in it:
+the next launch looks for the session under a different root and silently starts a new run. Only
+a job of hydra-submitit-launcher keeps its output dir across requeues (it is fixed at submission).
+Hydra is read only when the application has imported it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HydraLaunch:
+    """What Hydra decided for this launch.
+
+    Attributes:
+        output_dir: Hydra's output dir (``hydra.runtime.output_dir``).
+        chdir: Whether Hydra made it the working dir (``hydra.job.chdir``).
+        launcher: The launcher's ``_target_``.
+        config_file: The composed configuration Hydra saved for the launch (``.hydra/config.yaml``),
+            if it saves one.
+    """
+
+    output_dir: Path
+    chdir: bool
+    launcher: str
+    config_file: Path | None = None
+
+    @property
+    def keeps_output_dir(self) -> bool:
+        """Whether a restart of this job runs in the same output dir (hydra-submitit-launcher)."""
+        return "submitit" in self.launcher.lower()
+
+
+def current_launch() -> HydraLaunch | None:
+    """This process's Hydra launch, or ``None`` outside a ``@hydra.main`` application."""
+    if "hydra.core.hydra_config" not in sys.modules:
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    config = HydraConfig.get()
+    output_dir = config.runtime.output_dir
+    if not output_dir:
+        return None
+    subdir = config.output_subdir
+    return HydraLaunch(
+        Path(output_dir).resolve(),
+        bool(config.job.chdir),
+        str(config.launcher.get("_target_") or ""),
+        None if subdir is None else Path(output_dir).resolve() / str(subdir) / "config.yaml",
+    )
+
+
+def root_lost_on_restart(root: Path, launch: HydraLaunch) -> bool:
+    """Whether runs under ``root`` cannot be found by the next launch: ``root`` is in its output dir."""
+    return not launch.keeps_output_dir and root.resolve().is_relative_to(launch.output_dir)

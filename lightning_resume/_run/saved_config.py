@@ -1,0 +1,90 @@
+"""A launcher's saved configuration in the run dir, compared across attempts: pure functions.
+
+LightningCLI saves the configuration of every launch; a restarted run saves it again. The run dir
+keeps the newest one under its own name and, when a restart's configuration differs, the earlier
+one beside it as ``config.1.yaml``, ``config.2.yaml``, ... (:func:`kept_name`). :func:`changes`
+says which keys differ, as dotted paths (``trainer.max_steps``, ``trainer.callbacks[0].init_args.root``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Top-level keys a restart may change without changing the run: ``RequeueCheckpoint`` resumes from
+#: ``last.ckpt`` whatever ``ckpt_path`` says (it applies to a run's first attempt only).
+IGNORED = frozenset({"ckpt_path"})
+#: Shown for a key that one side does not have.
+ABSENT = "<absent>"
+
+Change = tuple[str, Any, Any]
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"trainer.max_steps": 5, "trainer.callbacks[0].class_path": ...}`` for nested dicts and lists.
+
+    An empty dict or list is a value of its own, so that ``{}`` and a missing key differ.
+    """
+    if isinstance(data, Mapping) and data:
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    if isinstance(data, list) and data:
+        flat = {}
+        for i, value in enumerate(data):
+            flat.update(flatten(value, f"{prefix}[{i}]"))
+        return flat
+    return {prefix: data}
+
+
+def changes(
+    before: Mapping[str, Any], now: Mapping[str, Any], ignored: Iterable[str] = IGNORED
+) -> list[Change]:
+    """``(key, before, now)`` for every differing leaf, sorted by key; top-level ``ignored`` keys skipped."""
+    skip = set(ignored)
+    old = {k: v for k, v in flatten(dict(before)).items() if k.split(".")[0].split("[")[0] not in skip}
+    new = {k: v for k, v in flatten(dict(now)).items() if k.split(".")[0].split("[")[0] not in skip}
+    return [
+        (key, old.get(key, ABSENT), new.get(key, ABSENT))
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key, ABSENT) != new.get(key, ABSENT)
+    ]
+
+
+def describe(found: list[Change], limit: int = 12) -> str:
+    """``model.lr: 0.01 -> 0.02, trainer.max_steps: 30 -> 40`` (at most ``limit`` keys, then a count)."""
+    shown = ", ".join(f"{key}: {then!r} -> {now!r}" for key, then, now in found[:limit])
+    return shown + (f", ... ({len(found) - limit} more)" if len(found) > limit else "")
+
+
+def read_config(path: Path) -> dict[str, Any] | None:
+    """The YAML mapping saved in ``path``; ``None`` when there is none.
+
+    Raises:
+        ValueError: the file cannot be read or is not a YAML mapping.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {str(path)!r}: {e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{str(path)!r} is not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} does not hold a YAML mapping")
+    return data
+
+
+def kept_name(path: Path) -> Path:
+    """The first free ``config.1.yaml``, ``config.2.yaml``, ... beside ``path``: where to keep an old one."""
+    n = 1
+    while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+        n += 1
+    return kept

@@ -1,0 +1,114 @@
+"""``lightning_resume`` again, built on the standalone ``pytorch_lightning``: one source, two Lightnings.
+
+``pytorch_lightning``'s Trainer recognises checkpoint callbacks, ``OnExceptionCheckpoint`` (the resume
+from ``last.ckpt``) and ``CheckpointIO`` plugins by ``isinstance`` with its own classes, which
+``lightning.pytorch``'s are not: with our ordinary callbacks it silently starts over, and it refuses the
+plugin. Lightning builds ``pytorch_lightning`` from the same source as ``lightning.pytorch`` with its
+imports renamed; this module does the same at import time. A finder on ``sys.meta_path`` serves every
+``lightning_resume.pytorch_lightning.<module>`` from the source file of ``lightning_resume.<module>``,
+read with ``lightning.pytorch`` as ``pytorch_lightning``, ``lightning.fabric`` as ``lightning_fabric`` and
+``lightning_resume.`` as ``lightning_resume.pytorch_lightning.``. Classes, ``isinstance`` checks and
+module lookups then all refer to the standalone package; nothing is duplicated. The errors and the
+warning category (``exceptions``, no Lightning in it) are the same objects in both packages, so one
+``except ResumeError`` or warnings filter serves both.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+#: The source of ``lightning_resume``.
+SOURCE = Path(__file__).resolve().parent
+#: The mirrored package.
+PACKAGE = "lightning_resume.pytorch_lightning"
+#: Modules without Lightning in them that both packages share (the same module object).
+SHARED = frozenset({"exceptions"})
+_REWRITES = (
+    (re.compile(r"\blightning\.pytorch\b"), "pytorch_lightning"),
+    (re.compile(r"\blightning\.fabric\b"), "lightning_fabric"),
+    # Dotted references only: the bare name (a logger's or an origin's) stays what it is.
+    (re.compile(r"\blightning_resume\.(?!pytorch_lightning\b)"), f"{PACKAGE}."),
+)
+
+
+def rewrite(source: str) -> str:
+    """``source`` with Lightning's unified package names replaced by the standalone ones."""
+    for pattern, replacement in _REWRITES:
+        source = pattern.sub(replacement, source)
+    return source
+
+
+class _Loader(importlib.abc.SourceLoader):
+    """Loads a module of ``lightning_resume`` from its file, rewritten."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get_filename(self, fullname: str) -> str:
+        return str(self.path)
+
+    def get_data(self, path: str) -> bytes:
+        return rewrite(Path(path).read_text()).encode()
+
+    def path_stats(self, path: str) -> Any:
+        raise OSError("no bytecode cache: the cache would hold the unrewritten module")
+
+
+class _Shared(importlib.abc.Loader):
+    """Serves the module of ``lightning_resume`` itself under the mirrored name."""
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(self.original)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # already executed under its own name
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds ``lightning_resume.pytorch_lightning.<module>`` in the source of ``lightning_resume``."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(f"{PACKAGE}."):
+            return None
+        parts = fullname[len(PACKAGE) + 1 :].split(".")
+        if parts[0] in ("pytorch_lightning", "_standalone"):
+            return None
+        if ".".join(parts) in SHARED:
+            original = f"lightning_resume.{'.'.join(parts)}"
+            return importlib.machinery.ModuleSpec(fullname, _Shared(original))
+        base = SOURCE.joinpath(*parts)
+        if (base / "__init__.py").is_file():
+            file, package = base / "__init__.py", True
+        elif base.with_suffix(".py").is_file():
+            file, package = base.with_suffix(".py"), False
+        else:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, file, loader=_Loader(file), submodule_search_locations=[str(base)] if package else None
+        )
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` (once)."""
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def public_names(namespace: dict[str, Any]) -> list[str]:
+    """Run ``lightning_resume/__init__.py``, rewritten, in ``namespace``; return its ``__all__``."""
+    init = SOURCE / "__init__.py"
+    exec(compile(rewrite(init.read_text()), str(init), "exec"), namespace)
+    return list(namespace["__all__"])

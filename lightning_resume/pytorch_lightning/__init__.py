@@ -1,0 +1,29 @@
+"""``lightning_resume`` for projects on the standalone ``pytorch_lightning`` package.
+
+``import pytorch_lightning as pl`` projects use the same callbacks and plugin from here::
+
+    import pytorch_lightning as pl
+    from lightning_resume.pytorch_lightning import DurableCheckpointIO, RequeueCheckpoint, RunDir
+
+    trainer = pl.Trainer(callbacks=[RunDir(), RequeueCheckpoint()], plugins=[DurableCheckpointIO()])
+
+Every public name of :mod:`lightning_resume` is here, and every module too
+(``lightning_resume.pytorch_lightning.loggers``, ...): the same code, built on ``pytorch_lightning``
+and ``lightning_fabric`` instead of ``lightning.pytorch`` and ``lightning.fabric`` (see
+``lightning_resume/_standalone.py``). ``pytorch_lightning``'s Trainer recognises callbacks and plugins
+by its own classes: take everything from one of the two packages, never a mix.
+"""
+
+from typing import Any
+
+from lightning_resume import _standalone
+
+_standalone.install()
+_doc = __doc__
+__all__ = _standalone.public_names(globals())
+__doc__ = _doc
+
+
+def __getattr__(name: str) -> Any:
+    # For type checkers: the names above are made at run time, so they are typed as Any.
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

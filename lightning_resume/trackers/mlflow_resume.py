@@ -1,0 +1,77 @@
+"""``MLflowResume``: a restarted job continues its MLflow run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
+from typing_extensions import override
+
+from lightning_resume._resume.lightning_internals import mlflow_target
+from lightning_resume.loggers.mlflow_logger import PLACE_FIELDS, TRACKER, MLFlowLogger, normalize_uri
+from lightning_resume.trackers.tracker_resume import Handback, TrackerResume
+
+
+class MLflowResume(TrackerResume):
+    """Make a restarted job continue the MLflow run of its first attempt, with no throwaway run.
+
+    Records ``id`` (the run id), ``experiment_id``, ``experiment_name``, ``tracking_uri`` and
+    ``run_name`` of the logger's run in ``<run dir>/mlflow_resume.json`` and in every checkpoint.
+
+    Lightning's ``MLFlowLogger`` creates its run when ``fit`` starts, before any callback hook, and
+    reads no run id from the environment, so the recorded run is handed back by
+    :class:`lightning_resume.loggers.MLFlowLogger` (Lightning's logger, which reads the run dir when it
+    starts). It continues the recorded run when its tracking store and experiment are the recorded
+    ones, and otherwise warns and creates a new run there: a run in another experiment or store is
+    never written into. With Lightning's own ``MLFlowLogger`` a restart creates a new run, and this
+    callback says so.
+
+    Raises:
+        ModuleNotFoundError: when mlflow is not installed.
+        ValueError: at ``setup`` when the Trainer logs to several MLflow runs.
+
+    Example::
+
+        from lightning_resume.loggers import MLFlowLogger
+
+        trainer = Trainer(
+            logger=MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db"),
+            callbacks=[MLflowResume(), RunDir(root="runs"), RequeueCheckpoint()],
+        )
+    """
+
+    tracker = TRACKER
+    package = "mlflow"
+    place_fields = PLACE_FIELDS
+    handback_caveat = (
+        "; or the logger is Lightning's MLFlowLogger, which cannot be told to continue a run: use "
+        "lightning_resume.loggers.MLFlowLogger"
+    )
+
+    @override
+    def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
+        return [logger for logger in trainer.loggers if isinstance(logger, LightningMLFlowLogger)]
+
+    @override
+    def _identity_of(self, logger: Logger) -> dict[str, Any]:
+        assert isinstance(logger, LightningMLFlowLogger)
+        client = logger.experiment
+        run = client.get_run(logger.run_id)
+        identity = {
+            "id": run.info.run_id,
+            "experiment_id": run.info.experiment_id,
+            "experiment_name": client.get_experiment(run.info.experiment_id).name,
+            "tracking_uri": normalize_uri(mlflow_target(logger).tracking_uri),
+            "run_name": run.info.run_name,
+        }
+        if self._outcome is Handback.DELEGATED and not isinstance(logger, MLFlowLogger):
+            self._check_continued(identity)  # Lightning's own logger: a new run, said once here
+        return identity
+
+    # Each tracker's hooks have this shape on purpose: the base owns the logic, members fill one piece.
+    @override
+    def _hand_back(self, identity: Mapping[str, Any]) -> None:
+        return None  # lightning_resume.loggers.MLFlowLogger continues the recorded run when it starts
