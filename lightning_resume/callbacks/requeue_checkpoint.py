@@ -293,7 +293,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             # own load is redirected.
             choice = prepare_resume(trainer, last, keep_of(strategy.checkpoint_io))
             self._strategy_redirect = RedirectFirstStrategyLoad(
-                strategy, self.ckpt_path, self._warn_redirect, choice.manifest.world_size, trainer.world_size
+                strategy,
+                self.ckpt_path,
+                self._warn_redirect,
+                choice.manifest.world_size if choice.manifest is not None else trainer.world_size,
+                trainer.world_size,
             )
             self._strategy_redirect.install()
         else:

@@ -90,12 +90,12 @@ class Choice:
 
     Attributes:
         path: The chosen directory.
-        manifest: Its manifest.
+        manifest: Its manifest (``None`` for a directory written by plain Lightning, unverified).
         rejected: ``"<name>: <reason>"`` for each candidate that did not verify before it.
     """
 
     path: Path
-    manifest: DirectoryManifest
+    manifest: DirectoryManifest | None
     rejected: tuple[str, ...]
 
 
@@ -104,7 +104,8 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
 
     Global rank 0 lists the candidates (``last.ckpt``'s target, then the other committed directories,
     newest save first); each rank checksums its share of each candidate's files; one all-reduce per
-    candidate agrees on it. Every rank must call this.
+    candidate agrees on it. A directory without a manifest (written by plain Lightning) is used
+    unverified, as a checkpoint file without one is: only the load can tell. Every rank must call this.
 
     Raises:
         CheckpointVerificationError: no candidate verifies (on every rank).
@@ -116,9 +117,8 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
     rejected: list[str] = []
     for name in names:
         verdict = directory.verify(Path(name), share=(rank, world))
-        ok = verdict.status is directory.Status.VERIFIED
+        ok = verdict.status.usable
         if not any_rank(strategy, not ok):
-            assert verdict.manifest is not None
             return Choice(Path(name), verdict.manifest, tuple(rejected))
         reasons = sorted({r for r in gather_objects(strategy, None if ok else verdict.reason) if r})
         rejected.append(f"{Path(name).name}: {'; '.join(reasons)}")
@@ -154,7 +154,9 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
     if trainer.is_global_zero:
         if choice.rejected:
             for rejected in choice.rejected:
-                directory.remove_directory(pointer.parent / rejected.split(":", 1)[0])
+                name = rejected.split(":", 1)[0]
+                if name.startswith(directory.COMMITTED_PREFIX):  # never a directory we did not write
+                    directory.remove_directory(pointer.parent / name)
             warn(
                 f"Checkpoint director{'ies' if len(choice.rejected) > 1 else 'y'} that do not verify were "
                 f"skipped and removed: {' | '.join(choice.rejected)}. Resuming from {choice.path.name} "
@@ -163,7 +165,7 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
         target = directory.resolve_pointer(pointer)
         if target is None or target.name != choice.path.name:
             directory.swap_pointer(pointer, choice.path.name)
-        if choice.manifest.world_size != trainer.world_size:
+        if choice.manifest is not None and choice.manifest.world_size != trainer.world_size:
             warn(
                 f"Resuming {str(pointer)!r}, written by {choice.manifest.world_size} rank(s), on "
                 f"{trainer.world_size} rank(s): torch.distributed.checkpoint reshards the model and "
@@ -174,8 +176,10 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
     return choice
 
 
-def describe(manifest: DirectoryManifest) -> str:
+def describe(manifest: DirectoryManifest | None) -> str:
     """``global step 40, epoch 3, 2 rank(s)`` for messages."""
+    if manifest is None:
+        return "no manifest: written by plain Lightning, unverified"
     parts = []
     if manifest.global_step is not None:
         parts.append(f"global step {manifest.global_step}")
