@@ -323,6 +323,9 @@ class Mirror:
             return False
         remote = self.key(local.name)
         if self.read_pointer(pointer_name) != local.name:
+            for folder in sorted({f"{remote}/{entry.name}".rsplit("/", 1)[0] for entry in manifest.files}):
+                with contextlib.suppress(OSError, NotImplementedError):  # object stores have no folders
+                    self.fs.makedirs(folder, exist_ok=True)
             for entry in manifest.files:
                 checksum = Checksum()
                 try:

@@ -231,7 +231,11 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(0)
     trainer.fit(Sharded(), DataLoader(data, batch_size=4, shuffle=True))
     if trainer.is_global_zero:
-        result = {"run_dir": str(run_dir.path), "resumed": run_dir.is_resumed, "first_step": harness.first_step}
+        result = {
+            "run_dir": str(run_dir.path),
+            "resumed": run_dir.is_resumed,
+            "first_step": harness.first_step,
+        }
         Path(args.out + ".json").write_text(json.dumps(result))
 
 
