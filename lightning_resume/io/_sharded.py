@@ -158,8 +158,8 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
                 if name.startswith(directory.COMMITTED_PREFIX):  # never a directory we did not write
                     directory.remove_directory(pointer.parent / name)
             warn(
-                f"Checkpoint director{'ies' if len(choice.rejected) > 1 else 'y'} that do not verify were "
-                f"skipped and removed: {' | '.join(choice.rejected)}. Resuming from {choice.path.name} "
+                f"Skipped and removed checkpoint director{'ies' if len(choice.rejected) > 1 else 'y'} that "
+                f"did not verify: {' | '.join(choice.rejected)}. Resuming from {choice.path.name} "
                 f"({describe(choice.manifest)}) instead, the newest checkpoint that verifies."
             )
         target = directory.resolve_pointer(pointer)

@@ -54,9 +54,9 @@ def test_a_torn_directory_falls_back_to_the_previous_one_with_one_warning(tmp_pa
     assert manifest is not None
     with open(torn / SHARD, "r+b") as f:
         f.truncate(10)
-    with pytest.warns(UserWarning, match=r"do not verify were skipped and removed: .*torn") as caught:
+    with pytest.warns(UserWarning, match=r"checkpoint directory that did not verify: .*torn") as caught:
         _, started, _ = fit_directories(tmp_path, steps=4)
-    assert len([w for w in caught if "do not verify" in str(w.message)]) == 1
+    assert len([w for w in caught if "did not verify" in str(w.message)]) == 1
     assert started.step == manifest.global_step  # the save before
     assert not torn.exists()
 
