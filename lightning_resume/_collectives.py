@@ -58,3 +58,14 @@ def gather_objects(strategy: Strategy, obj: T) -> list[T]:
     gathered = strategy.all_gather(padded).reshape(len(sizes), -1).cpu()
     found: list[Any] = [pickle.loads(gathered[rank, :n].numpy().tobytes()) for rank, n in enumerate(sizes)]
     return found
+
+
+def cpu_group(strategy: Strategy) -> Any:
+    """A new process group of every rank on the CPU backend (gloo), for collectives run off the main
+    thread (DCP's asynchronous save), which would deadlock with training's on the default group.
+
+    ``None`` when not distributed. Every rank must call this at the same point.
+    """
+    if not _distributed(strategy):
+        return None
+    return torch.distributed.new_group(backend="gloo")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _sharded import SHARD, DirectoryStrategy, fit_directories
 from _system import can_unshare_mounts, permission_prefix
 from conftest import job_env, run_job, same_weights, tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -39,6 +40,7 @@ from lightning_resume import (
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import index_path
+from lightning_resume._writer import directory
 from lightning_resume._writer.manifest import manifest_path
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "src" / "troubleshooting.md"
@@ -772,6 +774,86 @@ def file_modes_follow_the_umask(tmp_path: Path) -> None:
         }
         names = ("run_meta.json", "status.json", "last.ckpt")
         assert modes == dict.fromkeys(names, oct(expected)), result.stdout + result.stderr
+
+
+# -- sharded checkpoints (checkpoint directories) ----------------------------------------------------
+
+
+def _committed_steps(run_dir: Path) -> list[Path]:
+    return directory.candidates(layout.last_checkpoint(run_dir))
+
+
+@case(
+    "a sharded `last.ckpt` (checkpoint directory) with a shard from another save, torn, or without `meta.pt`",
+    "one warning; the restart resumes the newest checkpoint directory that verifies and deletes the bad one",
+)
+def damaged_sharded_last_checkpoint(tmp_path: Path) -> None:
+    first, _, _ = fit_directories(tmp_path, steps=3)
+    bad, previous = _committed_steps(first.path)[:2]
+    shard = bytearray((bad / SHARD).read_bytes())
+    shard[len(shard) // 2] ^= 0xFF  # same size, other bytes (as a shard of another save): checksums tell
+    (bad / SHARD).write_bytes(bytes(shard))
+    step = directory.read_manifest(previous).global_step  # type: ignore[union-attr]
+    with pytest.warns(UserWarning, match=r"checkpoint directory that did not verify: .*corrupt") as caught:
+        _, started, _ = fit_directories(tmp_path, steps=5)
+    assert len([w for w in caught if "did not verify" in str(w.message)]) == 1
+    assert started.step == step and not bad.exists()
+
+
+@case(
+    "no checkpoint directory of a restarted sharded run verifies",
+    "`CheckpointVerificationError` naming each directory and why; nothing is loaded",
+)
+def no_sharded_checkpoint_verifies(tmp_path: Path) -> None:
+    first, _, _ = fit_directories(tmp_path, steps=3)
+    for path in _committed_steps(first.path):
+        (path / "meta.pt").unlink()
+    with pytest.raises(CheckpointVerificationError, match=r"verifies \(.*incomplete \(meta\.pt is missing\)"):
+        fit_directories(tmp_path, steps=5)
+
+
+@case(
+    "`last.ckpt` links to a checkpoint directory that was deleted",
+    "`ResumeError` on restart, as for a lost `last.ckpt`; `inspect` reports it `missing`",
+)
+def dangling_sharded_last_checkpoint(tmp_path: Path) -> None:
+    first, _, _ = fit_directories(tmp_path, steps=2)
+    shutil.rmtree(layout.last_checkpoint(first.path).resolve())
+    report = json.loads(cli("inspect", first.path, "--json")[1])
+    assert report["checkpoints"][0]["result"] == "missing"
+    with pytest.raises(ResumeError, match="does not exist although the run has saved checkpoints"):
+        fit_directories(tmp_path, steps=4)
+
+
+@case(
+    "a sharded save that fails (a full disk) with a strategy that writes directories",
+    "the error is raised; `last.ckpt` still links to the previous checkpoint directory, which verifies",
+)
+def failed_sharded_save(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="No space left on device"):
+        fit_directories(tmp_path, steps=3, strategy=DirectoryStrategy(fail_at_save=2))
+    (run_dir,) = (tmp_path / "root").glob(layout.RUN_GLOB)
+    verdict = directory.verify(layout.last_checkpoint(run_dir))
+    assert verdict.status.value == "verified" and verdict.manifest and verdict.manifest.global_step == 1
+
+
+@case(
+    "leftovers of a killed sharded save (`.lr-save-*` of a dead process, a half-deleted `.lr-ckpt-*`)",
+    "never loaded; removed by the restart and listed by `lightning-resume gc`",
+)
+def sharded_save_leftovers(tmp_path: Path) -> None:
+    first, _, _ = fit_directories(tmp_path, steps=2)
+    folder = layout.checkpoint_dir(first.path)
+    leftovers = [folder / ".lr-save-999999999-0badc0de", folder / ".lr-ckpt-00000009-0000dead"]
+    for path in leftovers:
+        path.mkdir()
+        (path / SHARD).write_bytes(b"half")
+        os.utime(path, (0, 0))
+    code, out, err = cli("gc", tmp_path / "root", "--older-than", "1d", "--json")
+    assert code == 0, err
+    assert sorted(Path(r["path"]) for r in json.loads(out)["removals"]) == sorted(leftovers)
+    _, started, _ = fit_directories(tmp_path, steps=4)
+    assert started.step == 2 and not any(p.exists() for p in leftovers)
 
 
 # -- the command line ---------------------------------------------------------------------------------

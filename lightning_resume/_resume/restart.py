@@ -46,9 +46,15 @@ RULES = {
 }
 
 
+def exists(last: Path) -> bool:
+    """Whether ``last.ckpt`` exists: a file, or a checkpoint directory (sharded strategies), or a
+    link to one. A link to nothing does not count."""
+    return last.is_file() or last.is_dir()
+
+
 def decide(run_dir: Path, last: Path | None = None) -> Restart:
     """Apply the restart rule to ``run_dir`` (whose ``last.ckpt`` is ``last``, by default in the run dir)."""
-    if (last or layout.last_checkpoint(run_dir)).is_file():
+    if exists(last or layout.last_checkpoint(run_dir)):
         return Restart.RESUME
     if layout.saved_marker(run_dir).exists():
         return Restart.LOST

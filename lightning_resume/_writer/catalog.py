@@ -43,6 +43,13 @@ FALLBACK_RULE = (
 )
 
 
+class Dated(Protocol):
+    """Anything with a save time: a file's manifest entry, a directory's manifest."""
+
+    @property
+    def saved_at(self) -> float: ...
+
+
 class Storage(Protocol):
     """A flat folder of checkpoints and their manifests (a local directory, a mirror URL)."""
 
@@ -103,8 +110,8 @@ def scan(directory: str | Path) -> dict[str, Entry]:
     return committed(LocalStorage(Path(directory)))
 
 
-def newest_first(checkpoints: Mapping[str, Entry], exclude: Iterable[str] = ()) -> list[str]:
-    """Checkpoint names in fallback order: newest save first, then by name.
+def newest_first(checkpoints: Mapping[str, Dated], exclude: Iterable[str] = ()) -> list[str]:
+    """Checkpoint names in fallback order: newest save first, then by name (files and directories).
 
     Example::
 
@@ -131,6 +138,8 @@ class Status(enum.Enum):
     UNVERIFIABLE = "unverifiable"
     TORN = "torn"
     CORRUPT = "corrupt"
+    #: A checkpoint directory lacks a file its manifest lists (or that a load needs).
+    INCOMPLETE = "incomplete"
     #: The size matches an entry; the checksum has not been compared yet (see :func:`conclude`).
     UNCHECKED = "unchecked"
 

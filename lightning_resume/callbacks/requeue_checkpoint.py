@@ -24,11 +24,12 @@ from lightning_resume._resume.lightning_internals import (
     redo_validation_on_restart,
     replace_train_loader_states,
     restart_train_iterator,
+    saves_directory,
     settle_validation_progress,
     train_loader_states,
 )
 from lightning_resume._resume.quiet_lightning import QuietLightning
-from lightning_resume._resume.restart import Restart, decide
+from lightning_resume._resume.restart import Restart, decide, exists
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.paths import expand_dir
@@ -42,8 +43,11 @@ from lightning_resume._writer.atomic import (
 )
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import MissingCallbackError, Preempted, ResumeError
+from lightning_resume.io._directory_saver import DirectorySaver
 from lightning_resume.io._protocol import AtomicCheckpointIO
 from lightning_resume.io._redirect_first_load import RedirectFirstLoad
+from lightning_resume.io._redirect_first_strategy_load import RedirectFirstStrategyLoad
+from lightning_resume.io._sharded import keep_of, prepare_resume
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +244,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._warned_world_size = False
         self._last_save_time = time.monotonic()
         self._quiet = QuietLightning(self)
+        self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
+        self._strategy_redirect: RedirectFirstStrategyLoad | None = None
 
     def _run(self) -> tuple[Path, str]:
         """``(run dir, run id)`` of the Trainer's ``RunDir``, or of this process's before ``setup``."""
@@ -322,9 +328,22 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             )
         self._mark_saved(trainer)  # a run dir written before the marker existed gets it now
         strategy = trainer.strategy
-        strategy.checkpoint_io = RedirectFirstLoad(
-            strategy, strategy.checkpoint_io, self.ckpt_path, self._warn_redirect
-        )
+        if broadcast(strategy, last.is_dir()):
+            # A sharded checkpoint: verified here (no CheckpointIO sees its load), and the strategy's
+            # own load is redirected.
+            choice = prepare_resume(trainer, last, keep_of(strategy.checkpoint_io))
+            self._strategy_redirect = RedirectFirstStrategyLoad(
+                strategy,
+                self.ckpt_path,
+                self._warn_redirect,
+                choice.manifest.world_size if choice.manifest is not None else trainer.world_size,
+                trainer.world_size,
+            )
+            self._strategy_redirect.install()
+        else:
+            strategy.checkpoint_io = RedirectFirstLoad(
+                strategy, strategy.checkpoint_io, self.ckpt_path, self._warn_redirect
+            )
         log.info("Restart of run %s: resuming from %s", self._run_dir.run_id, self.ckpt_path)
 
     def _warn_redirect(self, requested: str) -> None:
@@ -523,22 +542,34 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         exception = args[-1] if args else kwargs.get("exception")
         if isinstance(exception, Preempted):
+            self._close_saver(trainer, collective=False)
             return  # PreemptionHandler saved last.ckpt before raising
         if isinstance(exception, SIGTERMException):
             self.save(trainer)  # raised at a batch boundary, so the state is consistent
         elif trainer.is_global_zero:
-            if Path(self.ckpt_path).is_file():
+            if exists(Path(self.ckpt_path)):
                 kept = f"{self.ckpt_path} keeps its last save"
             else:
                 kept = f"no checkpoint was saved yet, so a restart starts over (nothing at {self.ckpt_path})"
             # Not saved now: an exception may come from the middle of a step, not a resume point.
             log.warning("fit stopped by %s; %s", type(exception).__name__, kept)
+        self._close_saver(trainer, collective=False)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         io = trainer.strategy.checkpoint_io
         if isinstance(io, RedirectFirstLoad):
             io.uninstall()
+        self._close_saver(trainer, collective=True)
+
+    def _close_saver(self, trainer: pl.Trainer, collective: bool) -> None:
+        """Finish the sharded save in flight and stop its writer (``collective``: every rank is here)."""
+        if self._strategy_redirect is not None:
+            self._strategy_redirect.uninstall()
+            self._strategy_redirect = None
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            saver.close(trainer, collective=collective)
 
     def _due(self, trainer: pl.Trainer) -> bool:
         step = trainer.global_step
@@ -565,7 +596,14 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         # An epoch can end before its last batch (max_steps, limit_train_batches): Lightning then
         # resumes at the next epoch, so the random state belongs to an epoch boundary.
         self._epoch_ended = epoch_ended or trainer.is_last_batch
-        if _writes_atomically(trainer.strategy.checkpoint_io):
+        if saves_directory(trainer.strategy) is not False:
+            # Sharded strategies write a directory, bypassing checkpoint_io: written aside, then committed.
+            if self._saver is None:
+                self._saver = DirectorySaver.for_trainer(
+                    trainer, Path(self.ckpt_path), on_commit=lambda: self._mark_saved(trainer)
+                )
+            self._saver.save(trainer)
+        elif _writes_atomically(trainer.strategy.checkpoint_io):
             trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         else:
             partial = self._partial_path
@@ -586,6 +624,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         io = trainer.strategy.checkpoint_io
         if isinstance(io, AtomicCheckpointIO):
             io.wait_until_durable()
+        if self._saver is not None:
+            self._saver.wait_until_durable(trainer)  # every rank: PreemptionHandler calls it on all
         self._mark_saved(trainer)
 
     def _mark_saved(self, trainer: pl.Trainer) -> None:
@@ -594,7 +634,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         A plugin that writes in the background commits a save later than it returns: the marker
         waits for the file, so a kill before the first commit leaves a run that starts over.
         """
-        if self._marked or not trainer.is_global_zero or not Path(self.ckpt_path).is_file():
+        if self._marked or not trainer.is_global_zero or not exists(Path(self.ckpt_path)):
             return
         self._saved_marker.parent.mkdir(parents=True, exist_ok=True)
         create_text_exclusive(self._saved_marker, "")

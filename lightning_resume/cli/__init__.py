@@ -218,7 +218,9 @@ COMMANDS: dict[str, Command] = {
             "For a runs root: its runs (session key, status, last step, age), the session index entries "
             "(stale ones marked), orphans and handoff files. For one run dir: which checkpoint the next "
             "restart loads and why, every checkpoint with its verification (size, checksum, step), the "
-            "index entries pointing at it and the tracker sidecars with the runs they will resume."
+            "sharded checkpoint directories (step, ranks, strategy, verification) and leftovers of "
+            "interrupted saves, the index entries pointing at it and the tracker sidecars with the runs "
+            "they will resume."
         ),
         add_arguments=_add_inspect_arguments,
         run=_run_inspect,
@@ -235,12 +237,13 @@ COMMANDS: dict[str, Command] = {
         run=_run_doctor,
     ),
     "gc": Command(
-        help="remove index entries of long-finished runs and stale handoff files",
+        help="remove index entries of long-finished runs, stale handoff files and save leftovers",
         description=(
             "List (or with --apply remove) session index entries of runs that finished longer ago than "
-            "--older-than, entries pointing at deleted run dirs, and old rank handoff files. Runs that "
-            "are running, preempted, failed or of unknown status keep their entries. Run dirs are never "
-            "deleted."
+            "--older-than, entries pointing at deleted run dirs, old rank handoff files, and leftovers of "
+            "interrupted sharded saves that old (save directories, checkpoint directories without a "
+            "readable manifest that last.ckpt does not name). Runs that are running, preempted, failed or "
+            "of unknown status keep their entries. Run dirs and committed checkpoints are never deleted."
         ),
         add_arguments=_add_gc_arguments,
         run=_run_gc,

@@ -1,8 +1,9 @@
-"""``lightning-resume gc``: find index entries and handoff files nothing will need again."""
+"""``lightning-resume gc``: find index entries, handoff files and save leftovers nothing will need again."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -11,6 +12,7 @@ from pathlib import Path
 from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries
 from lightning_resume._run.status import RunStatus, read_status
+from lightning_resume._writer import directory
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -57,9 +59,33 @@ def _status_age(run_dir: Path, now: float) -> float | None:
         return _age(run_dir / layout.STATUS, now)
 
 
+def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Removal]:
+    """Leftovers of sharded saves in a checkpoint folder, older than ``older_than`` seconds.
+
+    Save directories (``.lr-save-*``) and temporary links of interrupted saves, and checkpoint
+    directories that no longer count (half deleted, or an unreadable manifest) unless ``last.ckpt``
+    names them. Committed checkpoint directories are left to the run's own retention (``keep``).
+    """
+    removals = []
+    for name in directory.stale(folder, restart=True):
+        if _age(folder / name, now) > older_than:
+            removals.append(Removal(str(folder / name), "leftover", "an interrupted save"))
+    target = directory.resolve_pointer(folder / layout.LAST_CKPT)
+    counted = directory.committed(directory.LocalDirectories(folder))
+    for name in directory.LocalDirectories(folder).directories():
+        if name in counted or (target is not None and target.name == name):
+            continue
+        if _age(folder / name, now) > older_than:
+            removals.append(
+                Removal(str(folder / name), "checkpoint directory", "no readable manifest: never loaded")
+            )
+    return removals
+
+
 def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
     """What ``gc`` removes: index entries of runs finished longer ago than ``older_than`` seconds,
-    entries whose run dir is gone and that are that old, and handoff files that old.
+    entries whose run dir is gone and that are that old, handoff files that old, and leftovers of
+    interrupted sharded saves that old (:func:`checkpoint_leftovers`).
 
     A run that is running, preempted, failed or of unknown status keeps its entry: a restart needs it.
     """
@@ -86,6 +112,8 @@ def plan(root: Path, older_than: float, now: float | None = None) -> list[Remova
             continue  # handoffs are plain files; anything else is not ours to remove
         if _age(path, now) > older_than:
             removals.append(Removal(str(path), "handoff", f"written {_age(path, now) / 86400:.1f} days ago"))
+    for run_dir in layout.run_dirs(root):
+        removals.extend(checkpoint_leftovers(layout.checkpoint_dir(run_dir), older_than, now))
     return removals
 
 
@@ -93,8 +121,12 @@ def apply(removals: list[Removal]) -> tuple[list[Removal], list[tuple[Removal, s
     """Remove the planned files, each on its own; return the ones removed and the ones that failed (why)."""
     done, failed = [], []
     for removal in removals:
+        path = Path(removal.path)
         try:
-            Path(removal.path).unlink()
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except FileNotFoundError:
             continue
         except OSError as e:

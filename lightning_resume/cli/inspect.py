@@ -2,12 +2,14 @@
 
 What the next restart loads is worked out with the same rules the callbacks and the plugin apply:
 the restart rule of ``lightning_resume._resume.restart`` and the fallback order of
-``lightning_resume._writer.catalog``.
+``lightning_resume._writer.catalog`` (files) and ``lightning_resume._writer.directory`` (sharded
+checkpoints, which are directories).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,13 +19,14 @@ from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
 from lightning_resume._run.status import read_status
+from lightning_resume._writer import directory
 from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
 from lightning_resume._writer.manifest import read_entries
 from lightning_resume.trackers._sidecar import SUFFIX as SIDECAR_SUFFIX
 
 LAST = layout.LAST_CKPT
 #: ``result`` of a checkpoint a load may use.
-USABLE = ("verified", "loads")
+USABLE = ("verified", "loads", "unverified")
 _RESULTS = {
     Status.VERIFIED: "verified",
     Status.TORN: "corrupt",
@@ -31,6 +34,8 @@ _RESULTS = {
     Status.UNVERIFIABLE: "unverifiable",
     Status.MISSING: "missing",
     Status.NOT_A_FILE: "not a file",
+    Status.INCOMPLETE: "incomplete",
+    Status.NO_MANIFEST: "unverified",
 }
 
 
@@ -45,6 +50,12 @@ def _step_from_file(path: Path) -> int | None:
 
 def quick_step(path: Path) -> int | None:
     """The step a checkpoint was saved at, from its manifest or a memory-mapped load; no checksum."""
+    if path.is_dir():
+        try:
+            manifest = directory.read_manifest(path)
+        except ValueError:
+            return None
+        return manifest.global_step if manifest is not None else None
     entries = read_entries(path)
     if entries:
         return entries[0].global_step
@@ -60,7 +71,11 @@ def verify(path: Path) -> dict[str, Any]:
     ``result`` is ``verified`` (matches its manifest), ``corrupt`` (torn or corrupt: a manifest exists
     and nothing in it matches), ``unverifiable`` (its manifest cannot be read), ``loads`` (no
     manifest, but the file loads), ``unreadable``, ``missing`` (a link to nothing) or ``not a file``.
+    A checkpoint directory (a sharded checkpoint, or a link to one) is checked by
+    :func:`verify_directory`.
     """
+    if path.is_dir() and _is_checkpoint_directory(path):
+        return verify_directory(path)
     verdict = check_file(path)
     info: dict[str, Any] = {
         "name": path.name,
@@ -78,6 +93,49 @@ def verify(path: Path) -> dict[str, Any]:
     return {**info, "result": "loads"}
 
 
+def _is_checkpoint_directory(path: Path) -> bool:
+    """A directory a sharded strategy wrote: it has our manifest or Lightning's ``meta.pt``."""
+    return (path / directory.MANIFEST_NAME).exists() or (path / directory.LIGHTNING_META).is_file()
+
+
+def verify_directory(path: Path) -> dict[str, Any]:
+    """A checkpoint directory (or ``last.ckpt`` linking to one) checked against its manifest, checksums
+    included.
+
+    ``result`` is ``verified``, ``corrupt`` (a file of the wrong size or checksum: torn, or mixed from
+    two saves), ``incomplete`` (a file is missing), ``unverifiable`` (the manifest cannot be read),
+    ``unverified`` (no manifest: written by plain Lightning) or ``missing`` (a link to nothing).
+    """
+    verdict = directory.verify(path)
+    manifest = verdict.manifest
+    layout_info = dict(manifest.layout) if manifest is not None else {}
+    return {
+        "name": path.name,
+        "kind": "directory",
+        "target": os.readlink(path) if path.is_symlink() else None,
+        "size": manifest.size if manifest is not None else None,
+        "checksum": None,
+        "step": manifest.global_step if manifest is not None else None,
+        "world_size": manifest.world_size if manifest is not None else None,
+        "strategy": layout_info.get("strategy"),
+        "result": _RESULTS[verdict.status],
+        "reason": verdict.detail,
+    }
+
+
+def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
+    """The committed checkpoint directories of a folder (newest save first) and leftovers of saves."""
+    last = folder / LAST
+    target = directory.resolve_pointer(last)
+    found = []
+    for name in sorted(directory.LocalDirectories(folder).directories(), reverse=True):
+        info = verify_directory(folder / name)
+        found.append({**info, "current": target is not None and target.name == name})
+    for name in directory.stale(folder, restart=True):
+        found.append({"name": name, "kind": "leftover", "result": "leftover of an interrupted save"})
+    return found
+
+
 def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     """Which checkpoint a restart of ``run_dir`` loads, and why.
 
@@ -91,6 +149,20 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
     last = by_name[LAST]
     if last["result"] in USABLE:
         return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
+    if last.get("kind") == "directory":
+        folder = layout.checkpoint_dir(run_dir)
+        for path in directory.candidates(folder / LAST)[1:]:
+            if directory.verify(path).status is Status.VERIFIED:
+                return {
+                    "checkpoint": path.name,
+                    "why": f"last.ckpt is {last['result']}; RequeueCheckpoint falls back to the newest "
+                    "checkpoint directory that verifies",
+                }
+        return {
+            "checkpoint": None,
+            "why": f"last.ckpt is {last['result']} and no other checkpoint directory verifies: the restart "
+            "raises CheckpointVerificationError",
+        }
     for name in newest_first(scan(layout.checkpoint_dir(run_dir)), exclude=[LAST]):
         if by_name.get(name, {}).get("result") == "verified":
             return {
@@ -131,6 +203,7 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
     meta = read_meta(run_dir)
     folder = layout.checkpoint_dir(run_dir)
     checkpoints = [verify(p) for p in sorted(folder.glob(f"*{layout.CKPT_SUFFIX}"))]
+    directories = checkpoint_directories(folder)
     root = root or _root_of(run_dir)
     pointing = (
         [e["key"] for e in index_entries(root) if e["target"] and Path(e["target"]) == run_dir]
@@ -144,6 +217,7 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
         "created": meta.get("created"),
         "status": read_status(run_dir),
         "checkpoints": checkpoints,
+        "checkpoint_directories": directories,
         "next_restart_loads": next_load(run_dir, checkpoints),
         "index_entries": pointing,
         "sidecars": _sidecars(run_dir),
@@ -167,8 +241,8 @@ def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
     for run_dir in layout.run_dirs(root):
         meta = read_meta(run_dir)
         last = layout.last_checkpoint(run_dir)
-        step = quick_step(last) if last.is_file() else None
-        stamp = last if last.is_file() else run_dir / layout.RUN_META
+        step = quick_step(last) if last.exists() else None
+        stamp = last if last.exists() else run_dir / layout.RUN_META
         key = meta.get("session_key")
         runs.append(
             {

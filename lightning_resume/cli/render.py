@@ -83,7 +83,7 @@ def run(report: dict[str, Any]) -> None:
     console.print(f"next restart loads: [bold]{load['checkpoint']}[/] — {load['why']}")
     rows = [
         (
-            c["name"],
+            c["name"] + (f" -> {c['target']}" if c.get("target") else ""),
             "" if c["size"] is None else f"{c['size']:,}",
             str(c["checksum"] or ""),
             "" if c["step"] is None else str(c["step"]),
@@ -92,6 +92,23 @@ def run(report: dict[str, Any]) -> None:
         for c in report["checkpoints"]
     ]
     table("checkpoints", ("file", "bytes", "checksum", "step", "verification"), rows)
+    directories = [
+        (
+            ("-> " if d.get("current") else "") + d["name"],
+            "" if d.get("size") is None else f"{d['size']:,}",
+            "" if d.get("step") is None else str(d["step"]),
+            "" if d.get("world_size") is None else str(d["world_size"]),
+            str(d.get("strategy") or ""),
+            d["result"] + (f" ({d['reason']})" if d.get("reason") else ""),
+        )
+        for d in report.get("checkpoint_directories", [])
+    ]
+    if directories:
+        table(
+            "checkpoint directories (sharded; -> marks the one last.ckpt names)",
+            ("directory", "bytes", "step", "ranks", "strategy", "verification"),
+            directories,
+        )
     sidecars = [
         (
             s["tracker"],

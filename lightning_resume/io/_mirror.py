@@ -6,14 +6,23 @@ upload streams the local file to a temporary key (checksumming it on the way), u
 ``<name>``. A remote copy counts only when its data matches an entry of its manifest, so an upload
 interrupted at any point leaves the previous remote copy counted and the new one not.
 
+Sharded checkpoints (directories, see :mod:`lightning_resume._writer.directory`) are mirrored as
+``<url>/.lr-ckpt-<step>-<hex>/<files>``, each file checksummed against the directory's manifest on
+the way, then the manifest, then a pointer object ``<url>/last.ckpt.pointer.json`` naming the
+directory (the remote commit: object stores have no symlinks and no atomic directory rename).
+Older remote directories are deleted only after the pointer names the new one.
+
 Assumes one writer per mirror URL (one training run): temporary keys found at start are stale.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import queue
+import shutil
 import threading
 import uuid
 from collections.abc import Callable
@@ -23,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._warnings import warn
-from lightning_resume._writer import catalog
+from lightning_resume._writer import catalog, directory
+from lightning_resume._writer.atomic import fsync_dir
 from lightning_resume._writer.commit import commit
 from lightning_resume._writer.manifest import (
     MANIFEST_SUFFIX,
@@ -42,6 +52,9 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install "lightning-resume[remote]"'
 _TEMP = ".lr-upload-"
 _CHUNK = 16 << 20
+#: ``<url>/<pointer name><POINTER_SUFFIX>`` names the committed remote checkpoint directory.
+POINTER_SUFFIX = ".pointer.json"
+POINTER_FORMAT = "lightning-resume/directory-pointer"
 
 
 def open_filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -271,6 +284,166 @@ class Mirror:
             self.delete(name)
         return doomed
 
+    # -- checkpoint directories (sharded checkpoints) -------------------------------------------
+
+    def read_pointer(self, pointer_name: str) -> str | None:
+        """The remote directory ``<pointer_name>.pointer.json`` names, or ``None``."""
+        try:
+            data = json.loads(self.fs.cat_file(self.key(pointer_name + POINTER_SUFFIX)))
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
+            return None
+        name = data.get("directory")
+        return name if isinstance(name, str) and name.startswith(directory.COMMITTED_PREFIX) else None
+
+    def committed_directories(self) -> dict[str, directory.DirectoryManifest]:
+        """Remote checkpoint directories that pass the cheap check (manifest, every file of its size)."""
+        self._start()
+        self.fs.invalidate_cache(self.root)
+        return directory.committed(RemoteDirectories(self))
+
+    def upload_directory(self, local: Path, pointer_name: str) -> bool:
+        """Upload the committed local directory ``local`` and point ``<pointer_name>`` at it.
+
+        Files first (each checksummed against the manifest on the way), then the manifest, then the
+        pointer object; then remote directories beyond ``keep`` are deleted. Returns ``False`` without
+        uploading when ``local`` has no manifest (it was replaced or deleted meanwhile).
+
+        Raises:
+            RuntimeError: a local file no longer matches the manifest.
+        """
+        self._start()
+        try:
+            manifest = directory.read_manifest(local)
+        except ValueError:
+            manifest = None
+        if manifest is None:
+            log.debug("%s has no manifest (replaced meanwhile); nothing to mirror", local)
+            return False
+        remote = self.key(local.name)
+        if self.read_pointer(pointer_name) != local.name:
+            for folder in sorted({f"{remote}/{entry.name}".rsplit("/", 1)[0] for entry in manifest.files}):
+                with contextlib.suppress(OSError, NotImplementedError):  # object stores have no folders
+                    self.fs.makedirs(folder, exist_ok=True)
+            for entry in manifest.files:
+                checksum = Checksum()
+                try:
+                    src = open(local / entry.name, "rb")  # noqa: SIM115 (closed below)
+                except FileNotFoundError:
+                    return False  # deleted by retention: a newer directory is on its way
+                with src, self.fs.open(f"{remote}/{entry.name}", "wb") as dst:
+                    while chunk := src.read(_CHUNK):
+                        checksum.update(chunk)
+                        dst.write(chunk)
+                if (checksum.size, checksum.hexdigest()) != (entry.size, entry.checksum):
+                    raise RuntimeError(
+                        f"{str(local / entry.name)!r} does not match its manifest: not mirroring {local.name}"
+                    )
+            self.fs.pipe_file(f"{remote}/{directory.MANIFEST_NAME}", manifest.to_json().encode())
+            pointer = {"format": POINTER_FORMAT, "directory": local.name, "global_step": manifest.global_step}
+            temp = self.key(f"{_TEMP}{uuid.uuid4().hex}-{pointer_name}{POINTER_SUFFIX}")
+            self.fs.pipe_file(temp, json.dumps(pointer).encode())
+            self.fs.mv(temp, self.key(pointer_name + POINTER_SUFFIX))
+            log.debug("mirrored %s to %s", local, remote)
+        self._directory_retention(local.name)
+        return True
+
+    def _directory_retention(self, current: str) -> None:
+        keep = self.keep if self.keep is not None else 2
+        listed = RemoteDirectories(self)
+        self.fs.invalidate_cache(self.root)
+        kept = set(catalog.newest_first(directory.committed(listed))[:keep]) | {current}
+        for name in listed.directories():
+            if name not in kept:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(f"{self.key(name)}/{directory.MANIFEST_NAME}")
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(self.key(name), recursive=True)
+
+    def submit_directory_upload(self, local: Path, pointer_name: str) -> None:
+        """Queue :meth:`upload_directory`; a failure is warned about and reported by :meth:`wait`."""
+
+        def job() -> None:
+            try:
+                self.upload_directory(local, pointer_name)
+            except Exception as e:
+                self._failed[pointer_name] = e
+                warn(
+                    f"Mirroring {str(local)!r} to {self.url!r} failed ({type(e).__name__}: {e}); the local "
+                    "checkpoint is intact and the next save tries again.",
+                    all_ranks=True,
+                )
+                return
+            self._failed.pop(pointer_name, None)
+
+        self._submit(job)
+
+    def restore_directory(self, folder: Path, pointer_name: str) -> Path | None:
+        """Download the mirror's newest committed checkpoint directory into ``folder`` and point
+        ``folder/<pointer_name>`` at it, unless ``folder`` already holds one at least as new.
+
+        Tries the directory the remote pointer names first, then the other committed ones, newest
+        first; each download is checksummed and renamed into place only when complete.
+
+        Returns:
+            The restored directory, or ``None`` when nothing was downloaded.
+        """
+        remote = self.committed_directories()
+        pointed = self.read_pointer(pointer_name)
+        order = [pointed] if pointed in remote else []
+        order += [n for n in catalog.newest_first(remote) if n != pointed]
+        if not order:
+            return None
+        pointer = folder / pointer_name
+        local = directory.committed(directory.LocalDirectories(folder))
+        target = directory.resolve_pointer(pointer)
+        have = local.get(target.name) if target is not None else None
+        if have is not None and have.saved_at >= remote[order[0]].saved_at:
+            return None
+        for name in order:
+            manifest = remote[name]
+            if name in local and directory.verify(folder / name).status is catalog.Status.VERIFIED:
+                directory.swap_pointer(pointer, name)
+                return folder / name
+            save_dir = directory.new_save_dir(folder)
+            try:
+                for entry in manifest.files:
+                    self._download_file(f"{self.key(name)}/{entry.name}", save_dir / entry.name, entry)
+                for sub, _, _ in os.walk(save_dir):
+                    fsync_dir(sub)
+                directory.write_manifest(save_dir, manifest)
+                os.replace(save_dir, folder / name)
+                fsync_dir(folder)
+            except (_NotCommitted, FileNotFoundError, _RemoteReadError) as e:
+                log.debug("not restoring %s from the mirror: %s", name, e)
+                shutil.rmtree(save_dir, ignore_errors=True)
+                continue
+            directory.swap_pointer(pointer, name)
+            log.info("restored %s (%s) from %s", pointer, name, self.key(name))
+            return folder / name
+        return None
+
+    def _download_file(self, key: str, target: Path, entry: directory.FileEntry) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        checksum = Checksum()
+        with self.fs.open(key, "rb") as src, open(target, "wb") as dst:
+            while True:
+                try:
+                    chunk = src.read(_CHUNK)
+                except FileNotFoundError:
+                    raise
+                except OSError as e:
+                    raise _RemoteReadError(e) from e
+                if not chunk:
+                    break
+                checksum.update(chunk)
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if (checksum.size, checksum.hexdigest()) != (entry.size, entry.checksum):
+            raise _NotCommitted(f"the mirror copy of {key!r} does not match its manifest")
+
     # -- background queue ------------------------------------------------------------------------
 
     def submit_upload(self, local: Path, latest: Callable[[], Entry | None]) -> None:
@@ -373,6 +546,40 @@ class Mirror:
                 self._worker = None
                 for future in self._futures:
                     future.cancel()
+
+
+class RemoteDirectories:
+    """The checkpoint directories under a mirror URL, as the directory catalog reads them."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+
+    def directories(self) -> list[str]:
+        try:
+            listed = self.mirror.fs.ls(self.mirror.root, detail=True)
+        except FileNotFoundError:
+            return []
+        names = (i["name"].rstrip("/").rsplit("/", 1)[-1] for i in listed if i.get("type") == "directory")
+        return sorted(n for n in names if n.startswith(directory.COMMITTED_PREFIX))
+
+    def file_sizes(self, name: str) -> dict[str, int]:
+        base = self.mirror.key(name)
+        try:
+            found = self.mirror.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        sizes = {}
+        for path, info in found.items():
+            relative = path.rstrip("/")[len(base.rstrip("/")) + 1 :]
+            if relative and relative != directory.MANIFEST_NAME and info.get("type") != "directory":
+                sizes[relative] = int(info.get("size") or 0)
+        return sizes
+
+    def read_manifest(self, name: str) -> bytes | None:
+        try:
+            return bytes(self.mirror.fs.cat_file(f"{self.mirror.key(name)}/{directory.MANIFEST_NAME}"))
+        except FileNotFoundError:
+            return None
 
 
 class _NotCommitted(Exception):

@@ -16,6 +16,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
+from lightning_resume._run.layout import LAST_CKPT
 from lightning_resume._run.paths import expand_dir
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
@@ -449,7 +450,9 @@ class DurableCheckpointIO(CheckpointIO):
         """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
 
         Called when the plugin is constructed with ``mirror`` and a known ``dirpath``, so a job relaunched
-        onto an empty (node-local) directory finds its checkpoints before ``fit`` looks for them. Each
+        onto an empty (node-local) directory finds its checkpoints before ``fit`` looks for them.
+        Sharded checkpoints (directories) are restored too: the newest committed one, with
+        ``last.ckpt`` linked to it. Each
         download is verified and committed atomically; a local file without a manifest is never
         replaced. The processes of one node that share the directory take turns: the first downloads,
         the others find the files there.
@@ -473,6 +476,10 @@ class DurableCheckpointIO(CheckpointIO):
                     continue  # a file we did not write
                 if self._remote().download(name, folder / name) is not None:
                     restored.append(folder / name)
+            # Sharded checkpoints: the newest committed directory, and last.ckpt pointing at it.
+            directory = self._remote().restore_directory(folder, LAST_CKPT)
+            if directory is not None:
+                restored.append(directory)
         return restored
 
     def _download(self, target: Path, missing_only: bool = False) -> Entry | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO
+from lightning_resume._writer import directory
+from lightning_resume._writer.catalog import Status
 from lightning_resume._writer.manifest import (
     MANIFEST_SUFFIX,
     Entry,
@@ -310,3 +313,69 @@ def test_processes_of_one_node_restore_a_node_local_dir_once(tmp_path: Path) -> 
     downloads = [line for text in logs for line in text.splitlines() if line.startswith("restored ")]
     assert sorted(line.split()[1] for line in downloads) == [str(local / f"s{n}.ckpt") for n in (1, 2, 3)]
     assert all(verifies(local / f"s{n}.ckpt") for n in (1, 2, 3))
+
+
+# -- checkpoint directories (sharded checkpoints) --------------------------------------------------
+
+
+def committed_directory(folder: Path, step: int, fill: int) -> Path:
+    """A committed checkpoint directory of two ranks' shards, as DirectorySaver leaves it."""
+    save_dir = directory.new_save_dir(folder)
+    for name, size in (("__0_0.distcp", 3000), ("__1_0.distcp", 2000), (".metadata", 100), ("meta.pt", 50)):
+        (save_dir / name).write_bytes(bytes([fill]) * size)
+    for rank in (0, 1):
+        directory.write_part(
+            save_dir, rank, directory.hash_files(save_dir, directory.dcp_files_of(save_dir, rank))
+        )
+    manifest = directory.build_manifest(
+        save_dir, 2, directory.DCP_REQUIRED, global_step=step, saved_at=float(step)
+    )
+    return directory.commit(save_dir, folder / "last.ckpt", manifest, keep=2)
+
+
+def test_a_checkpoint_directory_is_mirrored_and_restored_onto_an_empty_dir(
+    tmp_path: Path, mirror: tuple[str, dict[str, Any]]
+) -> None:
+    url, options = mirror
+    local = tmp_path / "local"
+    remote = Mirror(url, options, keep=2)
+    for step in (1, 2, 3):
+        final = committed_directory(local, step, fill=step)
+        assert remote.upload_directory(final, "last.ckpt")
+    assert remote.read_pointer("last.ckpt") == final.name
+    # Older remote directories go after the pointer names the new one (keep=2).
+    assert sorted(m.global_step for m in remote.committed_directories().values()) == [2, 3]  # type: ignore[type-var]
+
+    empty = tmp_path / "node2"
+    empty.mkdir()
+    restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
+    assert restored == empty / final.name
+    assert os.readlink(empty / "last.ckpt") == final.name
+    assert directory.verify(empty / "last.ckpt").status is Status.VERIFIED
+    assert all((final / f).read_bytes() == (restored / f).read_bytes() for f in directory.list_files(final))
+    assert Mirror(url, options).restore_directory(empty, "last.ckpt") is None  # as new as the mirror's
+
+
+def test_a_damaged_or_unfinished_remote_directory_is_never_restored(
+    tmp_path: Path, mirror: tuple[str, dict[str, Any]]
+) -> None:
+    url, options = mirror
+    local = tmp_path / "local"
+    remote = Mirror(url, options, keep=3)
+    older = committed_directory(local, 1, fill=1)
+    remote.upload_directory(older, "last.ckpt")
+    newer = committed_directory(local, 2, fill=2)
+    remote.upload_directory(newer, "last.ckpt")
+    # An upload killed before its manifest: files only.
+    unfinished = f"{remote.root}/.lr-ckpt-00000003-0000beef"
+    with contextlib.suppress(OSError):  # S3 has no folders
+        remote.fs.makedirs(unfinished, exist_ok=True)
+    remote.fs.pipe_file(f"{unfinished}/__0_0.distcp", b"x" * 3000)
+    # The newest committed remote copy rots: same size, other bytes.
+    remote.fs.pipe_file(f"{remote.root}/{newer.name}/__1_0.distcp", b"\x07" * 2000)
+    empty = tmp_path / "node2"
+    empty.mkdir()
+    restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
+    assert restored == empty / older.name
+    assert directory.verify(empty / "last.ckpt").status is Status.VERIFIED
+    assert sorted(p.name for p in empty.iterdir()) == sorted(["last.ckpt", older.name])

@@ -17,17 +17,20 @@ from torch.utils.data import DataLoader
 
 from lightning_resume._resume.lightning_internals import (
     MLflowTarget,
+    capture_checkpoint,
     logging_step,
     mlflow_target,
     point_logger_at_version,
     redo_validation_on_restart,
     replace_train_loader_states,
     restart_train_iterator,
+    saves_directory,
     set_mlflow_run,
     settle_validation_progress,
     train_loader_states,
     wrapped_sampler,
 )
+from lightning_resume.io._redirect_first_strategy_load import RedirectFirstStrategyLoad
 
 
 class Recorder(BoringModel):
@@ -287,3 +290,77 @@ def test_comet_logger_starts_in_its_constructor_and_ours_on_first_use(
     monkeypatch.setenv("COMET_EXPERIMENT_KEY", "a" * 32)
     assert lazy.experiment.get_key() == "a" * 32
     lazy.experiment.end()
+
+
+def test_saves_directory_reads_the_strategies_own_settings() -> None:
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+        SingleDeviceStrategy,
+    )
+
+    class Custom(SingleDeviceStrategy):
+        def save_checkpoint(self, checkpoint: Any, filepath: Any, storage_options: Any = None) -> None:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    assert saves_directory(ModelParallelStrategy()) is True
+    assert saves_directory(ModelParallelStrategy(save_distributed_checkpoint=False)) is False
+    assert saves_directory(FSDPStrategy(state_dict_type="sharded")) is True
+    assert saves_directory(FSDPStrategy()) is False  # "full": one file through checkpoint_io
+    assert saves_directory(DDPStrategy()) is False
+    assert saves_directory(SingleDeviceStrategy("cpu")) is False
+    assert saves_directory(Custom("cpu")) is None
+
+
+def tiny_fit(tmp_path: Path, steps: int, **fit: Any) -> pl.Trainer:
+    trainer = pl.Trainer(
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel(), **fit)
+    return trainer
+
+
+def test_capture_checkpoint_returns_what_the_strategy_would_write_and_writes_nothing(tmp_path: Path) -> None:
+    trainer = tiny_fit(tmp_path, 2)
+    checkpoint = capture_checkpoint(trainer, tmp_path / "never")
+    assert checkpoint["global_step"] == 2 and "state_dict" in checkpoint and "optimizer_states" in checkpoint
+    assert not (tmp_path / "never").exists()
+    assert "save_checkpoint" not in trainer.strategy.__dict__  # the method is the class's again
+    trainer.save_checkpoint(tmp_path / "real.ckpt")
+    assert (tmp_path / "real.ckpt").is_file()
+
+
+def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp_path: Path) -> None:
+    # The seam of RedirectFirstStrategyLoad: fit(ckpt_path=...) calls strategy.load_checkpoint once.
+    trainer = tiny_fit(tmp_path, 2)
+    trainer.save_checkpoint(tmp_path / "two.ckpt")
+    trainer = tiny_fit(tmp_path, 4)
+    trainer.save_checkpoint(tmp_path / "four.ckpt")
+    redirected: list[str] = []
+
+    class Install(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            redirect = RedirectFirstStrategyLoad(
+                trainer.strategy, str(tmp_path / "four.ckpt"), redirected.append, 1, 1
+            )
+            redirect.install()
+
+    again = pl.Trainer(
+        max_steps=5,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[Install()],
+    )
+    again.fit(BoringModel(), ckpt_path=tmp_path / "two.ckpt")
+    assert redirected == [str(tmp_path / "two.ckpt")]
+    assert again.global_step == 5  # resumed at 4, not 2
+    assert "load_checkpoint" not in again.strategy.__dict__

@@ -1,0 +1,393 @@
+"""Sharded checkpoints side by side: 2-rank ModelParallelStrategy (FSDP2), the ways to save them.
+
+Run: ``python benchmarks/sharded_checkpoint.py`` (``--sizes 200`` for a quick run; ``--rows`` to pick).
+
+For a model + Adam state of about 200 MB and 1 GB in total (half on each of 2 gloo ranks, on the
+CPU), each row is one 2-rank Lightning job that trains and saves a sharded checkpoint at fixed steps:
+
+- ``floor``: each rank copies its local tensors into buffers allocated once (the staging floor), then
+  writes those bytes to one file and fsyncs it, both ranks at once (the raw write floor);
+- ``lightning``: Lightning's own sharded save, ``trainer.save_checkpoint(<fresh dir>)`` (synchronous
+  DCP), plus the fsyncs it leaves out (``meta.pt``, the directories) to make it durable;
+- ``dcp thread`` / ``dcp process``: Lightning's checkpoint handed to ``dcp.async_save`` (thread or
+  process executor, DCP's default stager, a dedicated gloo group), ``meta.pt`` written by rank 0;
+  durable when DCP's upload future resolves (no manifest, no directory fsync, no commit);
+- ``ours``: ``RequeueCheckpoint`` with ``DurableCheckpointIO(asynchronous=True)``: reused staging
+  buffers, ``dcp.async_save`` in a thread, per-rank hashing, manifest, directory commit; durable when
+  ``last.ckpt`` names the new directory.
+
+Columns: the training-loop stall per save (mean over the saves after the first, slowest rank); the
+time from the save until it is durable; the median step time while a write is in flight against
+steps with none; the extra peak RSS of rank 0's process tree (rank 1 and checkpoint processes are its
+children) over its RSS before the first save. The first save is reported apart (the process executor
+starts its process then). Numbers are noisy on a shared machine: the script prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROWS = ["floor", "lightning", "dcp thread", "dcp process", "ours"]
+SAVE_STEPS = (5, 15, 25, 35)
+STEPS = 40
+WIDTH = 2048
+TARGETS = (
+    "ours: stall <= 1.5x the staging floor; durable <= 2x the raw write + fsync floor; "
+    "step slowdown while writing no worse than dcp process"
+)
+
+
+def depth_for(total_mb: int) -> int:
+    """Layers of WIDTH x WIDTH whose weights and Adam moments (3 copies, float32) are ``total_mb``."""
+    return max(1, round(total_mb * 2**20 / (3 * 4 * WIDTH * WIDTH)))
+
+
+# -- the measured job (every rank) -------------------------------------------------------------------
+
+
+def job(row: str, total_mb: int, out: Path) -> None:
+    import lightning.pytorch as pl
+    import psutil
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
+    from lightning_resume._collectives import cpu_group
+    from lightning_resume._resume.lightning_internals import capture_checkpoint
+    from lightning_resume._writer import directory
+    from lightning_resume.io._sharded import dcp_state
+
+    torch.set_num_threads(1)
+    me = psutil.Process()
+    commits: list[float] = []
+    commit = directory.commit
+
+    def timed_commit(*args: Any, **kwargs: Any) -> Path:  # when ours is durable (rank 0 commits)
+        final = commit(*args, **kwargs)
+        commits.append(time.perf_counter())
+        return final
+
+    directory.commit = timed_commit  # type: ignore[assignment]
+
+    def rss() -> int:
+        total = me.memory_info().rss
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return total
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(depth_for(total_mb))])
+
+        def configure_model(self) -> None:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in self.layers:
+                fully_shard(layer, mesh=self.device_mesh["data_parallel"])
+            fully_shard(self.layers, mesh=self.device_mesh["data_parallel"])
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.layers(batch[0]).square().mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=1e-5)
+
+    class Bench(pl.Callback):
+        def __init__(self) -> None:
+            self.saves: list[dict[str, Any]] = []
+            self.steps: list[tuple[float, float]] = []
+            self.pending: Any = None
+            self.group: Any = None
+            self.buffers: list[torch.Tensor] | None = None
+            self.rss0 = 0
+            self.rss_max = 0
+            self.requeue: RequeueCheckpoint | None = None
+            self.started = 0.0
+
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            if row.startswith("dcp"):
+                self.group = cpu_group(trainer.strategy)
+            found = [cb for cb in trainer.callbacks if isinstance(cb, RequeueCheckpoint)]  # type: ignore[attr-defined]
+            self.requeue = found[0] if found else None
+
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.steps.append((self.started, time.perf_counter()))
+            self.rss_max = max(self.rss_max, rss())
+            if trainer.global_step == SAVE_STEPS[0] - 1:
+                self.rss0 = rss()
+            if trainer.global_step in SAVE_STEPS:
+                self.save(trainer)
+                self.rss_max = max(self.rss_max, rss())
+
+        def local_tensors(self, trainer: pl.Trainer) -> list[torch.Tensor]:
+            found: list[torch.Tensor] = []
+
+            def walk(value: Any) -> None:
+                if isinstance(value, torch.Tensor):
+                    found.append(value.to_local() if hasattr(value, "to_local") else value)
+                elif isinstance(value, dict):
+                    for v in value.values():
+                        walk(v)
+                elif isinstance(value, (list, tuple)):
+                    for v in value:
+                        walk(v)
+
+            walk(trainer.strategy.lightning_module_state_dict())
+            for optimizer in trainer.optimizers:
+                walk(trainer.strategy.optimizer_state(optimizer))
+            return found
+
+        def save(self, trainer: pl.Trainer) -> None:
+            rank, strategy = trainer.global_rank, trainer.strategy
+            target = out / f"save-{trainer.global_step}"
+            record: dict[str, Any] = {"step": trainer.global_step}
+            strategy.barrier()
+            t0 = time.perf_counter()
+            if row == "floor":
+                tensors = self.local_tensors(trainer)
+                if self.buffers is None:
+                    self.buffers = [torch.empty_like(t) for t in tensors]
+                strategy.barrier()
+                t0 = time.perf_counter()
+                for buffer, tensor in zip(self.buffers, tensors, strict=True):
+                    buffer.copy_(tensor)
+                t1 = time.perf_counter()
+                target.mkdir(parents=True, exist_ok=True)
+                strategy.barrier()
+                t2 = time.perf_counter()
+                with open(target / f"raw_{rank}.bin", "wb", buffering=0) as f:
+                    for buffer in self.buffers:
+                        f.write(memoryview(buffer.reshape(-1).view(torch.uint8).numpy()))
+                    os.fsync(f.fileno())
+                strategy.barrier()
+                t3 = time.perf_counter()
+                size = sum(b.numel() * b.element_size() for b in self.buffers)
+                record.update(stall=t1 - t0, durable=t3 - t2, stage=t1 - t0, write=t3 - t2, bytes=size)
+            elif row == "lightning":
+                trainer.save_checkpoint(target)
+                if trainer.is_global_zero:
+                    directory.fsync_file(target / "meta.pt")
+                    for folder in (target, out):
+                        fd = os.open(folder, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                strategy.barrier()
+                record.update(stall=time.perf_counter() - t0, durable=time.perf_counter() - t0)
+            elif row.startswith("dcp"):
+                if self.pending is not None:
+                    self.pending.result()
+                    t0 = time.perf_counter()
+                if trainer.is_global_zero:
+                    target.mkdir(parents=True)
+                checkpoint = capture_checkpoint(trainer, target)
+                state = dcp_state(strategy, checkpoint)
+                kind = AsyncCheckpointerType.PROCESS if row == "dcp process" else AsyncCheckpointerType.THREAD
+                response = dcp.async_save(
+                    state, checkpoint_id=target, process_group=self.group, async_checkpointer_type=kind
+                )
+                future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+                if trainer.is_global_zero:
+                    with open(target / "meta.pt", "wb") as f:
+                        torch.save(checkpoint, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                record["stall"] = time.perf_counter() - t0
+                future.add_done_callback(lambda _, r=record, s=t0: r.update(durable=time.perf_counter() - s))
+                self.pending = future
+            else:
+                assert self.requeue is not None
+                before = len(commits)
+                self.requeue.save(trainer)
+                record.update(stall=time.perf_counter() - t0, commit_index=before, start=t0)
+            record.setdefault("start", t0)
+            self.saves.append(record)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if self.pending is not None:
+                self.pending.result()
+            if self.requeue is not None and self.requeue._saver is not None:
+                self.requeue._saver.wait(trainer)
+            result = {
+                "saves": self.saves,
+                "steps": self.steps,
+                "commits": commits,
+                "rss0": self.rss0,
+                "rss_max": self.rss_max,
+            }
+            (out / f"result_{trainer.global_rank}.json").write_text(json.dumps(result, default=str))
+
+    bench = Bench()
+    callbacks: list[pl.Callback] = [bench]
+    plugins = None
+    if row == "ours":
+        callbacks += [
+            RunDir(root=out / "runs", key="bench"),
+            RequeueCheckpoint(every_n_train_steps=None, save_on_train_epoch_end=False),
+        ]
+        plugins = [DurableCheckpointIO(asynchronous=True)]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(
+            data_parallel_size=2, tensor_parallel_size=1, timeout=timedelta(minutes=5)
+        ),
+        plugins=plugins,
+        max_steps=STEPS,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=row == "ours",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    data = TensorDataset(torch.randn(4 * STEPS * 2, WIDTH))
+    trainer.fit(Model(), DataLoader(data, batch_size=4))
+
+
+# -- the driver --------------------------------------------------------------------------------------
+
+
+def summarize(out: Path) -> dict[str, Any]:
+    ranks = [json.loads((out / f"result_{r}.json").read_text()) for r in (0, 1)]
+    r0 = ranks[0]
+    spans = []  # (start, durable end) of each save, rank 0's clock
+    for index, save in enumerate(r0["saves"]):
+        start = float(save["start"])
+        if "commit_index" in save:  # ours: durable when committed
+            end = r0["commits"][int(save["commit_index"])]
+            save["durable"] = end - start
+        spans.append((start, start + float(save.get("durable", save["stall"]))))
+        r0["saves"][index] = save
+
+    def mean_later(key: str) -> float:
+        values = [
+            max(float(a.get(key, 0.0)), float(b.get(key, 0.0)))
+            for a, b in zip(*(r["saves"] for r in ranks), strict=True)
+        ]
+        later = values[1:]
+        return statistics.mean(later) if later else float("nan")
+
+    def first(key: str) -> float:
+        return max(float(r["saves"][0].get(key, 0.0)) for r in ranks)
+
+    for save in ranks[1]["saves"]:
+        save.pop("durable", None)  # rank 0 commits (ours) and writes DCP's .metadata last: its clock
+    idle, busy = [], []
+    for start, end in r0["steps"][3:]:
+        # Steps are timed without the save calls: a step is busy when a write is in flight as it starts.
+        (busy if any(s <= start < e for s, e in spans) else idle).append(end - start)
+    row = {
+        "stall": mean_later("stall"),
+        "durable": mean_later("durable"),
+        "first_stall": first("stall"),
+        "first_durable": first("durable"),
+        "step_idle": statistics.median(idle) if idle else float("nan"),
+        "step_busy": statistics.median(busy) if busy else float("nan"),
+        "busy_steps": len(busy),
+        "extra_rss_mb": (r0["rss_max"] - r0["rss0"]) / 2**20 if r0["rss0"] else float("nan"),
+    }
+    if "bytes" in r0["saves"][-1]:
+        row.update(
+            stage=mean_later("stage"), write=mean_later("write"), bytes_per_rank=r0["saves"][-1]["bytes"]
+        )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="200,1000", help="total state sizes in MB (default: 200,1000)")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to run (default: {','.join(ROWS)})")
+    parser.add_argument("--out", default=None, help="keep the checkpoints and results here")
+    parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, default=200, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        job(args.job, args.size, Path(args.out))
+        return
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sharded-bench-"))
+    print(f"load average before: {os.getloadavg()}; {os.cpu_count()} CPUs")
+    results: dict[str, dict[str, Any]] = {}
+    for size in map(int, args.sizes.split(",")):
+        for row in args.rows.split(","):
+            out = work / f"{size}" / row.replace(" ", "_")
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            cmd = [sys.executable, __file__, "--job", row, "--size", str(size), "--out", str(out)]
+            started = time.time()
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                start_new_session=True,
+            )
+            (out / "log.txt").write_text(proc.stdout + proc.stderr)
+            key = f"{size} MB {row}"
+            if proc.returncode != 0:
+                results[key] = {"error": proc.returncode}
+                print(f"{key}: failed ({proc.returncode}), see {out / 'log.txt'}", flush=True)
+                continue
+            results[key] = summarize(out)
+            print(f"{key}: {time.time() - started:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+    (work / "summary.json").write_text(json.dumps(results, indent=1))
+    print()
+    print(f"load average after: {os.getloadavg()}")
+    header = f"{'row':22s} {'stall s':>8s} {'durable s':>9s} {'1st stall':>9s} {'1st dur.':>9s} "
+    header += f"{'step idle':>9s} {'step busy':>9s} {'+RSS MB':>8s}"
+    for size in map(int, args.sizes.split(",")):
+        floor = results.get(f"{size} MB floor", {})
+        print()
+        if "stage" in floor:
+            print(
+                f"{size} MB total ({floor['bytes_per_rank'] / 2**20:.0f} MB per rank): staging floor "
+                f"{floor['stage']:.3f} s, raw write + fsync floor {floor['write']:.3f} s"
+            )
+        print(header)
+        for row in args.rows.split(","):
+            r = results.get(f"{size} MB {row}", {})
+            if not r or "error" in r:
+                print(f"{row:22s} failed")
+                continue
+            print(
+                f"{row:22s} {r['stall']:8.3f} {r['durable']:9.3f} {r['first_stall']:9.3f} "
+                f"{r['first_durable']:9.3f} {r['step_idle']:9.3f} {r['step_busy']:9.3f} "
+                f"{r['extra_rss_mb']:8.0f}"
+            )
+        ours, process = results.get(f"{size} MB ours", {}), results.get(f"{size} MB dcp process", {})
+        if "stage" in floor and "stall" in ours:
+            print(
+                f"targets ({TARGETS}): stall {ours['stall'] / floor['stage']:.1f}x floor, durable "
+                f"{ours['durable'] / floor['write']:.1f}x floor, step while writing "
+                f"{ours['step_busy'] / ours['step_idle']:.2f}x idle (dcp process "
+                f"{process.get('step_busy', float('nan')) / process.get('step_idle', float('nan')):.2f}x)"
+            )
+    print(f"\nresults in {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""``DirectorySaver``: sharded checkpoints written aside and committed atomically, in the background.
+
+``RequeueCheckpoint`` hands every save to this component when the strategy writes a directory
+(``ModelParallelStrategy``, ``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed). Lightning calls
+no ``CheckpointIO`` plugin for such saves; the settings of a ``DurableCheckpointIO`` on the strategy
+(``asynchronous``, ``keep``, ``mirror``, ``metadata``) apply here instead.
+
+- **Synchronous**: every rank calls ``trainer.save_checkpoint(<fresh directory>)`` (the strategy and
+  DCP write it), fsyncs and hashes what it wrote; global rank 0 commits
+  (:func:`lightning_resume._writer.directory.commit`).
+- **Asynchronous** (DCP strategies): the training loop blocks while Lightning builds its checkpoint
+  and the state is copied into reused host buffers; ``dcp.async_save`` (thread executor, on a
+  dedicated gloo group: on the default group its collectives would interleave with training's) writes
+  it, and a thread of ours fsyncs, hashes, and on rank 0 commits. No collective runs off the main
+  thread: ranks report their files through part files. One save is in flight at a time; its error is
+  raised on every rank by the next save, :meth:`DirectorySaver.wait_until_durable` or
+  :meth:`DirectorySaver.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import platform
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lightning
+import lightning.pytorch as pl
+import torch
+
+from lightning_resume._collectives import broadcast, cpu_group, gather_objects
+from lightning_resume._resume.lightning_internals import capture_checkpoint, saves_directory
+from lightning_resume._version import __version__
+from lightning_resume._warnings import warn
+from lightning_resume._writer import directory
+from lightning_resume._writer.atomic import replace_durably
+from lightning_resume.io._mirror import Mirror
+from lightning_resume.io._sharded import dcp_state, keep_of, layout_of, model_key, required_files
+from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+
+log = logging.getLogger(__name__)
+
+#: How long global rank 0's writer thread waits for the other ranks' part files.
+PART_TIMEOUT = 600.0
+_POLL = 0.01
+
+
+class DirectorySaver:
+    """Write sharded checkpoints into fresh directories and commit them as ``pointer`` (every rank).
+
+    Args:
+        pointer: ``last.ckpt``: the symlink that names the committed directory.
+        keep: Committed directories to keep (the current one included).
+        asynchronous: Write in the background where the strategy allows it (DCP strategies).
+        metadata: User metadata stored in every manifest.
+        mirror: Where global rank 0 uploads each committed directory (``None``: no mirror).
+        wait_for_mirror: :meth:`wait_until_durable` and :meth:`close` wait for uploads.
+        mirror_timeout: Seconds to wait for uploads there.
+        on_commit: Called on global rank 0 after each commit (possibly from the writer thread).
+        part_timeout: Seconds rank 0 waits for the other ranks' files in an asynchronous save.
+    """
+
+    def __init__(
+        self,
+        pointer: Path,
+        keep: int = 2,
+        asynchronous: bool = False,
+        metadata: dict[str, Any] | None = None,
+        mirror: Mirror | None = None,
+        wait_for_mirror: bool = True,
+        mirror_timeout: float = 1800.0,
+        on_commit: Callable[[], None] | None = None,
+        part_timeout: float = PART_TIMEOUT,
+    ) -> None:
+        self.pointer = pointer
+        self.keep = keep
+        self.asynchronous = asynchronous
+        self.metadata = dict(metadata or {})
+        self.mirror = mirror
+        self.wait_for_mirror = wait_for_mirror
+        self.mirror_timeout = mirror_timeout
+        self.on_commit = on_commit
+        self.part_timeout = part_timeout
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        self._pending_dir: Path | None = None
+        self._async_used = False  # identical on every rank: the same saves, the same settings
+        self._group: Any = None
+        self._stager: Any = None
+        self._cleaned = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
+        """A saver with the settings of the strategy's ``DurableCheckpointIO``, if it has one.
+
+        Without the plugin, saves are synchronous and two committed directories are kept.
+        """
+        plugin = trainer.strategy.checkpoint_io
+        if not isinstance(plugin, DurableCheckpointIO):
+            return cls(pointer, keep_of(plugin), on_commit=on_commit)
+        mirror = None
+        if plugin.mirror is not None and trainer.is_global_zero:
+            if plugin.dirpath is None or plugin.dirpath == pointer.parent:
+                mirror = Mirror(plugin.mirror, plugin.mirror_options, keep_of(plugin), plugin.direct_io)
+            else:
+                warn(
+                    f"Sharded checkpoints in {str(pointer.parent)!r} are not mirrored: DurableCheckpointIO("
+                    f"mirror={plugin.mirror!r}) copies {str(plugin.dirpath)!r}."
+                )
+        return cls(
+            pointer,
+            keep_of(plugin),
+            asynchronous=plugin.asynchronous,
+            metadata=plugin.metadata,
+            mirror=mirror,
+            wait_for_mirror=plugin.wait_for_mirror,
+            mirror_timeout=plugin.mirror_timeout,
+            on_commit=on_commit,
+        )
+
+    # -- save ------------------------------------------------------------------------------------
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Save the trainer's state as a new checkpoint directory and commit it (every rank).
+
+        Raises:
+            RuntimeError: the previous asynchronous save failed on some rank (``last.ckpt`` still names
+                the checkpoint before it), or this synchronous save failed.
+        """
+        self.wait(trainer)
+        strategy = trainer.strategy
+        parent = self.pointer.parent
+        if trainer.is_global_zero and not self._cleaned:
+            # Leftovers of processes that are gone; a restart cleaned up in setup already.
+            directory.clean_stale(parent, self.pointer, self.keep)
+            self._cleaned = True
+        use_async = self.asynchronous and self._supports_async(strategy)
+        chosen = str(directory.new_save_dir(parent, create=use_async)) if trainer.is_global_zero else None
+        save_dir = Path(broadcast(strategy, chosen) or "")
+        if use_async:
+            self._save_async(trainer, save_dir)
+        else:
+            self._save_now(trainer, save_dir)
+
+    def _supports_async(self, strategy: Any) -> bool:
+        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+        if isinstance(strategy, (ModelParallelStrategy, FSDPStrategy)) and saves_directory(strategy):
+            return True
+        if not getattr(self, "_told_sync", False):
+            self._told_sync = True
+            log.info("%s writes its own checkpoints: saving synchronously", type(strategy).__name__)
+        return False
+
+    def _fields(self, trainer: pl.Trainer, writer: str) -> dict[str, Any]:
+        return {
+            "global_step": int(trainer.global_step),
+            "epoch": int(trainer.current_epoch),
+            "layout": layout_of(trainer.strategy, writer),
+            "versions": {
+                "lightning_resume": __version__,
+                "lightning": str(lightning.__version__),
+                "torch": str(torch.__version__),
+                "python": platform.python_version(),
+            },
+            "metadata": self.metadata,
+        }
+
+    def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
+        strategy = trainer.strategy
+        rank, world = trainer.global_rank, trainer.world_size
+        trainer.save_checkpoint(save_dir, weights_only=False)  # every rank; ends with a barrier
+        if not broadcast(strategy, save_dir.is_dir()):
+            # An unknown strategy wrote one file: commit it as a file.
+            if trainer.is_global_zero:
+                directory.fsync_file(save_dir)
+                replace_durably(save_dir, self.pointer)
+            return
+        self._agree(trainer, _attempt(lambda: self._record_part(save_dir, rank)), save_dir)
+        error = None
+        if trainer.is_global_zero:
+            fields = self._fields(trainer, f"{type(strategy).__name__}.save_checkpoint")
+            required = required_files(strategy)
+            error = _attempt(lambda: self._commit(save_dir, world, required, fields))
+        self._agree(trainer, error, save_dir)
+
+    def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+
+        strategy = trainer.strategy
+        checkpoint = capture_checkpoint(trainer, save_dir)  # every rank; ends with a barrier
+        state = dcp_state(strategy, checkpoint)
+        meta = None
+        if trainer.is_global_zero:
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)  # Lightning's meta.pt, serialised now: it may hold live tensors
+            meta = buffer.getvalue()
+        if self._group is None:
+            self._group = cpu_group(strategy)
+        response = dcp.async_save(
+            state,
+            checkpoint_id=save_dir,
+            process_group=self._group,
+            async_checkpointer_type=AsyncCheckpointerType.THREAD,
+            async_stager=self._stager_for(state),
+        )
+        upload = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        fields = self._fields(trainer, f"dcp.async_save ({model_key(strategy)})")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
+        self._async_used = True
+        self._pending_dir = save_dir
+        self._pending = self._pool.submit(
+            self._finish,
+            upload,
+            save_dir,
+            meta,
+            trainer.global_rank,
+            trainer.world_size,
+            required_files(strategy),
+            fields,
+        )
+
+    def _stager_for(self, state: dict[str, Any]) -> Any:
+        from lightning_resume.io._reused_buffer_stager import ReusedBufferStager
+
+        if ReusedBufferStager.supports(state):
+            if not isinstance(self._stager, ReusedBufferStager):
+                self._stager = ReusedBufferStager()
+            return self._stager
+        # GPU-resident or unusual tensors: DCP's own stager (pinned host memory where CUDA is present).
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if not isinstance(self._stager, DefaultStager):
+            self._stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
+        return self._stager
+
+    def _finish(
+        self,
+        upload: Future[Any],
+        save_dir: Path,
+        meta: bytes | None,
+        rank: int,
+        world: int,
+        required: tuple[str, ...],
+        fields: dict[str, Any],
+    ) -> None:
+        """The writer thread: wait for DCP, write ``meta.pt``, record this rank's files, commit (rank 0)."""
+        try:
+            try:
+                upload.result()
+            except BaseException as e:  # DCP's CheckpointException is a BaseException
+                raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
+            if meta is not None:
+                directory.write_bytes_durably(save_dir / directory.LIGHTNING_META, meta)
+            self._record_part(save_dir, rank)
+        except BaseException as e:
+            # Tell rank 0 at once instead of letting it wait for this rank's part until its timeout.
+            with contextlib.suppress(OSError):
+                directory.write_part(save_dir, rank, [], error=f"{type(e).__name__}: {e}")
+            raise
+        if rank == 0:
+            deadline = time.monotonic() + self.part_timeout
+            while not directory.parts_complete(save_dir, world):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Not every rank recorded its files in {str(save_dir)!r} within "
+                        f"{self.part_timeout} s: the save is not committed."
+                    )
+                time.sleep(_POLL)
+            self._commit(save_dir, world, required, fields)
+
+    def _record_part(self, save_dir: Path, rank: int) -> None:
+        """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
+        directory.write_part(
+            save_dir, rank, directory.hash_files(save_dir, directory.dcp_files_of(save_dir, rank))
+        )
+
+    def _commit(self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any]) -> None:
+        """Global rank 0: build the manifest and commit, then tell the callback and the mirror."""
+        manifest = directory.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
+        final = directory.commit(save_dir, self.pointer, manifest, self.keep)
+        log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
+        if self.on_commit is not None:
+            self.on_commit()
+        if self.mirror is not None:
+            self.mirror.submit_directory_upload(final, self.pointer.name)
+
+    def _agree(self, trainer: pl.Trainer, error: BaseException | None, save_dir: Path | None) -> None:
+        """Every rank learns whether any rank failed (one gather, which is also a barrier); all raise."""
+        message = None if error is None else f"rank {trainer.global_rank}: {type(error).__name__}: {error}"
+        problems = [m for m in gather_objects(trainer.strategy, message) if m]
+        if not problems:
+            return
+        if trainer.is_global_zero and save_dir is not None:
+            shutil.rmtree(save_dir, ignore_errors=True)
+        raise RuntimeError(
+            f"Saving the sharded checkpoint into {str(save_dir)!r} failed ({' | '.join(problems)}). "
+            f"{self.pointer.name} still names the previous checkpoint."
+        ) from error
+
+    # -- wait and close --------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is being written in the background on this rank."""
+        return self._pending is not None and not self._pending.done()
+
+    def wait(self, trainer: pl.Trainer) -> None:
+        """Wait for the save in flight; every rank raises if it failed on any rank (every rank calls this).
+
+        When this returns on any rank, global rank 0 has committed the save.
+        """
+        if not self._async_used:
+            return
+        pending, self._pending = self._pending, None
+        save_dir, self._pending_dir = self._pending_dir, None
+        error = None
+        if pending is not None:
+            error = _attempt(pending.result)
+        self._agree(trainer, error, save_dir)
+
+    def wait_until_durable(self, trainer: pl.Trainer) -> None:
+        """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
+        self.wait(trainer)
+        if self.mirror is not None and self.wait_for_mirror:
+            self.mirror.wait(self.mirror_timeout)
+
+    def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
+        """Finish the save in flight and stop the writer thread.
+
+        Args:
+            trainer: The trainer.
+            collective: Agree on errors with the other ranks (every rank calls this). ``False`` after an
+                exception, when other ranks may be gone: wait for this rank only, and warn on failure.
+
+        Raises:
+            RuntimeError: (``collective``) the save in flight failed on some rank.
+        """
+        try:
+            if collective:
+                self.wait(trainer)
+            elif self._pending is not None:
+                pending, self._pending = self._pending, None
+                error = _attempt(pending.result)
+                if error is not None:
+                    warn(
+                        f"The sharded checkpoint save in flight failed ({error}); "
+                        f"{self.pointer.name} keeps the one before."
+                    )
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self.mirror is not None and self.wait_for_mirror:
+                try:
+                    self.mirror.close(self.mirror_timeout)
+                except (TimeoutError, RuntimeError) as e:
+                    warn(str(e))
+
+
+def _attempt(action: Callable[[], Any]) -> BaseException | None:
+    """Run ``action``; return what it raised (DCP's errors are ``BaseException``s), or ``None``."""
+    try:
+        action()
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return e
+    return None
