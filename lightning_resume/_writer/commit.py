@@ -17,11 +17,13 @@ import errno
 import mmap
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lightning_resume._writer.atomic import TEMP_PREFIX, atomic_open, fsync_dir, replace_durably, temp_sibling
 from lightning_resume._writer.direct_file import DirectFile, new_buffer
+from lightning_resume._writer.duty_cycle import DutyCycle
 from lightning_resume._writer.manifest import (
     ChecksumWriter,
     Entry,
@@ -78,6 +80,7 @@ def commit(
     known: Entry | None = None,
     direct: bool = True,
     buffer: mmap.mmap | None = None,
+    pace: DutyCycle | None = None,
 ) -> Entry:
     """Write a new version of ``path`` through ``write`` and commit it; return its manifest entry.
 
@@ -87,7 +90,8 @@ def commit(
         make_entry: Builds the entry from the written ``(size, checksum)``.
         known: The entry of the data file now at ``path``, when the caller committed it itself.
         direct: Write past the page cache where the filesystem allows it.
-        buffer: A buffer from ``_direct_file.new_buffer()`` to reuse (default: a new one).
+        buffer: A buffer from ``direct_file.new_buffer()`` to reuse (default: a new one).
+        pace: Paces the write (a background write's duty cycle) and records its fsync time.
 
     Raises:
         OSError: from the filesystem; ``path`` and its manifest are then as they were.
@@ -97,11 +101,14 @@ def commit(
     try:
         staging = buffer if buffer is not None else new_buffer()
         try:
-            file = DirectFile(fd, staging, direct)
-            out = ChecksumWriter(file)
-            write(out)
-            file.finish()
+            with DirectFile(fd, staging, direct, pace) as file:
+                out = ChecksumWriter(file)
+                write(out)
+                file.finish()
+            started = time.monotonic()
             os.fsync(fd)
+            if pace is not None:
+                pace.fsync_seconds = time.monotonic() - started
         finally:
             os.close(fd)
             if staging is not buffer:

@@ -3,32 +3,60 @@
 A checkpoint written through the page cache costs the machine twice: every byte is copied into
 freshly allocated cache pages (kernel time that competes with training for the CPU and memory
 bandwidth), and those pages then push the training data out of the cache. Written directly, the
-bytes go from one reused, aligned buffer to the device. Direct writes must start at aligned offsets
+bytes go from a few reused, aligned buffers to the device. Direct writes must start at aligned offsets
 and have aligned lengths, so the last block is padded and the file truncated to its true size.
 
+The writes are pipelined: while one buffer is being written to the device by an I/O thread (which
+releases the GIL), the caller fills the next one, so the hashing, CRCs and copies that produce the
+bytes overlap the disk instead of adding to it.
+
 Filesystems that refuse direct writes (ramfs, tmpfs on older kernels, many FUSE filesystems) get
-ordinary buffered writes of the same bytes. Pure standard library: the writer process imports it.
+ordinary buffered writes of the same bytes; each block's writeback is started as soon as it is
+written (``sync_file_range``), so that the final fsync is short and the disk is written at the pace
+of the caller rather than in one burst at the end. Pure standard library: the writer process
+imports it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
 import mmap
 import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 #: Offsets and lengths of direct writes are multiples of this (covers 512- and 4096-byte devices).
 ALIGN = 4096
-#: Size of the reused aligned buffer, i.e. of each direct write.
+#: Size of each aligned buffer, i.e. of each direct write.
 BLOCK = 8 << 20
+#: Buffers per file: one is filled while the others are written.
+DEPTH = 4
+
+_WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # sync_file_range flags
 
 
-def new_buffer() -> mmap.mmap:
-    """An aligned buffer for :class:`DirectFile` (anonymous memory is page-aligned); reuse it."""
-    return mmap.mmap(-1, BLOCK)
+class Pace(Protocol):
+    """Decides, after each block handed to the disk, whether the writer rests (``duty_cycle``)."""
+
+    def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
+        """``nbytes`` more were handed over; ``drain()`` waits until everything handed over is written."""
+
+
+def new_buffer(depth: int = DEPTH) -> mmap.mmap:
+    """Aligned buffers for :class:`DirectFile` (anonymous memory is page-aligned); reuse them.
+
+    Args:
+        depth: How many ``BLOCK``-sized buffers (1: no pipelining).
+    """
+    return mmap.mmap(-1, max(1, depth) * BLOCK)
 
 
 def set_direct(fd: int, on: bool) -> bool:
@@ -48,34 +76,51 @@ def set_direct(fd: int, on: bool) -> bool:
 class DirectFile:
     """A write-only stream over an open file descriptor, written with ``O_DIRECT`` where possible.
 
-    Bytes collect in an aligned buffer that is written out whenever it is full; :meth:`finish`
-    writes the rest and sets the file's size. When the filesystem rejects direct I/O (at the switch
-    or at a write), the same bytes go through the page cache instead.
+    Bytes collect in an aligned buffer; a full buffer goes to an I/O thread while the next one is
+    filled (with a single buffer, it is written in the caller). :meth:`finish` writes the rest, waits
+    for the I/O thread and sets the file's size; :meth:`close` stops the I/O thread (call it before
+    closing ``fd``, also after an error). When the filesystem rejects direct I/O (at the switch or at
+    a write), the same bytes go through the page cache instead.
 
     Args:
         fd: A file descriptor of an empty file open for writing (not closed here).
         buffer: From :func:`new_buffer`, used by one file at a time.
         direct: Try ``O_DIRECT`` (``False``: write through the page cache).
+        pace: Called after each full buffer is handed over (the background writer's duty cycle).
     """
 
-    def __init__(self, fd: int, buffer: mmap.mmap, direct: bool = True) -> None:
+    def __init__(self, fd: int, buffer: mmap.mmap, direct: bool = True, pace: Pace | None = None) -> None:
         self.fd = fd
         self.size = 0
         self.direct = set_direct(fd, True) if direct else False
-        self._buffer = buffer
+        whole = memoryview(buffer)
+        self._slots = [whole[i * BLOCK : (i + 1) * BLOCK] for i in range(max(1, len(buffer) // BLOCK))]
+        whole.release()
+        self._pace = pace
+        self._free = deque(range(len(self._slots)))
+        self._current = self._free.popleft()
         self._used = 0
         self._written = 0
+        self._io: ThreadPoolExecutor | None = None
+        self._pending: deque[tuple[Future[None], int]] = deque()
+        self._behind: tuple[int, int] | None = None  # buffered mode: the block whose writeback runs
+
+    def __enter__(self) -> DirectFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int:
         view = memoryview(data).cast("B")
         done = 0
         while done < view.nbytes:
             n = min(BLOCK - self._used, view.nbytes - done)
-            self._buffer[self._used : self._used + n] = view[done : done + n]
+            self._slots[self._current][self._used : self._used + n] = view[done : done + n]
             self._used += n
             done += n
             if self._used == BLOCK:
-                self._drain()
+                self._hand_over()
         self.size += view.nbytes
         return view.nbytes
 
@@ -85,33 +130,85 @@ class DirectFile:
     def flush(self) -> None:
         """Nothing to do: the buffered tail is written by :meth:`finish`."""
 
-    def close(self) -> None:
-        """Leave the descriptor open: its owner finishes, fsyncs and closes it."""
-
     def finish(self) -> None:
         """Write what is still buffered and give the file its exact size (call before the fsync)."""
         if self._used:
-            self._drain()
+            self._hand_over(last=True)
+        self.drain()
         os.ftruncate(self.fd, self.size)  # drops the padding of the last direct write
 
-    def _drain(self) -> None:
-        used = self._used
-        with memoryview(self._buffer) as whole:
-            if self.direct:
-                padded = -(-used // ALIGN) * ALIGN
-                whole[used:padded] = bytes(padded - used)
-                try:
-                    _pwrite_all(self.fd, whole[:padded], self._written)
-                except OSError as e:
-                    if e.errno != errno.EINVAL:
-                        raise
-                    # The filesystem took the flag but not the write: go on through the page cache.
-                    log.debug("direct writes refused on fd %s (%s); writing buffered", self.fd, e)
-                    self.direct = set_direct(self.fd, False)
-            if not self.direct:
-                _pwrite_all(self.fd, whole[:used], self._written)
+    def drain(self) -> None:
+        """Wait until every buffer handed over is written; raise the first write error."""
+        while self._pending:
+            future, slot = self._pending.popleft()
+            self._free.append(slot)
+            future.result()
+
+    def close(self) -> None:
+        """Stop the I/O thread (dropping unwritten buffers) and release the buffer; ``fd`` stays open."""
+        if self._io is not None:
+            self._io.shutdown(wait=True, cancel_futures=True)
+            self._io = None
+        self._pending.clear()
+        for slot in self._slots:
+            slot.release()
+
+    def _hand_over(self, last: bool = False) -> None:
+        slot, used, offset = self._current, self._used, self._written
         self._written += used
         self._used = 0
+        if len(self._slots) == 1:
+            self._write_block(slot, used, offset)
+        else:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-io")
+            self._pending.append((self._io.submit(self._write_block, slot, used, offset), slot))
+            if not self._free:
+                future, free = self._pending.popleft()
+                self._free.append(free)
+                future.result()
+            self._current = self._free.popleft()
+        if self._pace is not None and not last:
+            self._pace.after_block(used, self.drain)
+
+    def _write_block(self, slot: int, used: int, offset: int) -> None:
+        view = self._slots[slot]
+        if self.direct:
+            padded = -(-used // ALIGN) * ALIGN
+            view[used:padded] = bytes(padded - used)
+            try:
+                _pwrite_all(self.fd, view[:padded], offset)
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                # The filesystem took the flag but not the write: go on through the page cache.
+                log.debug("direct writes refused on fd %s (%s); writing buffered", self.fd, e)
+                self.direct = set_direct(self.fd, False)
+        _pwrite_all(self.fd, view[:used], offset)
+        self._write_behind(offset, used)
+
+    def _write_behind(self, offset: int, nbytes: int) -> None:
+        """Start writing this block back, and wait for the one before: few dirty pages, a short fsync."""
+        sync_file_range = _sync_file_range()
+        if sync_file_range is None:
+            return
+        sync_file_range(self.fd, offset, nbytes, _WRITE)
+        if self._behind is not None:
+            sync_file_range(self.fd, *self._behind, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+        self._behind = (offset, nbytes)
+
+
+@cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), or ``None``; its errors are ignored (it is only a hint)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

@@ -1,4 +1,4 @@
-"""Entry point of the checkpoint writer process: ``python .../_writer/main.py SOCKET_FD BUFFER_FD``.
+"""Entry point of the checkpoint writer process: ``python .../_writer/main.py SOCKET_FD BUFFER_FD HURRY_FD``.
 
 Run as a script rather than with ``-m`` so that the package ``__init__`` (and with it lightning and
 torch) is not imported: a bare package object stands in for ``lightning_resume``, enough to import
@@ -18,4 +18,4 @@ if __name__ == "__main__":
     sys.modules["lightning_resume"] = package
     from lightning_resume._writer.process import serve
 
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -29,6 +29,7 @@ VERSION = 1
 ALGORITHM = "xxh3_64"
 MAX_ENTRIES = 3
 CHUNK = 1 << 30  # one call per GiB: a hash running beside a load rarely waits for the GIL
+PIECE = 2 << 20  # bytes hashed and written at a time by ChecksumWriter
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,14 @@ class ChecksumWriter:
         self.checksum = Checksum()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        self.checksum.update(data)
-        self.raw.write(data)
-        return memoryview(data).nbytes
+        view = memoryview(data).cast("B")
+        # In pieces: each is still in the CPU cache when it is copied out, and a large write (a whole
+        # storage from torch.save) reaches the file while it is being hashed, not after.
+        for offset in range(0, view.nbytes, PIECE):
+            piece = view[offset : offset + PIECE]
+            self.checksum.update(piece)
+            self.raw.write(piece)
+        return view.nbytes
 
     def tell(self) -> int:
         return self.checksum.size

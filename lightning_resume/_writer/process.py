@@ -1,14 +1,22 @@
 """The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
 
-The training process starts it with ``python _writer/main.py SOCKET_FD BUFFER_FD`` (a script, so the
-package ``__init__`` and with it lightning and torch are never imported: it starts in tens of
-milliseconds and costs little memory). Requests and replies are pickled tuples over a socket pair:
+The training process starts it with ``python _writer/main.py SOCKET_FD BUFFER_FD HURRY_FD`` (a
+script, so the package ``__init__`` and with it lightning and torch are never imported: it starts in
+tens of milliseconds and costs little memory). Requests and replies are pickled tuples over a socket
+pair:
 
-``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` -> ``("done", entry)`` or
-``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
+``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` -> ``("done", {"entry":
+..., "stats": ...})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
+
+A write request carries its sequence number and the share of the time it may work (``duty_cycle``:
+1.0 is full speed). While it is being written, the trainer can lift the pacing by writing the
+sequence number to the hurry pipe (``HURRY_FD``), which the writer polls between buffers and sleeps on
+while resting. The writer runs at normal priority (niceness 0 unless asked otherwise), so that at
+full speed it is not starved by a busy node.
 
 The writer ignores the preemption signals (they are the trainer's to handle: it still has a final
-checkpoint to hand over), finishes the request in hand when the trainer dies, then exits.
+checkpoint to hand over), finishes the request in hand when the trainer dies (at full speed: the
+hurry pipe reaches end-of-file), then exits.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -28,8 +37,9 @@ from typing import Any
 
 from lightning_resume._writer.commit import commit, save_error
 from lightning_resume._writer.direct_file import new_buffer
+from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats, hurry
 from lightning_resume._writer.manifest import Entry
-from lightning_resume._writer.zip_records import use_fast_crc32, write_archive
+from lightning_resume._writer.zip_records import write_archive
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +83,8 @@ class WriterProcess:
         buffer_fd: File descriptor of the shared staging buffer, inherited by the writer.
         start_timeout: Seconds to wait for the writer's readiness reply.
         shutdown_timeout: Seconds to wait for a graceful exit before killing it.
-        niceness: Added to the writer's nice value so training threads win the CPU.
+        niceness: Added to the writer's nice value (it cannot be taken back: the writer then stays
+            slower on a busy node even at full speed).
     """
 
     def __init__(self, buffer_fd: int, start_timeout: float, shutdown_timeout: float, niceness: int) -> None:
@@ -82,15 +93,22 @@ class WriterProcess:
         self.shutdown_timeout = shutdown_timeout
         self.niceness = niceness
         parent, child = socket.socketpair()
+        hurry_read, self._hurry_write = os.pipe()
+        os.set_blocking(self._hurry_write, False)
+        self._hurry_lock = threading.Lock()  # hurry() runs in the trainer's thread, kill() in the saver's
         try:
             self.process = subprocess.Popen(
-                [sys.executable, str(_MAIN), str(child.fileno()), str(buffer_fd)],
-                pass_fds=(child.fileno(), buffer_fd),
+                [sys.executable, str(_MAIN), str(child.fileno()), str(buffer_fd), str(hurry_read)],
+                pass_fds=(child.fileno(), buffer_fd, hurry_read),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
             )
+        except BaseException:
+            os.close(self._hurry_write)
+            raise
         finally:
             child.close()
+            os.close(hurry_read)
         self.conn = Connection(parent.detach())
         log.debug("started checkpoint writer process %s", self.process.pid)
         try:
@@ -108,6 +126,12 @@ class WriterProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def hurry(self, seq: int) -> None:
+        """Have the writer finish write ``seq`` (if it is writing it) at full speed; never blocks."""
+        with self._hurry_lock:
+            if self._hurry_write >= 0:
+                hurry(self._hurry_write, seq)
 
     def request(self, message: tuple[str, Any], timeout: float | None = None) -> tuple[str, Any]:
         """Send ``message`` and wait for the reply.
@@ -158,21 +182,36 @@ class WriterProcess:
                     )
                 self.kill()
         self.conn.close()
+        self._close_hurry()
 
     def kill(self) -> None:
         if self.alive():
             self.process.kill()
         self.process.wait()
         self.conn.close()
+        self._close_hurry()
+
+    def _close_hurry(self) -> None:
+        with self._hurry_lock:
+            if self._hurry_write >= 0:
+                os.close(self._hurry_write)
+                self._hurry_write = -1
 
 
-def write_request(request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None) -> Entry:
+def write_request(
+    request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None, hurry_fd: int | None = None
+) -> tuple[Entry, WriteStats]:
     """Write and commit one staged checkpoint (runs in the writer process).
 
     Args:
-        request: The ``write`` request: target path, records, manifest fields, ``direct``.
+        request: The ``write`` request: target path, records, manifest fields, ``direct``, ``seq``
+            and ``share`` (the duty cycle).
         view: The shared staging buffer the records point into.
-        buffer: The file-writing buffer to reuse (``_direct_file.new_buffer``).
+        buffer: The file-writing buffer to reuse (``direct_file.new_buffer``).
+        hurry_fd: The hurry pipe the trainer lifts the pacing through.
+
+    Returns:
+        The committed entry, and how the write went.
     """
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
@@ -183,14 +222,17 @@ def write_request(request: dict[str, Any], view: memoryview, buffer: mmap.mmap |
     def make_entry(size: int, checksum: str) -> Entry:
         return Entry.from_json({**request["entry"], "size": size, "checksum": checksum})
 
-    return commit(
+    pace = DutyCycle(request.get("share", 1.0), hurry_fd, request.get("seq", 0))
+    entry = commit(
         request["path"],
         lambda out: write_archive(out, records, request["alignment"], request["version"]),
         make_entry,
         Entry.from_json(known) if known else None,
         direct=request.get("direct", True),
         buffer=buffer,
+        pace=pace,
     )
+    return entry, pace.stats(entry.size)
 
 
 def _describe(error: BaseException) -> dict[str, Any]:
@@ -204,12 +246,13 @@ def _describe(error: BaseException) -> dict[str, Any]:
     }
 
 
-def serve(sock_fd: int, buffer_fd: int) -> None:
+def serve(sock_fd: int, buffer_fd: int, hurry_fd: int | None = None) -> None:
     """The writer's main loop."""
     for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    use_fast_crc32()
+    if hurry_fd is not None:
+        os.set_blocking(hurry_fd, False)
     conn = Connection(sock_fd)
     mapping: mmap.mmap | None = None
     file_buffer = new_buffer()
@@ -232,7 +275,8 @@ def serve(sock_fd: int, buffer_fd: int) -> None:
                     mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
                 view = memoryview(mapping)
                 try:
-                    reply = ("done", write_request(payload, view, file_buffer).to_json())
+                    entry, stats = write_request(payload, view, file_buffer, hurry_fd)
+                    reply = ("done", {"entry": entry.to_json(), "stats": stats.to_json()})
                 finally:
                     view.release()
             except Exception as e:

@@ -4,6 +4,12 @@
 holding ``data.pkl``, the ``data/<key>`` storages, ``version`` and a few small records. Each record
 starts at a multiple of the storage alignment (``torch.load(mmap=True)`` relies on it); the padding
 goes in an extra field of the local header, as torch's own writer does.
+
+The zip is streamed (stored entries, a data descriptor after each record's data, no seeking back),
+the layout Python's ``zipfile`` writes to a non-seekable stream, with ZIP64 fields where sizes or
+offsets need them. Written here rather than through ``zipfile`` so that the CRC-32 can be ISA-L's
+(several times faster than zlib's) in any process without patching ``zipfile`` for everyone, and
+so that records can be added one at a time as torch's serialiser hands them over.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from __future__ import annotations
 import secrets
 import struct
 import zipfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
 from typing import Protocol
 
 Data = bytes | bytearray | memoryview
@@ -20,39 +29,163 @@ Data = bytes | bytearray | memoryview
 class Sink(Protocol):
     """Where the archive goes: a stream that can write and tell its position."""
 
-    def write(self, data: bytes, /) -> int: ...
+    def write(self, data: Data, /) -> int: ...
 
     def tell(self) -> int: ...
 
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
 
 _PADDING_FIELD = 0x4246  # "FB", the extra-field id torch's writer pads with
+_ZIP64_FIELD = 0x0001
 # Records are written in pieces small enough to stay in the CPU cache between the zip CRC, the
 # manifest checksum and the copy to the file.
 _CHUNK = 2 << 20
-_DATE = (1980, 1, 1, 0, 0, 0)
+_DOS_DATE = (1980 - 1980) << 9 | 1 << 5 | 1  # 1980-01-01, 00:00:00: archives do not depend on the clock
+_DOS_TIME = 0
+_VERSION, _VERSION_ZIP64 = 20, 45
+_DATA_DESCRIPTOR, _UTF8_NAME = 0x08, 0x800
+_UNIX, _MODE = 3, 0o600 << 16
+_LIMIT = zipfile.ZIP64_LIMIT  # zipfile's limits (signed 32 and 16 bits), for the readers it fits
+_COUNT_LIMIT = zipfile.ZIP_FILECOUNT_LIMIT
 
 
-def use_fast_crc32() -> bool:
-    """Make ``zipfile`` compute CRC-32s with ISA-L (several times faster than zlib) when installed.
-
-    Rebinds ``zipfile``'s module-level ``crc32`` for the whole process, so only the writer process
-    (which is ours alone) calls it. Returns whether ISA-L is in use.
-    """
+@cache
+def fast_crc32() -> Callable[[Data, int], int]:
+    """ISA-L's CRC-32 (several times faster than zlib's) when installed, else zlib's."""
     try:
         from isal import isal_zlib
     except ImportError:
-        return False
-    zipfile.crc32 = isal_zlib.crc32  # type: ignore[attr-defined]
-    return True
+        return zlib.crc32
+    return isal_zlib.crc32
 
 
 def serialization_id() -> bytes:
     """A random 40-digit id, the form ``torch.save`` writes to ``.data/serialization_id``."""
     return f"{secrets.randbits(128):040d}".encode()
+
+
+@dataclass
+class _Member:
+    name: bytes
+    flags: int
+    offset: int
+    size: int
+    crc: int
+
+
+class ArchiveWriter:
+    """Writes ``torch.save``'s zip layout record by record.
+
+    Args:
+        out: A writable stream with ``tell()`` (it is never asked to seek).
+        alignment: Byte alignment of every record's data.
+        archive: Name of the top-level folder.
+        crc32: The CRC-32 function (default: :func:`fast_crc32`).
+    """
+
+    #: Records at least this large (and offsets past it) get ZIP64 fields; tests lower it.
+    zip64_limit = _LIMIT
+
+    def __init__(
+        self,
+        out: Sink,
+        alignment: int = 64,
+        archive: str = "archive",
+        crc32: Callable[[Data, int], int] | None = None,
+    ) -> None:
+        self.out = out
+        self.alignment = alignment
+        self.archive = archive
+        self._crc32 = crc32 or fast_crc32()
+        self._members: list[_Member] = []
+
+    def add(self, name: str, data: Data) -> None:
+        """Write the record ``name`` (without the folder prefix) with content ``data``."""
+        view = memoryview(data).cast("B")
+        full = f"{self.archive}/{name}"
+        try:
+            encoded, flags = full.encode("ascii"), _DATA_DESCRIPTOR
+        except UnicodeEncodeError:
+            encoded, flags = full.encode("utf-8"), _DATA_DESCRIPTOR | _UTF8_NAME
+        zip64 = view.nbytes * 1.05 > self.zip64_limit  # zipfile's rule for a size known in advance
+        offset = self.out.tell()
+        # Local header: 30 fixed bytes, the name, our padding field, then the ZIP64 field if any.
+        start = offset + 30 + len(encoded) + 4 + (20 if zip64 else 0)
+        pad = -start % self.alignment
+        extra = struct.pack("<HH", _PADDING_FIELD, pad) + b"Z" * pad
+        if zip64:
+            extra += struct.pack("<HHQQ", _ZIP64_FIELD, 16, 0, 0)
+        version = _VERSION_ZIP64 if zip64 else _VERSION
+        sizes = (0, 0, 0)  # CRC and sizes follow the data, in the data descriptor
+        fixed = (version, 0, flags, 0, _DOS_TIME, _DOS_DATE, *sizes, len(encoded), len(extra))
+        header = struct.pack("<4s2B4HL2L2H", b"PK\003\004", *fixed)
+        self.out.write(header + encoded + extra)
+        crc = 0
+        for start in range(0, view.nbytes, _CHUNK):
+            piece = view[start : start + _CHUNK]
+            crc = self._crc32(piece, crc)
+            self.out.write(piece)
+        crc &= 0xFFFFFFFF
+        fmt = "<LLQQ" if zip64 else "<LLLL"
+        self.out.write(struct.pack(fmt, 0x08074B50, crc, view.nbytes, view.nbytes))
+        self._members.append(_Member(encoded, flags, offset, view.nbytes, crc))
+
+    def close(self, version: bytes = b"3\n", identity: bytes | None = None) -> None:
+        """Write the ``version`` and ``.data/serialization_id`` records, then the central directory.
+
+        Args:
+            version: Content of the ``version`` record.
+            identity: Content of ``.data/serialization_id`` (default: a new random id).
+        """
+        self.add("version", version)
+        self.add(".data/serialization_id", identity if identity is not None else serialization_id())
+        start = self.out.tell()
+        for member in self._members:
+            self._central_entry(member)
+        size = self.out.tell() - start
+        count = len(self._members)
+        if count > _COUNT_LIMIT or start > self.zip64_limit or size > self.zip64_limit:
+            end64 = self.out.tell()
+            fields = (44, _VERSION_ZIP64, _VERSION_ZIP64, 0, 0, count, count, size, start)
+            self.out.write(struct.pack("<4sQ2H2L4Q", b"PK\006\006", *fields))
+            self.out.write(struct.pack("<4sLQL", b"PK\006\007", 0, end64, 1))
+            count, size, start = min(count, 0xFFFF), min(size, 0xFFFFFFFF), min(start, 0xFFFFFFFF)
+        self.out.write(struct.pack("<4s4H2LH", b"PK\005\006", 0, 0, count, count, size, start, 0))
+
+    def _central_entry(self, member: _Member) -> None:
+        fields = []
+        size = offset = None
+        if member.size > self.zip64_limit:
+            fields += [member.size, member.size]
+            size = 0xFFFFFFFF
+        if member.offset > self.zip64_limit:
+            fields.append(member.offset)
+            offset = 0xFFFFFFFF
+        extra = struct.pack(f"<HH{len(fields)}Q", _ZIP64_FIELD, 8 * len(fields), *fields) if fields else b""
+        version = _VERSION_ZIP64 if fields else _VERSION
+        stored = member.size if size is None else size
+        entry = struct.pack(
+            "<4s4B4HL2L5H2L",
+            b"PK\001\002",
+            version,
+            _UNIX,
+            version,
+            0,
+            member.flags,
+            0,  # stored
+            _DOS_TIME,
+            _DOS_DATE,
+            member.crc,
+            stored,
+            stored,
+            len(member.name),
+            len(extra),
+            0,  # comment
+            0,  # disk
+            0,  # internal attributes
+            _MODE,
+            member.offset if offset is None else offset,
+        )
+        self.out.write(entry + member.name + extra)
 
 
 def write_archive(
@@ -65,29 +198,13 @@ def write_archive(
     """Write ``records`` (name, bytes) as ``torch.save``'s zip layout, then ``version`` and an id.
 
     Args:
-        out: A writable stream with ``tell()``; if it cannot seek, entries use data descriptors.
+        out: A writable stream with ``tell()``.
         records: The records ``torch.serialization`` produced, in order, without the folder prefix.
         alignment: Byte alignment of every record's data.
         version: Content of the ``version`` record.
         archive: Name of the top-level folder.
     """
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, data in records:
-            _add(zf, out, f"{archive}/{name}", data, alignment)
-        _add(zf, out, f"{archive}/version", version, alignment)
-        _add(zf, out, f"{archive}/.data/serialization_id", serialization_id(), alignment)
-
-
-def _add(zf: zipfile.ZipFile, out: Sink, name: str, data: Data, alignment: int) -> None:
-    view = memoryview(data).cast("B")
-    info = zipfile.ZipInfo(name, date_time=_DATE)
-    info.compress_type = zipfile.ZIP_STORED
-    info.file_size = view.nbytes
-    zip64 = view.nbytes * 1.05 > zipfile.ZIP64_LIMIT  # zipfile's own rule, made explicit
-    # Local header: 30 fixed bytes, the name, the zip64 field (20 bytes) if any, then our padding.
-    start = out.tell() + 30 + len(name.encode("utf-8")) + (20 if zip64 else 0) + 4
-    pad = -start % alignment
-    info.extra = struct.pack("<HH", _PADDING_FIELD, pad) + b"Z" * pad
-    with zf.open(info, "w", force_zip64=zip64) as handle:
-        for offset in range(0, view.nbytes, _CHUNK):
-            handle.write(view[offset : offset + _CHUNK])
+    writer = ArchiveWriter(out, alignment, archive)
+    for name, data in records:
+        writer.add(name, data)
+    writer.close(version)

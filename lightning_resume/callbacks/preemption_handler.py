@@ -26,8 +26,10 @@ from lightning_resume._run.signals import (
     submitit_signal,
 )
 from lightning_resume._run.worker_signals import block_in_workers, unblock_in_workers
+from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
 from lightning_resume.exceptions import MissingCallbackError, Preempted
+from lightning_resume.io._protocol import HurryingCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class StopReport:
         seconds_to_durable: From the signal until ``last.ckpt`` was durable.
         requeue: What was done to requeue the job (``None`` until it is decided).
         seconds_to_exit: From the signal until ``fit`` ended.
+        write: How ``last.ckpt`` was written (size, seconds, speed), when the checkpoint plugin reports
+            it (:attr:`DurableCheckpointIO.last_write <lightning_resume.DurableCheckpointIO.last_write>`).
     """
 
     signal: str
@@ -53,6 +57,7 @@ class StopReport:
     seconds_to_durable: float | None = None
     requeue: str | None = None
     seconds_to_exit: float | None = None
+    write: WriteStats | None = None
 
 
 class PreemptionHandler(Callback):
@@ -346,6 +351,9 @@ class PreemptionHandler(Callback):
         """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
         assert self._requeue_checkpoint is not None
         start = self._received[1] if self._received else time.monotonic()
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, HurryingCheckpointIO):
+            io.hurry()  # a wait follows at once: full speed, and this save written straight away
         if in_validation:
             self._requeue_checkpoint.save_in_validation(trainer)
         else:
@@ -356,6 +364,7 @@ class PreemptionHandler(Callback):
             trainer.global_step,
             started=start,
             seconds_to_durable=time.monotonic() - start,
+            write=io.last_write if isinstance(io, HurryingCheckpointIO) else None,
         )
 
     def _exit(self, trainer: pl.Trainer) -> None:
@@ -381,10 +390,11 @@ class PreemptionHandler(Callback):
             else ""
         )
         log.warning(
-            "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal; requeue: %s%s",
+            "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal%s; requeue: %s%s",
             self._stopped.signal,
             self._stopped.step,
             self._stopped.seconds_to_durable,
+            f" ({self._stopped.write.describe()})" if self._stopped.write is not None else "",
             requeued,
             f"; {exit_text}" if exit_text else "",
         )

@@ -111,6 +111,13 @@ def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--root", type=Path, default=Path("runs"), help="the runs root to check (default: runs)"
     )
+    parser.add_argument(
+        "--write-test",
+        type=_non_negative_int,
+        default=64,
+        metavar="MIB",
+        help="MiB written and fsynced to time durable writes to the root; 0 skips it (default: 64)",
+    )
     _add_json(parser)
 
 
@@ -120,7 +127,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
 
     from lightning_resume.cli import doctor, render
 
-    findings = doctor.run_checks(args.root.expanduser().resolve(), os.environ)
+    findings = doctor.run_checks(args.root.expanduser().resolve(), os.environ, args.write_test << 20)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))
     else:
@@ -229,9 +236,10 @@ COMMANDS: dict[str, Command] = {
         help="check this environment the way a failed requeue would be debugged",
         description=(
             "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
-            "handlers, $TMPDIR and free space against the run root, and tracker settings that would send "
-            "data somewhere unexpected. Each finding is ok, warn or error with what to do; exit status 1 "
-            "if any is an error."
+            "handlers, $TMPDIR and free space against the run root, the durable write speed of the run "
+            "root (and how long the largest checkpoint takes to write), and tracker settings that would "
+            "send data somewhere unexpected. Each finding is ok, warn or error with what to do; exit "
+            "status 1 if any is an error."
         ),
         add_arguments=_add_doctor_arguments,
         run=_run_doctor,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lightning_resume._run import layout, signals
 from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
+from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
 from lightning_resume.exceptions import RunDirError
 
 
@@ -137,6 +138,43 @@ def _device(path: Path) -> int | None:
     return None
 
 
+def _checkpoint_sizes(root: Path) -> list[int]:
+    """Sizes of the checkpoint files of every run dir under the runs root ``root``."""
+    if not root.is_dir():
+        return []
+    return [
+        p.stat().st_size for p in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")
+    ]
+
+
+def write_speed_checks(root: Path, nbytes: int = DEFAULT_BYTES) -> list[Finding]:
+    """The durable write speed of the run root (a timed write + fsync of a temporary file).
+
+    With checkpoints under the root, also the seconds the largest one needs to become durable, the
+    floor of what a preemption's grace period must allow for the last save.
+    """
+    existing = next((p for p in (root, *root.parents) if p.is_dir()), None)
+    if existing is None or nbytes <= 0:
+        return []
+    try:
+        speed = measure_write_speed(existing, nbytes)
+    except OSError as e:
+        return [
+            Finding(
+                Level.ERROR,
+                "write speed",
+                f"cannot write to {existing}: {e.strerror or e}",
+                "make the run root writable by the user running training",
+            )
+        ]
+    detail = f"{speed / 1e6:,.0f} MB/s durable writes to {existing} ({nbytes / 2**20:.0f} MiB + fsync)"
+    sizes = _checkpoint_sizes(root)
+    if sizes:
+        largest = max(sizes)
+        detail += f"; the largest checkpoint ({largest / 1e9:.2f} GB) takes ~{largest / speed:.1f} s to write"
+    return [Finding(Level.OK, "write speed", detail)]
+
+
 def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
     found = []
@@ -156,11 +194,7 @@ def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     if existing is None:
         return found
     free = shutil.disk_usage(existing).free
-    sizes = (
-        [p.stat().st_size for p in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")]
-        if root.is_dir()
-        else []
-    )
+    sizes = _checkpoint_sizes(root)
     if sizes:
         need = 2 * max(sizes)  # the new checkpoint is written beside the old one
         level = Level.ERROR if free < need else Level.OK
@@ -222,11 +256,12 @@ def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
     return found
 
 
-def run_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
-    """All checks, in the order they are shown."""
+def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAULT_BYTES) -> list[Finding]:
+    """All checks, in the order they are shown (``write_bytes=0`` skips the timed write)."""
     return [
         *scheduler_checks(environ),
         *signal_checks(environ),
         *storage_checks(root, environ),
+        *write_speed_checks(root, write_bytes),
         *tracker_checks(environ),
     ]

@@ -4,38 +4,28 @@
 checkpoint into the shared buffer and hands the write to a background thread that talks to the
 writer process. A writer that dies is restarted and the write retried once from the same snapshot
 (nothing touches the buffer until the write is over).
+
+Writes start gently (``share`` of the time, see ``_writer.duty_cycle``). Whenever the trainer blocks on a
+write in flight (:meth:`AsyncSaver.wait`: a new save waiting for the previous one, a wait until
+durable, a removal, a load, teardown), that write is switched to full speed, and so is the next one:
+the trainer is waiting, so gentleness only makes it wait longer.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lightning_resume._writer.commit import clean_stale
+from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume._writer.manifest import Entry
 from lightning_resume._writer.process import WriterDied, WriterProcess, carried_error
-from lightning_resume.io._snapshot import HostBuffer, Staged, stage
+from lightning_resume.io._snapshot import HostBuffer, Staged, stage, torch_archive_version
 
 log = logging.getLogger(__name__)
-
-
-@cache
-def torch_archive_version() -> bytes:
-    """The ``version`` record this torch writes in a ``torch.save`` archive."""
-    import zipfile
-
-    buffer = io.BytesIO()
-    torch.save({}, buffer)
-    with zipfile.ZipFile(buffer) as archive:
-        name = next(n for n in archive.namelist() if n.endswith("/version"))
-        return archive.read(name)
 
 
 class AsyncSaver:
@@ -47,7 +37,8 @@ class AsyncSaver:
         niceness: Nice increment of the writer process.
         direct_io: Write files past the page cache where the filesystem allows it.
         known: Returns the manifest entry of the file this process last committed at a path.
-        on_commit: Called (in the background thread) with each committed path and entry.
+        on_commit: Called (in the background thread) with each committed path, entry and write stats.
+        share: Share of the time a background write may work, in (0, 1].
     """
 
     def __init__(
@@ -57,18 +48,23 @@ class AsyncSaver:
         niceness: int,
         direct_io: bool,
         known: Callable[[Path], Entry | None],
-        on_commit: Callable[[Path, Entry], None],
+        on_commit: Callable[[Path, Entry, WriteStats], None],
+        share: float = 1.0,
     ) -> None:
         self.start_timeout = start_timeout
         self.shutdown_timeout = shutdown_timeout
         self.niceness = niceness
         self.direct_io = direct_io
+        self.share = share
         self._known = known
         self._on_commit = on_commit
         self._buffer = HostBuffer()
         self._process: WriterProcess | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-writer")
         self._pending: Future[Entry] | None = None
+        self._seq = 0  # of the newest write
+        self._full_speed_seq = 0  # writes up to this one run at full speed
+        self._next_at_full_speed = False
 
     @property
     def writer_pid(self) -> int | None:
@@ -83,24 +79,40 @@ class AsyncSaver:
         """
         self.wait()
         staged = stage(checkpoint, self._buffer)
-        self._pending = self._executor.submit(self._write, staged, path, entry)
+        self._seq += 1
+        if self._next_at_full_speed:
+            self._full_speed_seq, self._next_at_full_speed = self._seq, False
+        self._pending = self._executor.submit(self._write, staged, path, entry, self._seq)
 
     def wait(self) -> Entry | None:
-        """Block until the save in flight is committed; raise its error if it failed."""
+        """Block until the save in flight is committed; raise its error if it failed.
+
+        A write still in flight is switched to full speed, and so is the next one.
+        """
         pending = self._pending
         if pending is None:
             return None
+        if not pending.done():
+            self.hurry()
         try:
             return pending.result()
         finally:
             if self._pending is pending:  # a nested wait (from a signal handler) may have cleared it
                 self._pending = None
 
+    def hurry(self) -> None:
+        """Switch the write in flight, if any, and the next one to full speed."""
+        self._full_speed_seq = self._seq
+        self._next_at_full_speed = True
+        process = self._process
+        if process is not None:
+            process.hurry(self._seq)
+
     @property
     def busy(self) -> bool:
         return self._pending is not None and not self._pending.done()
 
-    def _write(self, staged: Staged, path: Path, entry: dict[str, Any]) -> Entry:
+    def _write(self, staged: Staged, path: Path, entry: dict[str, Any], seq: int) -> Entry:
         request: dict[str, Any] = {
             "path": str(path),
             "records": staged.records,
@@ -109,15 +121,21 @@ class AsyncSaver:
             "buffer_size": staged.buffer_size,
             "entry": entry,
             "direct": self.direct_io,
+            "seq": seq,
         }
         for attempt in (1, 2):
             known = self._known(path) if attempt == 1 else None  # after a death, read the disk
             request["known"] = known.to_json() if known is not None else None
             try:
-                kind, payload = self._writer().request(("write", request))
+                writer = self._writer()
+                # Read after the writer is known to hurry(): a later hurry reaches it through its pipe.
+                request["share"] = 1.0 if self._full_speed_seq >= seq else self.share
+                kind, payload = writer.request(("write", request))
                 break
             except WriterDied as died:
-                self._process = None
+                dead, self._process = self._process, None
+                if dead is not None:
+                    dead.kill()  # reap it; close its connection and hurry pipe
                 clean_stale(path.parent)
                 if attempt == 2:
                     raise RuntimeError(
@@ -127,8 +145,8 @@ class AsyncSaver:
                 log.warning("%s; restarting it and writing %s again", died, path)
         if kind != "done":
             raise carried_error(payload, path)
-        committed = Entry.from_json(payload)
-        self._on_commit(path, committed)
+        committed = Entry.from_json(payload["entry"])
+        self._on_commit(path, committed, WriteStats.from_json(payload["stats"]))
         return committed
 
     def _writer(self) -> WriterProcess:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from lightning_resume._writer.duty_cycle import WriteStats
+
 
 @runtime_checkable
 class AtomicCheckpointIO(Protocol):
@@ -19,4 +21,22 @@ class AtomicCheckpointIO(Protocol):
 
     def wait_until_durable(self) -> None:
         """Block until every write in flight is on disk; raise its error if it failed."""
+        ...
+
+
+@runtime_checkable
+class HurryingCheckpointIO(Protocol):
+    """A checkpoint plugin that can make its next save durable sooner, and says how each write went.
+
+    ``PreemptionHandler`` calls :meth:`hurry` before its last save (a wait for it follows at once) and
+    reports :attr:`last_write` in its stop line. :class:`~lightning_resume.DurableCheckpointIO` is one.
+    """
+
+    def hurry(self) -> None:
+        """Switch writes in flight to full speed and write the next save as soon as possible."""
+        ...
+
+    @property
+    def last_write(self) -> WriteStats | None:
+        """How the newest committed save was written, or ``None`` before the first one."""
         ...

@@ -4,13 +4,17 @@ The training process copies every tensor storage once into a host buffer shared 
 process (device tensors go straight from the device, through a pinned buffer when CUDA allows), then
 lets torch's own serialiser pickle the object graph against those copies. Pickling is itself a deep
 copy of every non-tensor object, so training can change anything as soon as :func:`stage` returns.
-The writer process only has to write the records (see ``_zip_records``).
+The writer process only has to write the records (see ``_writer.zip_records``).
+
+A synchronous save uses the same serialiser hook without the copy: :func:`write_torch_archive`
+streams each record from the tensors' own memory into the zip writer as torch hands it over.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import mmap
 import os
@@ -19,9 +23,12 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
+
+from lightning_resume._writer.zip_records import ArchiveWriter, Data, Sink
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,62 @@ def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -
             write_record(name, data, nbytes)
 
     torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+
+
+@cache
+def torch_archive_version() -> bytes:
+    """The ``version`` record this torch writes in a ``torch.save`` archive."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save({}, buffer)
+    with zipfile.ZipFile(buffer) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("/version"))
+        return archive.read(name)
+
+
+def _record_data(data: Any) -> Data:
+    """A record's content as bytes or a zero-copy view of a CPU storage."""
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    if isinstance(data, torch.UntypedStorage):
+        return torch.empty(0, dtype=torch.uint8).set_(data).numpy().data
+    raise TypeError(f"unexpected record of type {type(data).__name__}")
+
+
+def write_torch_archive(obj: Any, out: Sink) -> None:
+    """Write ``obj`` to ``out`` as a ``torch.save`` archive, records straight from the tensors' memory.
+
+    torch's serialiser moves device storages to the CPU itself; CPU storages are not copied: each is
+    checksummed and written from where it lives, in pieces, as torch hands it over.
+    """
+    writer: ArchiveWriter | None = None
+    early: list[tuple[str, Data]] = []  # records before the alignment is known (data.pkl, ...)
+
+    def write_record(name: str, data: Any, nbytes: int) -> None:
+        nonlocal writer
+        content = _record_data(data)
+        if writer is None:
+            if name == ".storage_alignment":
+                writer = ArchiveWriter(out, int(bytes(content)))
+            elif not name.startswith("data/"):
+                early.append((name, content))
+                return
+            else:
+                writer = ArchiveWriter(out)
+            for early_name, early_content in early:
+                writer.add(early_name, early_content)
+            early.clear()
+        writer.add(name, content)
+
+    record_torch_save(obj, write_record)
+    if writer is None:
+        writer = ArchiveWriter(out)
+        for name, content in early:
+            writer.add(name, content)
+    writer.close(torch_archive_version())
 
 
 class HostBuffer:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import platform
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,14 @@ from lightning_resume._warnings import warn
 from lightning_resume._writer.atomic import exclusive
 from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
 from lightning_resume._writer.commit import clean_stale, commit, remove, save_error, write_manifest
-from lightning_resume._writer.manifest import Entry, check_metadata, describe, read_entries
+from lightning_resume._writer.direct_file import new_buffer
+from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats
+from lightning_resume._writer.manifest import ChecksumWriter, Entry, check_metadata, describe, read_entries
 from lightning_resume.exceptions import CheckpointVerificationError
 from lightning_resume.io._async_saver import AsyncSaver
 from lightning_resume.io._mirror import Mirror
 from lightning_resume.io._retention import to_delete
-from lightning_resume.io._snapshot import torch_records_supported
+from lightning_resume.io._snapshot import torch_records_supported, write_torch_archive
 from lightning_resume.io._verified_load import load_verified
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,12 @@ class DurableCheckpointIO(CheckpointIO):
       error is raised by the next save, ``remove_checkpoint``, ``load_checkpoint``, ``teardown`` or
       :meth:`wait_until_durable`. Files are written past the page cache (``O_DIRECT``) where the
       filesystem allows it, so that writing costs training little CPU and no cached data.
+    - **Two speeds**: a background write works only ``background_share`` of the time (a duty cycle:
+      work ~50 ms, rest in proportion), so training keeps most of the machine. As soon as anything
+      waits for it (:meth:`wait_until_durable` on preemption, a save waiting for the previous one,
+      ``teardown``), the write in flight and the next one run at full speed; after :meth:`hurry`
+      (``PreemptionHandler``) the next save is written at once, straight from the tensors. The writer
+      runs at normal priority, so a busy node cannot starve it; :attr:`last_write` reports each write.
     - **Mirrored** (``mirror=``): each committed file is uploaded in the background to an fsspec URL;
       a remote copy counts once its manifest is in place. Checkpoints the local directory lacks are
       downloaded when the plugin is constructed (a job requeued onto an empty node).
@@ -76,10 +86,16 @@ class DurableCheckpointIO(CheckpointIO):
             with ``trainer.save_checkpoint(path, storage_options={"metadata": {...}})``.
         writer_start_timeout: Seconds a new writer process has to report ready.
         writer_shutdown_timeout: Seconds the writer has to exit at teardown before it is killed.
-        writer_niceness: Nice increment of the writer process (0-19), so training threads come first.
+        writer_niceness: Nice increment of the writer process (0-19). An unprivileged process cannot
+            lower it again, so a niced writer stays slow on a busy node even when a preemption waits
+            for it; ``background_share`` is the way to keep background writes gentle.
         direct_io: Write checkpoint files past the page cache (``O_DIRECT``) where the filesystem
             allows it: less CPU taken from training, no cached data evicted. ``False`` writes through
             the page cache (for a filesystem where direct writes are slow).
+        background_share: Share of the time, in (0, 1], a background write may spend writing; it rests
+            the remainder. 0.5 (the default) takes about twice as long as a write at full speed and
+            half its CPU, memory and disk bandwidth per second; 1.0 always writes at full speed.
+            Anything waiting for a write switches it to full speed.
 
     Raises:
         ValueError: for an invalid option.
@@ -109,8 +125,9 @@ class DurableCheckpointIO(CheckpointIO):
         metadata: dict[str, Any] | None = None,
         writer_start_timeout: float = 120.0,
         writer_shutdown_timeout: float = 60.0,
-        writer_niceness: int = 19,
+        writer_niceness: int = 0,
         direct_io: bool = True,
+        background_share: float = 0.5,
     ) -> None:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
             raise TypeError(f"keep must be a whole number of checkpoints or None, got {keep!r}.")
@@ -136,6 +153,13 @@ class DurableCheckpointIO(CheckpointIO):
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        if isinstance(background_share, bool) or not isinstance(background_share, (int, float)):
+            raise TypeError(f"background_share must be a fraction within (0, 1], got {background_share!r}.")
+        if not 0 < background_share <= 1:
+            raise ValueError(
+                f"background_share must be a fraction within (0, 1], got {background_share!r}: e.g. 0.5 "
+                "lets a background write work half of the time, 1.0 writes at full speed."
+            )
         if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
             raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
         self.asynchronous = asynchronous
@@ -150,6 +174,7 @@ class DurableCheckpointIO(CheckpointIO):
         self.writer_shutdown_timeout = float(writer_shutdown_timeout)
         self.writer_niceness = int(writer_niceness)
         self.direct_io = bool(direct_io)
+        self.background_share = float(background_share)
         self._init_runtime()
         if mirror is not None:
             self._remote()  # fail now, with the install hint, rather than at the first save
@@ -164,10 +189,26 @@ class DurableCheckpointIO(CheckpointIO):
         self._prepared: set[Path] = set()
         self._warned: set[str] = set()
         self._staging = False
+        self._urgent = False
+        self._last_write: WriteStats | None = None
+        self._file_buffer: mmap.mmap | None = None  # reused by synchronous saves (new pages are slow)
+        self._file_buffer_busy = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers that pickle the trainer (ddp_spawn) get the configuration, not threads and processes.
-        runtime = ("_lock", "_saver", "_mirror", "_committed", "_prepared", "_warned", "_staging")
+        runtime = (
+            "_lock",
+            "_saver",
+            "_mirror",
+            "_committed",
+            "_prepared",
+            "_warned",
+            "_staging",
+            "_urgent",
+            "_last_write",
+            "_file_buffer",
+            "_file_buffer_busy",
+        )
         return {k: v for k, v in self.__dict__.items() if k not in runtime}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -198,9 +239,10 @@ class DurableCheckpointIO(CheckpointIO):
         target = self._local(path)
         self._prepare(target.parent)
         entry = self._entry_fields(checkpoint, metadata)
-        if self._staging:
-            # Called from a signal handler (Lightning's SLURM requeue) in the middle of a save: the
-            # shared buffer may be half-filled, so this one is written here and now.
+        if self._staging or self._urgent:
+            # From a signal handler (Lightning's SLURM requeue) in the middle of a save, the shared
+            # buffer may be half-filled; after hurry(), a wait follows. Either way: here and now.
+            self._urgent = False
             self._wait_local()
             self._save_now(checkpoint, target, entry)
             return
@@ -213,6 +255,7 @@ class DurableCheckpointIO(CheckpointIO):
                     self.direct_io,
                     known=lambda p: self._committed.get(str(p)),
                     on_commit=self._after_commit,
+                    share=self.background_share,
                 )
             self._staging = True
             try:
@@ -223,17 +266,36 @@ class DurableCheckpointIO(CheckpointIO):
         self._save_now(checkpoint, target, entry)
 
     def _save_now(self, checkpoint: dict[str, Any], target: Path, fields: dict[str, Any]) -> None:
+        pace = DutyCycle()  # full speed: the caller is waiting
+        # A save from a signal handler may interrupt one in progress: it gets a buffer of its own.
+        shared = not self._file_buffer_busy
+        if shared and self._file_buffer is None:
+            self._file_buffer = new_buffer()
+        self._file_buffer_busy |= shared
         try:
             entry = commit(
                 target,
-                lambda out: torch.save(checkpoint, out),  # type: ignore[arg-type]
+                self._serialiser(checkpoint),
                 lambda size, checksum: Entry.from_json({**fields, "size": size, "checksum": checksum}),
                 self._committed.get(str(target)),
                 direct=self.direct_io,
+                buffer=self._file_buffer if shared else None,
+                pace=pace,
             )
         except OSError as e:
             raise save_error(e.errno, e.strerror or str(e), e.filename, target) from e
-        self._after_commit(target, entry)
+        finally:
+            if shared:
+                self._file_buffer_busy = False
+        self._after_commit(target, entry, pace.stats(entry.size))
+
+    @staticmethod
+    def _serialiser(checkpoint: dict[str, Any]) -> Callable[[ChecksumWriter], None]:
+        if torch_records_supported():
+            # Records stream from the tensors' memory with a fast CRC; torch.save's writer CRCs each
+            # storage whole before writing any of it, so the disk would wait for the CPU.
+            return lambda out: write_torch_archive(checkpoint, out)
+        return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
 
     def _use_async(self) -> bool:
         if not self.asynchronous:
@@ -247,10 +309,12 @@ class DurableCheckpointIO(CheckpointIO):
             return False
         return True
 
-    def _after_commit(self, path: Path, entry: Entry) -> None:
+    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats | None = None) -> None:
         """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
         with self._lock:
             self._committed[str(path)] = entry
+            if stats is not None:
+                self._last_write = stats
             if self.keep is not None:
                 for name in to_delete(scan(path.parent), self.keep):
                     remove(path.parent / name)
@@ -260,6 +324,18 @@ class DurableCheckpointIO(CheckpointIO):
             self._remote().submit_upload(path, lambda: self._committed.get(str(path)))
 
     # -- wait ------------------------------------------------------------------------------------
+
+    def hurry(self) -> None:
+        """Make the next save durable as soon as possible: a wait for it is about to follow.
+
+        The write in flight, if any, switches to full speed, and the next ``save_checkpoint`` writes
+        its file before returning, streamed from the tensors' own memory (no snapshot copy, no hand
+        over to the writer process): the shortest path to a durable file. Later saves are background
+        saves again. :class:`~lightning_resume.PreemptionHandler` calls it before its last save.
+        """
+        self._urgent = True
+        if self._saver is not None:
+            self._saver.hurry()
 
     def wait_until_durable(self) -> None:
         """Block until the save in flight is committed (and, with ``wait_for_mirror``, uploaded).
@@ -299,6 +375,15 @@ class DurableCheckpointIO(CheckpointIO):
     def mirroring(self) -> bool:
         """Whether a save is being written or uploads are queued or running right now."""
         return self.writing or (self._mirror is not None and self._mirror.pending > 0)
+
+    @property
+    def last_write(self) -> WriteStats | None:
+        """How the newest committed save was written: size, seconds to durable, speed, duty cycle.
+
+        ``None`` before the first save is committed. ``last_write.hurried_after`` is set when a wait
+        switched a background write to full speed (bytes it had written gently by then).
+        """
+        return self._last_write
 
     @property
     def writer_pid(self) -> int | None:
@@ -412,6 +497,8 @@ class DurableCheckpointIO(CheckpointIO):
             OSError, RuntimeError: the save in flight failed.
         """
         saver, self._saver = self._saver, None
+        if not self._file_buffer_busy:
+            self._file_buffer = None  # freed; a later synchronous save maps a new one
         try:
             if saver is not None:
                 saver.close()

@@ -44,6 +44,17 @@ def test_doctor_reports_each_check_and_fails_on_errors(tmp_path: Path) -> None:
     assert any(f["check"] == "scontrol" and f["level"] == "error" for f in json.loads(bad.stdout))
 
 
+def test_doctor_times_durable_writes_to_the_root_and_the_largest_checkpoint(runs: Path) -> None:
+    out = cli("doctor", "--root", runs, "--json", "--write-test", "8")
+    assert out.returncode == 0, out.stderr
+    (speed,) = [f for f in json.loads(out.stdout) if f["check"] == "write speed"]
+    assert speed["level"] == "ok" and "MB/s durable writes to" in speed["detail"]
+    assert "the largest checkpoint" in speed["detail"]
+    assert not [p for p in runs.iterdir() if p.name.startswith(".lr-tmp-")]
+    skipped = cli("doctor", "--root", runs, "--json", "--write-test", "0")
+    assert "write speed" not in {f["check"] for f in json.loads(skipped.stdout)}
+
+
 def test_doctor_table_on_a_terminal_like_output(tmp_path: Path) -> None:
     out = cli("doctor", "--root", tmp_path, WANDB_MODE="online")
     assert "lightning-resume doctor" in out.stdout and "WANDB_MODE is online" in out.stdout

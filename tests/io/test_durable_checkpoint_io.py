@@ -339,7 +339,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 cli = LightningCLI(BoringModel, BoringDataModule, run=False, save_config_callback=None)
 io = cli.trainer.strategy.checkpoint_io
-print("PLUGIN", type(io).__name__, io.keep, io.metadata)
+print("PLUGIN", type(io).__name__, io.keep, io.metadata, io.background_share)
 cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=os.environ.get("CKPT"))
 """
 
@@ -356,6 +356,7 @@ trainer:
       init_args:
         keep: 2
         metadata: {{config: yaml}}
+        background_share: 0.25
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args:
@@ -372,7 +373,7 @@ def test_the_plugin_from_lightning_cli_yaml(tmp_path: Path) -> None:
         cmd = [sys.executable, str(script), "--config", str(config)]
         proc = subprocess.run(cmd, env=job_env(CKPT=ckpt), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
-        assert "PLUGIN DurableCheckpointIO 2 {'config': 'yaml'}" in proc.stdout
+        assert "PLUGIN DurableCheckpointIO 2 {'config': 'yaml'} 0.25" in proc.stdout
     assert "Restored all states" in proc.stderr + proc.stdout
     folder = tmp_path / "ckpt"
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step=4.ckpt", "step=5.ckpt"]

@@ -12,11 +12,18 @@ import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
+import pytest
 import torch
 
 from lightning_resume._writer.manifest import ChecksumWriter
 from lightning_resume._writer.zip_records import write_archive
-from lightning_resume.io._snapshot import HostBuffer, Staged, stage, torch_records_supported
+from lightning_resume.io._snapshot import (
+    HostBuffer,
+    Staged,
+    stage,
+    torch_records_supported,
+    write_torch_archive,
+)
 
 
 class Box:
@@ -38,7 +45,9 @@ def test_installed_torch_has_the_serialiser_entry_point() -> None:
     assert torch_records_supported()
 
 
-def test_archive_loads_with_torch_load_and_matches_torch_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["staged", "streamed"])
+def test_archive_loads_with_torch_load_and_matches_torch_save(tmp_path: Path, how: str) -> None:
+    """Staged: the asynchronous path (shared memory, then the writer). Streamed: the synchronous one."""
     base = torch.arange(12.0).view(3, 4)
     state = OrderedDict(w=base, row=base[1], half=torch.ones(3, dtype=torch.float16))
     state._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
@@ -51,9 +60,12 @@ def test_archive_loads_with_torch_load_and_matches_torch_save(tmp_path: Path) ->
         "empty": torch.empty(0),
     }
     buffer = HostBuffer()
-    staged = stage(checkpoint, buffer)
     path = tmp_path / "ours.ckpt"
-    write(staged, buffer, path)
+    if how == "staged":
+        write(stage(checkpoint, buffer), buffer, path)
+    else:
+        with open(path, "wb") as raw:
+            write_torch_archive(checkpoint, ChecksumWriter(raw))
 
     loaded = torch.load(path, weights_only=False)
     assert (

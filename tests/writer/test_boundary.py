@@ -28,7 +28,8 @@ print(len(names), heavy)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     count, heavy = out.split(" ", 1)
-    assert int(count) >= 7, out  # atomic, catalog, commit, direct_file, manifest, process, zip_records
+    # atomic, catalog, commit, direct_file, duty_cycle, manifest, process, write_speed, zip_records
+    assert int(count) >= 9, out
     assert heavy.strip() == "[]", out
 
 

@@ -14,7 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,20 +24,25 @@ import torch
 from _system import can_unshare_mounts
 
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._writer.direct_file import ALIGN, BLOCK, DirectFile, new_buffer
+from lightning_resume._writer import direct_file
+from lightning_resume._writer.direct_file import ALIGN, BLOCK, DEPTH, DirectFile, new_buffer
 
 
-def write_direct(path: Path, pieces: list[bytes]) -> DirectFile:
+def write_direct(path: Path, pieces: list[bytes], depth: int = DEPTH, direct: bool = True) -> DirectFile:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        out = DirectFile(fd, new_buffer())
-        for piece in pieces:
-            assert out.write(piece) == len(piece)
-        out.finish()
+        with DirectFile(fd, new_buffer(depth), direct) as out:
+            for piece in pieces:
+                assert out.write(piece) == len(piece)
+            out.finish()
         os.fsync(fd)
     finally:
         os.close(fd)
     return out
+
+
+def io_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("lightning-resume-io")]
 
 
 def cached_pages(path: Path) -> int:
@@ -48,15 +55,84 @@ def cached_pages(path: Path) -> int:
     return int(out.stdout.split()[0])
 
 
-@pytest.mark.parametrize("size", [0, 1, ALIGN - 1, ALIGN, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + ALIGN + 7])
-def test_every_size_is_written_exactly(tmp_path: Path, size: int) -> None:
+@pytest.mark.parametrize("depth", [1, DEPTH])
+@pytest.mark.parametrize(
+    "size", [0, 1, ALIGN - 1, ALIGN, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + ALIGN + 7, 6 * BLOCK + 3]
+)
+def test_every_size_is_written_exactly(tmp_path: Path, size: int, depth: int) -> None:
     data = os.urandom(size)
     cuts = sorted({0, size, size // 3, size // 3 + 1, size // 2, min(size, 100)})
     pieces = [data[a:b] for a, b in itertools.pairwise(cuts)]
     path = tmp_path / "file"
-    out = write_direct(path, pieces)
+    out = write_direct(path, pieces, depth)
     assert out.size == size and out.tell() == size
     assert path.read_bytes() == data
+    assert not io_threads()
+
+
+def test_a_write_error_in_the_io_thread_is_raised_to_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_pwrite, calls = os.pwrite, []
+
+    def full_disk_at_third(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full_disk_at_third)
+    with pytest.raises(OSError, match="No space"):
+        write_direct(tmp_path / "file", [os.urandom(BLOCK)] * 8)
+    assert calls[0].startswith("lightning-resume-io")  # written beside the caller, not by it
+    assert not io_threads()  # stopped, before the caller closes the descriptor
+
+
+def test_the_pace_hears_of_every_full_block_and_can_wait_for_the_disk(tmp_path: Path) -> None:
+    class Pace:
+        def __init__(self) -> None:
+            self.blocks: list[int] = []
+
+        def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
+            self.blocks.append(nbytes)
+            drain()
+            assert not out._pending  # everything handed over is written
+
+    pace = Pace()
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
+    data = os.urandom(5 * BLOCK + 10)
+    with DirectFile(fd, new_buffer(), pace=pace) as out:
+        out.write(data)
+        out.finish()
+    os.close(fd)
+    assert pace.blocks == [BLOCK] * 5  # the tail goes with finish(), after which nobody rests
+    assert (tmp_path / "file").read_bytes() == data
+
+
+def test_buffered_writes_are_written_back_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = direct_file._sync_file_range()
+    if real is None:
+        pytest.skip("no sync_file_range here")
+    calls: list[tuple[int, int, int]] = []
+
+    def spy(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        calls.append((offset, nbytes, flags))
+        return real(fd, offset, nbytes, flags)
+
+    monkeypatch.setattr(direct_file, "_sync_file_range", lambda: spy)
+    data = os.urandom(3 * BLOCK + 5)
+    write_direct(tmp_path / "file", [data], direct=False)
+    start, wait = 2, 1 | 2 | 4
+    assert calls == [
+        (0, BLOCK, start),
+        (BLOCK, BLOCK, start),
+        (0, BLOCK, wait),
+        (2 * BLOCK, BLOCK, start),
+        (BLOCK, BLOCK, wait),
+        (3 * BLOCK, 5, start),
+        (2 * BLOCK, BLOCK, wait),
+    ]
+    assert (tmp_path / "file").read_bytes() == data
 
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
