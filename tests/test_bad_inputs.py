@@ -42,6 +42,7 @@ from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import index_path
 from lightning_resume._writer import directory
 from lightning_resume._writer.manifest import manifest_path
+from lightning_resume.cli import doctor
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "src" / "troubleshooting.md"
 
@@ -475,6 +476,19 @@ def broken_restart_count(tmp_path: Path) -> None:
     assert any(
         f["level"] == "error" and "SLURM_RESTART_COUNT" in f["detail"] for f in json.loads(proc.stdout)
     )
+
+
+@case(
+    "`LIGHTNING_RESUME_GRACE_SECONDS=2m` (or a torchrun shutdown timeout that is not a whole number)",
+    "`doctor` reports a `grace window` error naming the variable; no traceback",
+)
+def broken_grace_seconds(tmp_path: Path) -> None:
+    for variable, env in (
+        ("LIGHTNING_RESUME_GRACE_SECONDS", {"LIGHTNING_RESUME_GRACE_SECONDS": "2m"}),
+        ("PET_SHUTDOWN_TIMEOUT", {"TORCHELASTIC_RUN_ID": "r", "PET_SHUTDOWN_TIMEOUT": "2.5"}),
+    ):
+        (finding,) = [f for f in doctor.run_checks(tmp_path, env, 0) if f.check == "grace window"]
+        assert finding.level is doctor.Level.ERROR and finding.detail.startswith(f"{variable}=")
 
 
 @case(

@@ -35,6 +35,13 @@ ENV = {
     "submitit_executor": "SUBMITIT_EXECUTOR",
     "submitit_signal": "SUBMITIT_PREEMPT_SIGNAL",
     "handoff": "LIGHTNING_RESUME_RUN_DIR",
+    "grace_seconds": "LIGHTNING_RESUME_GRACE_SECONDS",
+    "slurm_partition": "SLURM_JOB_PARTITION",
+    "sbatch_signal": "SBATCH_SIGNAL",
+    "elastic_shutdown_arg": "PET_SHUTDOWN_TIMEOUT",
+    "elastic_shutdown": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    "elastic_signals": "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "kubernetes": "KUBERNETES_SERVICE_HOST",
 }
 
 

@@ -1,9 +1,10 @@
-"""SLURM commands a job runs on itself: requeue it, and read its state."""
+"""SLURM commands a job runs on itself: requeue it, and read its state and its settings."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 
 
 def scontrol_requeue(job: str, timeout: float = 60) -> str:
@@ -42,3 +43,29 @@ def slurm_job_state(job: str, timeout: float = 30) -> str | None:
         if field.startswith("JobState="):
             return field.partition("=")[2]
     return None
+
+
+def slurm_output(command: Sequence[str], timeout: float = 5, path: str | None = None) -> str | None:
+    """The standard output of a SLURM client command, or ``None`` when it is missing, fails or hangs.
+
+    For checks that have a fallback: a slow or absent controller costs ``timeout`` seconds, no error.
+
+    Args:
+        command: The program (looked up on ``path``) and its arguments: ``["scontrol", "show", "config"]``.
+        timeout: Seconds to wait for it.
+        path: The ``PATH`` to look the program up on (default: this process's).
+
+    Example::
+
+        slurm_output(["sacct", "-X", "-j", "42", "-o", "SubmitLine%1000", "-P", "-n"])
+    """
+    exe = shutil.which(command[0], path=path)
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, *command[1:]], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None

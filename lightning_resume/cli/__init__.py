@@ -237,9 +237,11 @@ COMMANDS: dict[str, Command] = {
         description=(
             "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
             "handlers, $TMPDIR and free space against the run root, the durable write speed of the run "
-            "root (and how long the largest checkpoint takes to write), and tracker settings that would "
-            "send data somewhere unexpected. Each finding is ok, warn or error with what to do; exit "
-            "status 1 if any is an error."
+            "root (and how long the largest checkpoint takes to write), whether a save of the newest "
+            "checkpoint fits in each grace window (stop signal to SIGKILL) of SLURM, torchrun or Kubernetes "
+            "or in $LIGHTNING_RESUME_GRACE_SECONDS, and tracker settings that would send data somewhere "
+            "unexpected. Each finding is ok, warn or error with what to do; exit status 1 if any is an "
+            "error."
         ),
         add_arguments=_add_doctor_arguments,
         run=_run_doctor,

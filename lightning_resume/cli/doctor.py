@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_resume._run import layout, signals
+from lightning_resume._run import grace, layout, signals
 from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
+from lightning_resume._run.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
 from lightning_resume.exceptions import RunDirError
 
@@ -147,32 +149,200 @@ def _checkpoint_sizes(root: Path) -> list[int]:
     ]
 
 
-def write_speed_checks(root: Path, nbytes: int = DEFAULT_BYTES) -> list[Finding]:
+@dataclass(frozen=True)
+class WriteSpeed:
+    """One timed durable write to the runs root, shared by the checks that need the speed.
+
+    Attributes:
+        directory: Where the probe file was written (the root, or its nearest existing parent).
+        nbytes: Bytes written.
+        bytes_per_second: The speed, ``None`` when the write failed.
+        error: Why the write failed.
+    """
+
+    directory: Path
+    nbytes: int
+    bytes_per_second: float | None
+    error: str = ""
+
+
+def measure_root(root: Path, nbytes: int = DEFAULT_BYTES) -> WriteSpeed | None:
+    """Time one durable write of ``nbytes`` to ``root``; ``None`` when skipped (``nbytes=0``)."""
+    existing = next((p for p in (root, *root.parents) if p.is_dir()), None)
+    if existing is None or nbytes <= 0:
+        return None
+    try:
+        return WriteSpeed(existing, nbytes, measure_write_speed(existing, nbytes))
+    except OSError as e:
+        return WriteSpeed(existing, nbytes, None, str(e.strerror or e))
+
+
+def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
     """The durable write speed of the run root (a timed write + fsync of a temporary file).
 
     With checkpoints under the root, also the seconds the largest one needs to become durable, the
     floor of what a preemption's grace period must allow for the last save.
     """
-    existing = next((p for p in (root, *root.parents) if p.is_dir()), None)
-    if existing is None or nbytes <= 0:
+    if speed is None:
         return []
-    try:
-        speed = measure_write_speed(existing, nbytes)
-    except OSError as e:
+    if speed.bytes_per_second is None:
         return [
             Finding(
                 Level.ERROR,
                 "write speed",
-                f"cannot write to {existing}: {e.strerror or e}",
+                f"cannot write to {speed.directory}: {speed.error}",
                 "make the run root writable by the user running training",
             )
         ]
-    detail = f"{speed / 1e6:,.0f} MB/s durable writes to {existing} ({nbytes / 2**20:.0f} MiB + fsync)"
+    rate = speed.bytes_per_second
+    detail = (
+        f"{rate / 1e6:,.0f} MB/s durable writes to {speed.directory} ({speed.nbytes / 2**20:.0f} MiB + fsync)"
+    )
     sizes = _checkpoint_sizes(root)
     if sizes:
         largest = max(sizes)
-        detail += f"; the largest checkpoint ({largest / 1e9:.2f} GB) takes ~{largest / speed:.1f} s to write"
+        detail += f"; the largest checkpoint ({largest / 1e9:.2f} GB) takes ~{largest / rate:.1f} s to write"
     return [Finding(Level.OK, "write speed", detail)]
+
+
+def _newest_checkpoint(root: Path) -> tuple[Path, int] | None:
+    """The most recently written checkpoint under the runs root ``root`` and its size in bytes."""
+    if not root.is_dir():
+        return None
+    found = []
+    for path in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"):
+        try:
+            # A sharded checkpoint is a folder of files.
+            files = [path] if not path.is_dir() else [p for p in path.rglob("*") if p.is_file()]
+            found.append((path.stat().st_mtime, path, sum(f.stat().st_size for f in files)))
+        except OSError:  # removed while we looked
+            continue
+    if not found:
+        return None
+    _, path, size = max(found)
+    return path, size
+
+
+def _slurm_texts(
+    environ: Mapping[str, str], run: Callable[[Sequence[str]], str | None]
+) -> dict[str, str | None]:
+    """What SLURM says about this job's grace windows (each ``None`` when it cannot be read)."""
+    job = environ.get(ENV["slurm_job"], "")
+    partition = environ.get(ENV["slurm_partition"], "")
+    config = run(["scontrol", "show", "config"])
+    if config is None:  # no controller, or no SLURM here: the other commands would only time out too
+        return {"show_config": None, "show_partition": None, "submit_line": None, "batch_script": None}
+    return {
+        "show_config": config,
+        "show_partition": run(["scontrol", "show", "partition", partition]) if partition else None,
+        # In accounting about a second after the job starts; the batch script is there at once.
+        "submit_line": run(["sacct", "-X", "-j", job, "-o", "SubmitLine%1000", "-P", "-n"]),
+        "batch_script": run(["scontrol", "write", "batch_script", job, "-"]),
+    }
+
+
+def _mib(nbytes: float) -> str:
+    if nbytes >= 2**30:
+        return f"{grace.number_text(nbytes / 2**30)} GiB"
+    return f"{grace.number_text(nbytes / 2**20)} MiB"
+
+
+def _window_finding(
+    window: grace.Window, checkpoint: tuple[Path, int] | None, speed: WriteSpeed | None
+) -> Finding:
+    head = f"{window.label}: {grace.number_text(window.seconds)} s ({window.origin})"
+    rate = speed.bytes_per_second if speed else None
+    if checkpoint is None:
+        if rate is None:
+            return Finding(Level.OK, "grace window", f"{head}; no checkpoint and no write test: no estimate")
+        fitting = grace.largest_fitting_bytes(window.seconds, rate)
+        return Finding(
+            Level.OK,
+            "grace window",
+            f"{head}; no checkpoint under the root yet, so no estimate: at {_mib(rate)}/s durable, "
+            f"a checkpoint of up to {_mib(fitting)} fits",
+        )
+    path, size = checkpoint
+    if rate is None:
+        return Finding(
+            Level.OK,
+            "grace window",
+            f"{head}; {path.name} {_mib(size)}, write speed not measured: no estimate",
+            "run without --write-test 0 to compare the save time with the window",
+        )
+    need = grace.save_seconds(size, rate)
+    detail = (
+        f"{head}; {path.name} {_mib(size)} at {_mib(rate)}/s durable: "
+        f"a save needs ~{grace.number_text(need)} s"
+    )
+    if grace.fits(need, window.seconds):
+        return Finding(Level.OK, "grace window", detail)
+    return Finding(
+        Level.WARN,
+        "grace window",
+        f"{detail}, more than {grace.FIT_SHARE:.0%} of the window",
+        grace.advice(window, need),
+    )
+
+
+def grace_checks(
+    root: Path,
+    environ: Mapping[str, str],
+    speed: WriteSpeed | None,
+    run: Callable[[Sequence[str]], str | None] | None = None,
+) -> list[Finding]:
+    """Each window between a stop signal and SIGKILL against the time the newest checkpoint's save needs.
+
+    Args:
+        root: The runs root (its newest checkpoint is the size of the next save).
+        environ: The environment (scheduler variables, ``$LIGHTNING_RESUME_GRACE_SECONDS``).
+        speed: The durable write speed measured for :func:`write_speed_checks`.
+        run: Runs a SLURM client command and returns its output or ``None``; called only in a SLURM job
+            (default: :func:`~lightning_resume._run.slurm.slurm_output` on ``environ``'s ``PATH``).
+    """
+    if run is None:
+        run = functools.partial(slurm_output, path=environ.get("PATH"))
+    texts = _slurm_texts(environ, run) if on_slurm(environ) else {}
+    try:
+        found = grace.windows(environ, **texts)
+    except ValueError as e:
+        return [Finding(Level.ERROR, "grace window", str(e), "fix or unset the variable")]
+    findings = []
+    if texts and texts["show_config"] is None and not environ.get(ENV["grace_seconds"], "").strip():
+        findings.append(
+            Finding(
+                Level.WARN,
+                "grace window",
+                "slurm: `scontrol show config` gave nothing, so KillWait is unknown",
+                f"put SLURM's bin directory on PATH, or set {ENV['grace_seconds']} to the seconds from the "
+                "stop signal to SIGKILL",
+            )
+        )
+    if not found and not findings:
+        return [
+            Finding(
+                Level.OK,
+                "grace window",
+                "no scheduler window found (not in a SLURM job, torchrun or Kubernetes): nothing to check "
+                "the save time against",
+                f"set {ENV['grace_seconds']}=N to check a save against N seconds from stop signal to SIGKILL",
+            )
+        ]
+    checkpoint = _newest_checkpoint(root)
+    findings += [_window_finding(window, checkpoint, speed) for window in found]
+    option = grace.slurm_signal(environ, texts["submit_line"], texts["batch_script"]) if texts else None
+    if option is not None and grace.torchrun_kills(environ, option):
+        name, forwarded = option.name, ",".join(grace.torchrun_forwards(environ))
+        findings.append(
+            Finding(
+                Level.WARN,
+                "grace window",
+                f"SLURM's --signal sends {name}, which torchrun does not forward ({forwarded}): "
+                "it kills the torchrun agent and its workers without a save",
+                f"torchrun --signals-to-handle={forwarded},{name}",
+            )
+        )
+    return findings
 
 
 def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
@@ -258,10 +428,12 @@ def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
 
 def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAULT_BYTES) -> list[Finding]:
     """All checks, in the order they are shown (``write_bytes=0`` skips the timed write)."""
+    speed = measure_root(root, write_bytes)  # once, for the write speed and the grace windows
     return [
         *scheduler_checks(environ),
         *signal_checks(environ),
         *storage_checks(root, environ),
-        *write_speed_checks(root, write_bytes),
+        *write_speed_checks(root, speed),
+        *grace_checks(root, environ, speed),
         *tracker_checks(environ),
     ]
