@@ -6,11 +6,16 @@ preemption, diagnostics), ``trackers`` (tracker resume), ``loggers``, ``io`` (th
 is importable from here.
 
 Importing this package has no side effects: it touches no signals, environment or logging, and
-imports no tracker.
+imports no tracker. Nor does it import Lightning or torch until a name that needs them is used: the
+``lightning-resume`` command line (``inspect``, ``gc``, ``doctor``) starts in well under a second.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lightning_resume._version import __version__
-from lightning_resume.callbacks import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
 from lightning_resume.exceptions import (
     CheckpointVerificationError,
     LightningResumeError,
@@ -20,16 +25,49 @@ from lightning_resume.exceptions import (
     ResumeError,
     RunDirError,
 )
-from lightning_resume.io import DurableCheckpointIO
-from lightning_resume.trackers import (
-    CometResume,
-    LocalLoggerResume,
-    MLflowResume,
-    SwanLabResume,
-    TrackerResume,
-    TrackioResume,
-    WandbResume,
-)
+
+if TYPE_CHECKING:
+    from lightning_resume.callbacks import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
+    from lightning_resume.io import DurableCheckpointIO
+    from lightning_resume.trackers import (
+        CometResume,
+        LocalLoggerResume,
+        MLflowResume,
+        SwanLabResume,
+        TrackerResume,
+        TrackioResume,
+        WandbResume,
+    )
+
+#: The public names that need Lightning, and the subpackage each comes from (imported on first use).
+_LAZY = {
+    "PreemptionHandler": "lightning_resume.callbacks",
+    "RequeueCheckpoint": "lightning_resume.callbacks",
+    "RunDir": "lightning_resume.callbacks",
+    "SignalDiagnostics": "lightning_resume.callbacks",
+    "DurableCheckpointIO": "lightning_resume.io",
+    "CometResume": "lightning_resume.trackers",
+    "LocalLoggerResume": "lightning_resume.trackers",
+    "MLflowResume": "lightning_resume.trackers",
+    "SwanLabResume": "lightning_resume.trackers",
+    "TrackerResume": "lightning_resume.trackers",
+    "TrackioResume": "lightning_resume.trackers",
+    "WandbResume": "lightning_resume.trackers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CheckpointVerificationError",

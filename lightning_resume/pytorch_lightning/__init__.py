@@ -22,8 +22,9 @@ _standalone.install()
 _doc = __doc__
 __all__ = _standalone.public_names(globals())
 __doc__ = _doc
+_lazy_names = globals()["__getattr__"]  # lightning_resume's own, rewritten: imports on first use
 
 
 def __getattr__(name: str) -> Any:
-    # For type checkers: the names above are made at run time, so they are typed as Any.
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Declared here for type checkers too: the names above are made at run time, typed as Any.
+    return _lazy_names(name)
