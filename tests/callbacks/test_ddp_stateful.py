@@ -64,6 +64,7 @@ def test_lightning_launcher_with_workers_resumes_exactly_after_three_kills(
     assert same_weights(out, reference), f"kills at {kills}"
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_resume_exactly_after_three_kills_of_rank_1(
     tmp_path: Path, reference: Path
 ) -> None:

@@ -51,7 +51,9 @@ def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list
     return folder / "ref.pt", validations(result.output)
 
 
-@pytest.mark.parametrize(("after_step", "where"), [(0, "mid-epoch"), (7, "epoch end")])
+@pytest.mark.parametrize(
+    ("after_step", "where"), [(0, "mid-epoch"), pytest.param(7, "epoch end", marks=pytest.mark.slow)]
+)
 def test_sigterm_during_validation_stops_within_one_batch_and_the_restart_redoes_it(
     tmp_path: Path, slow_reference: tuple[Path, list[tuple[int, int]]], after_step: int, where: str
 ) -> None:
@@ -84,6 +86,7 @@ def test_sigterm_during_the_sanity_check_stops_at_once_and_the_restart_is_exact(
     assert same_weights(out, baseline["plain"])
 
 
+@pytest.mark.slow
 def test_ddp_sigterm_to_one_rank_during_the_sanity_check_stops_every_rank(tmp_path: Path) -> None:
     args = ("--devices", "2", "--loader", "plain", "--preemption", "--epochs", "1")
     signal = ("--signal-in", "sanity", "--signal-k", "0", "--signal-rank", "1")
@@ -105,7 +108,7 @@ def test_a_long_user_epoch_end_is_acted_on_at_the_next_hook_after_it(
     assert same_weights(out, baseline["plain"])
 
 
-@pytest.mark.parametrize("loader", ["plain", "stateful"])
+@pytest.mark.parametrize("loader", ["plain", pytest.param("stateful", marks=pytest.mark.slow)])
 def test_sigterm_to_the_process_group_with_dataloader_workers_stops_cleanly(
     tmp_path: Path, loader: str
 ) -> None:
@@ -123,7 +126,7 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_stops_cleanly(
     assert same_weights(out, tmp_path / "ref.pt")
 
 
-@pytest.mark.parametrize("loader", ["plain", "stateful"])
+@pytest.mark.parametrize("loader", [pytest.param("plain", marks=pytest.mark.slow), "stateful"])
 def test_a_kill_after_a_save_that_a_validation_followed_resumes_exactly(tmp_path: Path, loader: str) -> None:
     # last.ckpt is saved at step 6; the validation after step 6 draws random numbers; the kill at 7
     # comes after it. The restart redoes that validation (Lightning alone would skip it).

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import job_env
 
 SCRIPT = str(Path(sys.executable).parent / "lightning-resume")
@@ -25,6 +26,7 @@ def test_demo_rejects_bad_input_with_one_line() -> None:
     assert "--preemptions must be between" in proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_with_trackers_shows_one_continuous_trackio_run() -> None:
     cmd = [SCRIPT, "demo", "--seed", "5", "--preemptions", "1", "--trackers"]
     proc = subprocess.run(cmd, env=job_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
