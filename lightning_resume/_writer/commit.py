@@ -136,7 +136,8 @@ def remove(path: str | Path) -> None:
     fsync_dir(path.parent)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (this one, or another this user may or may not signal)."""
     if pid == os.getpid():
         return True
     try:
@@ -163,7 +164,7 @@ def clean_stale(directory: str | Path) -> list[str]:
         found = _TEMP_NAME.match(name)
         if found is None:
             continue
-        if _alive(int(found.group(1))):
+        if process_alive(int(found.group(1))):
             busy = True
             continue
         with contextlib.suppress(FileNotFoundError):

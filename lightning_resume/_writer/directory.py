@@ -37,7 +37,8 @@ from typing import Any, Protocol
 
 from lightning_resume._writer.atomic import TEMP_PREFIX, fsync_dir, write_json_atomic, write_text_atomic
 from lightning_resume._writer.catalog import Status, newest_first
-from lightning_resume._writer.manifest import ALGORITHM, check_metadata, checksum_file
+from lightning_resume._writer.commit import process_alive
+from lightning_resume._writer.manifest import ALGORITHM, check_metadata, checksum_file, whole_number
 
 #: A save in flight: ``.lr-save-<pid>-<hex>`` (the pid tells leftovers of dead processes apart).
 SAVE_PREFIX = ".lr-save-"
@@ -142,7 +143,7 @@ class DirectoryManifest:
             raise ValueError(f"unknown checksum algorithm {data.get('algorithm')!r}")
         try:
             files = tuple(
-                FileEntry(_name(f["name"]), _whole(f["size"], "size"), _checksum(f["checksum"]))
+                FileEntry(_name(f["name"]), whole_number(f["size"], "size"), _checksum(f["checksum"]))
                 for f in data["files"]
             )
             saved_at = data.get("saved_at", 0.0)
@@ -152,11 +153,11 @@ class DirectoryManifest:
                 or not math.isfinite(saved_at)
             ):
                 raise ValueError(f"saved_at {saved_at!r} is not a finite time")
-            world_size = _whole(data.get("world_size", 1), "world_size")
+            world_size = whole_number(data.get("world_size", 1), "world_size")
             return cls(
                 files=files,
-                global_step=_whole(data.get("global_step"), "global_step", optional=True),
-                epoch=_whole(data.get("epoch"), "epoch", optional=True),
+                global_step=whole_number(data.get("global_step"), "global_step", optional=True),
+                epoch=whole_number(data.get("epoch"), "epoch", optional=True),
                 saved_at=float(saved_at),
                 world_size=max(world_size, 1),
                 layout=dict(data.get("layout") or {}),
@@ -166,14 +167,6 @@ class DirectoryManifest:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"invalid directory manifest: {e}") from e
-
-
-def _whole(value: Any, name: str, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise ValueError(f"{name} {value!r} is not a whole number from 0 to 2**63")
-    return value
 
 
 def _name(value: Any) -> str:
@@ -564,18 +557,6 @@ def beyond_keep(parent: Path, pointer: Path, keep: int) -> list[str]:
     return [name for name in storage.directories() if name not in kept]
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale(parent: Path, restart: bool = False) -> list[str]:
     """Leftovers of interrupted saves in ``parent``: save directories and temporary pointer links of
     dead processes (all of them when ``restart``: the earlier attempt may have run on another host)."""
@@ -586,7 +567,7 @@ def stale(parent: Path, restart: bool = False) -> list[str]:
     found = []
     for name in names:
         match = _SAVE_NAME.match(name) or _LINK_NAME.match(name)
-        if match and (restart or not _alive(int(match.group(1)))):
+        if match and (restart or not process_alive(int(match.group(1)))):
             found.append(name)
     return sorted(found)
 

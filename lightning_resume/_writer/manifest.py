@@ -88,10 +88,10 @@ class Entry:
             if not number or not math.isfinite(saved_at):
                 raise ValueError(f"saved_at {saved_at!r} is not a finite time")
             return cls(
-                size=_whole(data["size"], "size"),
+                size=whole_number(data["size"], "size"),
                 checksum=checksum,
-                global_step=_whole(data.get("global_step"), "global_step", optional=True),
-                epoch=_whole(data.get("epoch"), "epoch", optional=True),
+                global_step=whole_number(data.get("global_step"), "global_step", optional=True),
+                epoch=whole_number(data.get("epoch"), "epoch", optional=True),
                 saved_at=float(saved_at),
                 versions=dict(data.get("versions", {})),
                 metadata=dict(data.get("metadata", {})),
@@ -100,7 +100,7 @@ class Entry:
             raise ValueError(f"invalid manifest entry: {e}") from e
 
 
-def _whole(value: Any, name: str, optional: bool = False) -> Any:
+def whole_number(value: Any, name: str, optional: bool = False) -> Any:
     """``value`` if it is a non-negative whole number (JSON integer) that fits in 63 bits."""
     if value is None and optional:
         return None
