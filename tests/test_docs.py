@@ -273,6 +273,7 @@ def test_lightning_cli_recipe_resumes_bitwise_after_sigterm(
     same_checkpoints(work, reference.checkpoint, run_dir / "checkpoints" / "last.ckpt", capsys)
 
 
+@pytest.mark.slow
 def test_mirror_recipe_restores_a_lost_run_from_the_mirror(
     tmp_path: Path, reference: Reference, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -61,9 +61,13 @@ def check_preempted_run(tmp_path: Path, kills: list[int], *args: str, ranks: int
     ("args", "seed"),
     [
         (("--loader", "plain"), 11),
-        (("--loader", "plain", "--drop-last", "--samples", "100"), 12),
+        pytest.param(("--loader", "plain", "--drop-last", "--samples", "100"), 12, marks=pytest.mark.slow),
         (("--loader", "plain", "--workers", "2", "--augment"), 13),
-        (("--loader", "plain", "--batch-size", "7", "--samples", "90", "--augment"), 14),
+        pytest.param(
+            ("--loader", "plain", "--batch-size", "7", "--samples", "90", "--augment"),
+            14,
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["shuffled", "drop-last", "workers-augment", "ragged-last-batch"],
 )
@@ -74,6 +78,7 @@ def test_plain_loader_resumes_exactly_after_three_kills(
     check_preempted_run(tmp_path, kills, *args, "--every", "3")
 
 
+@pytest.mark.slow
 def test_kills_on_the_first_and_last_batch_of_an_epoch(tmp_path: Path) -> None:
     # Steps 13 and 24 are the first and the last batch of epochs 2 and 2 (12 batches per epoch).
     check_preempted_run(tmp_path, [13, 24, 25], "--loader", "plain", "--every", "1")

@@ -33,7 +33,7 @@ def preempt_and_resume(tmp_path: Path, kills: list[int], env_for_attempt, *extra
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_slurm_requeue_three_kills_is_bitwise_exact(
     tmp_path: Path, baseline: dict[str, Path], seed: int
 ) -> None:

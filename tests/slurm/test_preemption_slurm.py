@@ -159,6 +159,7 @@ def test_real_preemption_by_a_higher_priority_partition(
     check(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_scancel_signal_usr1_under_srun(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -203,6 +204,7 @@ def test_time_limit_with_usr1_warning(
     check(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_array_tasks_resume_into_their_own_dirs(slurm: SlurmCluster, tmp_path: Path, reference: Path) -> None:
     job = submit(slurm, tmp_path, "--array=0-1", name="task")
     root = tmp_path / "runs"
@@ -220,7 +222,7 @@ def test_array_tasks_resume_into_their_own_dirs(slurm: SlurmCluster, tmp_path: P
     assert sorted((root / ".index").iterdir()) != [], "each task is indexed under its own key"
 
 
-@pytest.mark.parametrize("how", ["interrupt", "preemption"])
+@pytest.mark.parametrize("how", [pytest.param("interrupt", marks=pytest.mark.slow), "preemption"])
 def test_submitit_job_is_requeued_through_submitit(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, how: str
 ) -> None:

@@ -85,6 +85,7 @@ def test_default_csv_logger_continues_one_version(tmp_path: Path) -> None:
     assert (only_run_dir(tmp_path) / "logs" / "csv").resolve() == version.resolve()
 
 
+@pytest.mark.slow
 def test_explicit_tensorboard_and_csv_loggers_with_fixed_versions_continue(tmp_path: Path) -> None:
     chosen = interrupt_twice(tmp_path, "local")
     logs = tmp_path / "trackers" / "lightning_logs"

@@ -102,6 +102,7 @@ def test_hard_kill_keeps_the_run_and_replays_from_the_checkpoint(tmp_path: Path)
     assert logged_steps(tmp_path / "trackers")[1] == list(range(8, STEPS))
 
 
+@pytest.mark.slow
 def test_without_wandb_resume_a_restart_starts_a_new_run(tmp_path: Path) -> None:
     """The control: the same preemption and restart without the callback give a second wandb run."""
     preempt(tmp_path, "wandb", 79, [6], "--no-resume")
@@ -129,6 +130,7 @@ def test_sidecar_from_another_project_is_refused_and_a_new_run_starts(tmp_path: 
     assert sidecar["identity"]["id"] == beta.run_id, "later restarts follow the new run"
 
 
+@pytest.mark.slow
 def test_project_set_only_on_the_logger_is_reported_once_the_run_exists(tmp_path: Path) -> None:
     first = run_tracker_job(tmp_path, "wandb", "--project", "alpha", "--kill-at", 5, SLURM_JOB_ID=81)
     assert first.returncode == 0 and not first.finished, first.output
