@@ -93,16 +93,16 @@ def recipes(
             for path in RECIPES.iterdir():
                 if path.suffix != ".md":
                     shutil.copy2(path, work / path.name)
-            jobs[name] = submit(cluster, work, env)
-        deadline = time.monotonic() + 90
-        while not all(job.signalled for job in jobs.values()):
-            assert time.monotonic() < deadline, {name: job.output[-2000:] for name, job in jobs.items()}
-            for job in jobs.values():
-                if not job.signalled and job.has_checkpoint():
-                    # What --signal does before the time limit (submitit asks for USR2, the recipe for USR1).
-                    cluster.run("scancel", f"--signal={job.signal}", job.job_id)
-                    job.signalled = True
-            time.sleep(0.1)
+            job = jobs[name] = submit(cluster, work, env)
+            # Signalled before the next submission (which takes seconds on a busy machine), so that
+            # the job is still training: what --signal does before the time limit (submitit asks
+            # for USR2, the recipe for USR1).
+            deadline = time.monotonic() + 90
+            while not job.has_checkpoint():
+                assert time.monotonic() < deadline, job.output[-2000:]
+                time.sleep(0.05)
+            cluster.run("scancel", f"--signal={job.signal}", job.job_id)
+            job.signalled = True
         for job in jobs.values():
             cluster.wait_sacct_state(job.job_id, "COMPLETED", timeout=120)
         yield jobs
