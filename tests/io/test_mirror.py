@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _s3 import moto_endpoint, new_bucket, s3_options
 from conftest import job_env
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -33,39 +33,10 @@ from lightning_resume._writer.manifest import (
 )
 from lightning_resume.io._mirror import Mirror
 
-moto_server = pytest.importorskip("moto.server")
-
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-def s3_options(endpoint: str) -> dict[str, Any]:
-    return {
-        "key": "test",
-        "secret": "test",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
-
-
-def new_bucket(endpoint: str) -> str:
-    import boto3
-
-    bucket = f"b{uuid.uuid4().hex[:12]}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=bucket)
-    return bucket
+    yield from moto_endpoint()
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -13,16 +13,15 @@ import random
 import shutil
 import subprocess
 import sys
-import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from _s3 import moto_endpoint, new_bucket, s3_options
 from conftest import job_env, same_weights
 
 from lightning_resume import CheckpointVerificationError, DurableCheckpointIO
@@ -218,35 +217,7 @@ def test_a_kill_at_every_point_of_a_save_resumes_from_the_old_or_the_new_step(
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-def new_bucket(endpoint: str) -> str:
-    import boto3
-
-    bucket = f"b{uuid.uuid4().hex[:12]}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=bucket)
-    return bucket
-
-
-def s3_options(endpoint: str) -> dict[str, Any]:
-    return {
-        "key": "test",
-        "secret": "test",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
+    yield from moto_endpoint()
 
 
 def test_sigterm_to_one_rank_stops_every_rank_with_a_durable_mirrored_sharded_checkpoint(
