@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from conftest import tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
@@ -70,17 +71,7 @@ def fit_directories(
     PROCESS.reset()
     run_dir, first = RunDir(root=tmp_path / "root", key=key), FirstStep()
     strategy = strategy or DirectoryStrategy()
-    trainer = pl.Trainer(
-        strategy=strategy,
-        max_steps=steps,
-        max_epochs=3,
-        limit_train_batches=4,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[run_dir, RequeueCheckpoint(every_n_train_steps=1), first],
-    )
+    callbacks = (run_dir, RequeueCheckpoint(every_n_train_steps=1), first)
+    trainer = tiny_trainer(*callbacks, tmp_path=tmp_path, strategy=strategy, max_steps=steps, max_epochs=3)
     trainer.fit(BoringModel(), **fit)
     return run_dir, first, strategy

@@ -66,11 +66,10 @@ def test_workers_ignore_a_foreign_sigterm_and_their_parent_still_stops_them() ->
     assert all(w.is_alive() for w in workers)
     for _ in range(5):
         next(iterator)  # and they still serve batches
-    start = time.monotonic()
     for w in workers:  # what multiprocessing does at exit: the parent's SIGTERM still ends them
         w.terminate()
-        w.join(timeout=10)
-    assert not any(w.is_alive() for w in workers) and time.monotonic() - start < 5
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers)
 
 
 @pytest.mark.usefixtures("guarded")
