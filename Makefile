@@ -18,6 +18,8 @@ VENV           := .venv
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
+# pytest-xdist workers (0: one process). Most tests wait on subprocess jobs; two keep 2 cores busy.
+PYTEST_WORKERS ?= 2
 
 BIN   := $(VENV)/bin
 PIP   := $(BIN)/python -m pip
@@ -58,7 +60,7 @@ test: venv lint typecheck
 # (needs root and apt; idempotent, ~2 s when already installed). Stop it with
 # `bash tests/slurm/cluster.sh stop`.
 	bash tests/slurm/cluster.sh start
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,13 +1,20 @@
-"""Shared fixtures: a clean environment and signal table per test, and a runner for the demo job."""
+"""Shared fixtures: a clean environment and signal table per test, and a runner for the demo job.
+
+``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). What must not be split
+across them is grouped here, in :func:`pytest_collection_modifyitems`; what both may need is built once
+for the whole run by :func:`built_once`.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +55,47 @@ SCHEDULER_VARS = (
     "TORCHELASTIC_SIGNALS_TO_HANDLE",
     "KUBERNETES_SERVICE_HOST",
 )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests that must run on one pytest-xdist worker (no effect without ``--dist loadgroup``).
+
+    - Every ``slurm`` test: there is one cluster of one node, and each test expects it idle.
+    - The tests of a module that has a module- or session-scoped fixture of its own (a reference run,
+      a moto server, a submitted job): on two workers it would be built twice.
+    """
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+            continue
+        fixtures = getattr(item, "_fixtureinfo", None)
+        module = item.nodeid.split("::", 1)[0]
+        defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+        if any(d.scope in ("module", "session") and d.baseid == module for chain in defs for d in chain):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build`` fills once per test run, shared by all pytest-xdist workers.
+
+    The first worker to ask builds it under a lock in the run's common temporary folder; the others
+    wait for it and reuse it. A build that fails leaves nothing behind, so the next caller retries.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / f"built-once-{name}"
+    with open(shared / f"built-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                build(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            (folder / ".built").touch()
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -119,15 +167,16 @@ def same_weights(a: Path, b: Path) -> bool:
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Final weights of uninterrupted runs, by loader kind, computed once per session."""
-    folder = tmp_path_factory.mktemp("baseline")
-    results = {}
-    for loader in ("stateful", "plain"):
-        out = folder / f"{loader}.pt"
-        attempt = run_job(folder / loader, out, "--loader", loader)
-        assert attempt.returncode == 0, attempt.output
-        results[loader] = out
-    return results
+    """Final weights of uninterrupted runs, by loader kind, computed once per test run."""
+    loaders = ("stateful", "plain")
+
+    def build(folder: Path) -> None:
+        for loader in loaders:
+            attempt = run_job(folder / loader, folder / f"{loader}.pt", "--loader", loader)
+            assert attempt.returncode == 0, attempt.output
+
+    folder = built_once(tmp_path_factory, "baseline", build)
+    return {loader: folder / f"{loader}.pt" for loader in loaders}
 
 
 def tiny_trainer(*callbacks: pl.Callback, tmp_path: Path, **kwargs: object) -> pl.Trainer:
