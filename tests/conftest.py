@@ -57,7 +57,7 @@ SCHEDULER_VARS = (
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group the tests that must run on one pytest-xdist worker (no effect without ``--dist loadgroup``).
 
     - Every ``slurm`` test: there is one cluster of one node, and each test expects it idle.
@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
             continue
-        fixtures = getattr(item, "_fixtureinfo", None)
+        fixtures = getattr(item, "_fixtureinfo", None)  # what the test requests (pytest's own record)
         module = item.nodeid.split("::", 1)[0]
         defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
         if any(d.scope in ("module", "session") and d.baseid == module for chain in defs for d in chain):
