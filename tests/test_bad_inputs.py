@@ -40,8 +40,10 @@ from lightning_resume import (
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import index_path
-from lightning_resume._writer import directory
-from lightning_resume._writer.manifest import manifest_path
+from lightning_resume._sharded.parts import read_manifest
+from lightning_resume._storage.catalog import candidates, verify
+from lightning_resume._storage.kinds import DIRECTORY
+from lightning_resume._storage.manifest import manifest_path
 from lightning_resume.cli import doctor
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "src" / "troubleshooting.md"
@@ -794,7 +796,7 @@ def file_modes_follow_the_umask(tmp_path: Path) -> None:
 
 
 def _committed_steps(run_dir: Path) -> list[Path]:
-    return directory.candidates(layout.last_checkpoint(run_dir))
+    return candidates(layout.last_checkpoint(run_dir))
 
 
 @case(
@@ -807,7 +809,7 @@ def damaged_sharded_last_checkpoint(tmp_path: Path) -> None:
     shard = bytearray((bad / SHARD).read_bytes())
     shard[len(shard) // 2] ^= 0xFF  # same size, other bytes (as a shard of another save): checksums tell
     (bad / SHARD).write_bytes(bytes(shard))
-    step = directory.read_manifest(previous).global_step  # type: ignore[union-attr]
+    step = read_manifest(previous).global_step  # type: ignore[union-attr]
     with pytest.warns(UserWarning, match=r"checkpoint directory that did not verify: .*corrupt") as caught:
         _, started, _ = fit_directories(tmp_path, steps=5)
     assert len([w for w in caught if "did not verify" in str(w.message)]) == 1
@@ -847,7 +849,7 @@ def failed_sharded_save(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="No space left on device"):
         fit_directories(tmp_path, steps=3, strategy=DirectoryStrategy(fail_at_save=2))
     (run_dir,) = (tmp_path / "root").glob(layout.RUN_GLOB)
-    verdict = directory.verify(layout.last_checkpoint(run_dir))
+    verdict = verify(layout.last_checkpoint(run_dir), DIRECTORY)
     assert verdict.status.value == "verified" and verdict.manifest and verdict.manifest.global_step == 1
 
 

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
-from lightning_resume._writer.manifest import checksum_file, manifest_path, match, read_entries
+from lightning_resume._storage.manifest import checksum_file, manifest_path, match, read_entries
 
 
 def verifies(path: Path) -> bool:
@@ -339,7 +339,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 cli = LightningCLI(BoringModel, BoringDataModule, run=False, save_config_callback=None)
 io = cli.trainer.strategy.checkpoint_io
-print("PLUGIN", type(io).__name__, io.keep, io.metadata, io.background_share)
+print("PLUGIN", type(io).__name__, io.settings.keep, io.settings.metadata, io.settings.background_share)
 cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=os.environ.get("CKPT"))
 """
 

@@ -1,0 +1,379 @@
+"""A remote copy of a checkpoint folder on any fsspec filesystem (S3, GCS, a mounted directory...).
+
+The remote layout is the local one, flat under the mirror URL: ``<name>`` and
+``<name>.manifest.json`` for files, ``.lr-ckpt-<step>-<hex>/<files>`` for directories, plus a pointer
+object ``last.ckpt.pointer.json`` naming the current directory (object stores have no links).
+
+- **One upload path** (:meth:`Mirror.upload`), for both kinds: every file of the checkpoint is streamed
+  to its upload key and checksummed on the way against the manifest (a file goes to a temporary key;
+  a directory's files go to their final keys, which nothing names yet), then the manifest, then the
+  remote swap (the key is moved onto the file's name; the pointer object names the directory), then
+  retention. An upload interrupted at any point leaves the previous remote copy counted and the new
+  one not.
+- **One restore path** (:meth:`Mirror.restore`): the files of the remote checkpoint are streamed into a
+  local place written aside, each checksummed, then committed locally as a save is. A download that
+  finds the remote copy replaced while reading it (an upload of a job just killed, landing) starts
+  over, up to ``attempts`` times.
+- Uploads and deletions run in order in one background thread (``background``).
+
+Assumes one writer per mirror URL (one training run): temporary keys found at start are stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from lightning_resume._storage.atomic import fsync_dir
+from lightning_resume._storage.background import Background
+from lightning_resume._storage.catalog import Status, committed, newest_first, scan, verify
+from lightning_resume._storage.commit import commit, prune, remove, write_new
+from lightning_resume._storage.kinds import (
+    DIRECTORY,
+    FILE,
+    DirectoryKind,
+    Kind,
+    R,
+    resolve_pointer,
+    swap_pointer,
+)
+from lightning_resume._storage.manifest import ChecksumWriter, Writable, read_entries
+from lightning_resume._storage.store import LocalStore, RemoteStore, put
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 16 << 20
+
+
+class ReadError(OSError):
+    """Reading a copy failed, and not for lack of it (the remote object was replaced mid-read...)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _NotCommitted(Exception):
+    """A copied file matches no version of its manifest."""
+
+
+def copy(source: IO[bytes], out: Writable) -> None:
+    """Stream ``source`` into ``out`` (the one copy loop of uploads and downloads).
+
+    Raises:
+        FileNotFoundError: the source is gone.
+        ReadError: reading it failed otherwise.
+    """
+    while True:
+        try:
+            chunk = source.read(_CHUNK)
+        except FileNotFoundError:
+            raise
+        except OSError as e:  # e.g. the object was replaced between two ranged reads
+            raise ReadError(e) from e
+        if not chunk:
+            return
+        out.write(chunk)
+
+
+class Mirror:
+    """Upload, restore and delete checkpoints under one fsspec URL; uploads run in a background thread.
+
+    Args:
+        url: The mirror, e.g. ``s3://bucket/run-42/checkpoints`` or ``/mnt/shared/run-42``.
+        options: Keyword arguments for the fsspec filesystem (``{"client_kwargs": {"endpoint_url": ...}}``).
+        keep: After each upload, keep only the newest ``keep`` committed copies per retention family
+            (``None``: no limit; directories that no longer count are deleted anyway).
+        direct_io: Write downloads past the page cache where the local filesystem allows it.
+        warn: Tells the user about a failed background upload (the package's warning channel); every
+            failure is also raised by :meth:`wait`.
+
+    Raises:
+        ImportError, ValueError: the URL's fsspec backend is missing, or the URL is not one.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any] | None = None,
+        keep: int | None = None,
+        direct_io: bool = True,
+        warn: Callable[[str], None] = log.debug,
+    ) -> None:
+        self.url = url
+        self._warn = warn
+        self.keep = keep
+        self.direct_io = direct_io
+        self.store = RemoteStore(url, options)
+        self._known: dict[tuple[bool, str], Any] = {}  # what this process uploaded or downloaded
+        self._failed: dict[tuple[bool, str], BaseException] = {}
+        self._queue = Background("lightning-resume-mirror")
+        self._started = False
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.store.clear_uploads()
+
+    def committed(self, kind: Kind[R]) -> dict[str, R]:
+        """Remote checkpoints of ``kind`` that pass the cheap check (see ``catalog.committed``)."""
+        self._start()
+        return committed(self.store, kind)
+
+    # -- upload ----------------------------------------------------------------------------------
+
+    def upload(self, kind: Kind[R], path: Path, record: R | None = None) -> bool:
+        """Upload the committed local checkpoint ``path`` (a file, or a committed directory).
+
+        Args:
+            kind: What it is.
+            path: The local checkpoint.
+            record: The version to upload (default: read from its local manifest).
+
+        Returns:
+            Whether the mirror holds it now. ``False`` when ``path`` no longer holds ``record`` (a
+            newer save replaced it, or retention removed it: its own upload follows).
+
+        Raises:
+            RuntimeError: a file of a committed directory does not match its manifest.
+        """
+        self._start()
+        folder, name = path.parent, path.name
+        record = record if record is not None else _local_record(kind, path)
+        if record is None:
+            log.debug("%s has no committed manifest (replaced meanwhile); nothing to mirror", path)
+            return False
+        known = self._known.get((kind.directory, name))
+        current = [known] if known is not None else kind.held(self.store, name)
+        if current and kind.files(name, current[0]) == kind.files(name, record):
+            if current[0] != record:  # the same bytes, new metadata
+                put(self.store, kind.manifest_name(name), kind.encode([record]))
+        else:
+            staged: dict[str, str] = {}
+            try:
+                if not self._send(kind, folder, name, record, staged):
+                    return False
+                put(self.store, kind.manifest_name(name), kind.encode(kind.next_records(record, current)))
+                kind.remote_swap(self.store, name, record, staged)
+            finally:
+                for final, key in staged.items():
+                    if key != final:
+                        self.store.remove(key)
+            log.debug("mirrored %s to %s", path, self.store.key(name))
+        self._known[(kind.directory, name)] = record
+        if self.keep is not None or kind.directory:
+            current_name = name if kind.directory else None
+            for gone in prune(self.store, kind, self.keep, current_name):
+                self._known.pop((kind.directory, gone), None)
+        return True
+
+    def _send(self, kind: Kind[R], folder: Path, name: str, record: R, staged: dict[str, str]) -> bool:
+        """Stream the files of ``record`` to their upload keys (recorded in ``staged``), checksummed."""
+        for entry in kind.files(name, record):
+            staged[entry.name] = key = kind.upload_key(entry.name)
+            try:
+                source = open(folder / entry.name, "rb")  # noqa: SIM115 (closed below)
+            except FileNotFoundError:
+                return False
+            with source, self.store.open(key, "wb") as remote:
+                out = ChecksumWriter(remote)
+                copy(source, out)
+            if (out.checksum.size, out.checksum.hexdigest()) != (entry.size, entry.checksum):
+                if kind.directory:  # committed directories never change: this is damage
+                    raise RuntimeError(
+                        f"{str(folder / entry.name)!r} does not match its manifest: not mirroring"
+                    )
+                log.debug("%s changed during its upload; the next upload sends the new version", entry.name)
+                return False
+        return True
+
+    def delete(self, kind: Kind[R], name: str) -> None:
+        """Delete the remote copy of ``name`` (see ``commit.remove``)."""
+        self._known.pop((kind.directory, name), None)
+        self._failed.pop((kind.directory, kind.slot(name)), None)
+        remove(self.store, kind, name)
+
+    # -- restore ---------------------------------------------------------------------------------
+
+    def restore(self, kind: Kind[R], folder: Path, name: str, attempts: int = 3) -> Path | None:
+        """Download the committed remote checkpoint ``name`` into ``folder`` and commit it there.
+
+        A directory is linked as ``kind.pointer``; a file replaces the local one.
+
+        Returns:
+            Its local path, or ``None`` when the mirror has no copy of ``name`` that verifies.
+
+        Raises:
+            OSError: reading the remote copy failed ``attempts`` times, or writing locally failed.
+        """
+        self._start()
+        target = folder / (kind.slot(name))
+        for attempt in range(1, attempts + 1):
+            raw = self.store.read(kind.manifest_name(name))
+            try:
+                versions = kind.decode(raw) if raw is not None else []
+            except ValueError:
+                versions = []
+            if not versions:
+                return None
+            staged = kind.stage(target)
+            try:
+                record = self._receive(kind, name, versions, staged)
+            except (_NotCommitted, FileNotFoundError, ReadError) as e:
+                LocalStore(folder).remove(staged.name, tree=kind.directory)
+                if attempt < attempts and not isinstance(e, FileNotFoundError):
+                    log.debug("download of %s failed (%s); starting over", name, e)
+                    continue
+                if not isinstance(e, ReadError):
+                    log.debug("not restoring %s from the mirror: %s", name, e)
+                    return None
+                raise OSError(
+                    f"Could not download {self.store.key(name)!r} from the mirror ({attempts} attempts): "
+                    f"{e.cause}. Check that the mirror is reachable and that no other job writes to it."
+                ) from e.cause
+            local = kind.held(LocalStore(folder), name)
+            final = commit(kind, staged, target, kind.next_records(record, local), name)
+            self._known[(kind.directory, name)] = record
+            log.info("restored %s from %s", final if kind.directory else target, self.store.key(name))
+            return final
+        return None
+
+    def _receive(self, kind: Kind[R], name: str, versions: Sequence[R], staged: Path) -> R:
+        """Download the files of ``name`` into ``staged``; return the version they all match."""
+        digests = {}
+        for entry in kind.files(name, versions[0]):  # every version has the same file names
+            local = Path(f"{staged}{entry.name[len(name) :]}")  # the checkpoint's name -> ``staged``
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with self.store.open(entry.name, "rb") as source:
+                digests[entry.name] = write_new(local, lambda out: copy(source, out), self.direct_io)
+        for folder, _, _ in os.walk(staged):  # a directory: every folder in it
+            fsync_dir(folder)
+        for record in versions:
+            if all(digests.get(f.name) == (f.size, f.checksum) for f in kind.files(name, record)):
+                return record
+        raise _NotCommitted(f"the mirror copy of {name!r} matches no version of its manifest")
+
+    def restore_all(self, folder: Path) -> list[Path]:
+        """Download what ``folder`` lacks: each committed remote file that it lacks or holds only an
+        older version of (a local file without a manifest is never replaced), and the newest committed
+        remote directory, unless the one ``folder``'s link names is as new.
+
+        Returns:
+            What was restored.
+        """
+        restored = []
+        local = scan(folder)
+        for name, entry in sorted(self.committed(FILE).items(), key=lambda item: -item[1].saved_at):
+            have = local.get(name)
+            if have is not None and (have.same_data(entry) or have.saved_at >= entry.saved_at):
+                continue
+            if have is None and (folder / name).exists() and read_entries(folder / name) is None:
+                continue  # a file we did not write
+            path = self.restore(FILE, folder, name)
+            if path is not None:
+                restored.append(path)
+        path = self.restore_directory(folder)
+        return restored if path is None else [*restored, path]
+
+    def restore_directory(self, folder: Path, pointer: str = DIRECTORY.pointer) -> Path | None:
+        """Restore the newest committed remote directory into ``folder`` and link ``pointer`` to it,
+        unless the directory ``pointer`` names is as new: the one the pointer object names first, then
+        the others newest first, the first that downloads and verifies.
+
+        Returns:
+            The restored directory, or ``None`` when nothing was restored.
+        """
+        kind = DirectoryKind(pointer)
+        remote = self.committed(kind)
+        pointed = kind.remote_target(self.store)
+        order = [pointed] if pointed in remote else []
+        order += [n for n in newest_first(remote) if n != pointed]
+        if not order:
+            return None
+        local = committed(LocalStore(folder), kind)
+        target = resolve_pointer(folder / kind.pointer)
+        have = local.get(target.name) if target is not None else None
+        if have is not None and have.saved_at >= remote[order[0]].saved_at:
+            return None
+        for name in order:
+            if name in local and verify(folder / name, kind).status is Status.VERIFIED:
+                swap_pointer(folder / kind.pointer, name)
+                return folder / name
+            path = self.restore(kind, folder, name)
+            if path is not None:
+                return path
+        return None
+
+    # -- background ------------------------------------------------------------------------------
+
+    def submit(self, kind: Kind[R], path: Path, latest: Callable[[], R | None] | None = None) -> None:
+        """Queue :meth:`upload`; a failure is warned about and reported by :meth:`wait`.
+
+        Args:
+            kind: What ``path`` is.
+            path: The local checkpoint.
+            latest: Gives its newest committed version when the upload starts (default: its manifest).
+                An upload of the same file already queued (not started) covers this request too.
+        """
+        failure = (kind.directory, kind.slot(path.name))
+
+        def job() -> None:
+            record = latest() if latest is not None else None
+            if latest is not None and record is None:
+                return
+            try:
+                self.upload(kind, path, record)
+            except Exception as e:
+                self._failed[failure] = e
+                self._warn(
+                    f"Mirroring {str(path)!r} to {self.url!r} failed ({type(e).__name__}: {e}); the local "
+                    "checkpoint is intact and the next save tries again."
+                )
+                return
+            self._failed.pop(failure, None)
+
+        key: Hashable = (kind.directory, path.name)
+        self._queue.submit(job, key)
+
+    def submit_delete(self, kind: Kind[R], name: str) -> None:
+        self._queue.submit(lambda: self.delete(kind, name))
+
+    @property
+    def pending(self) -> int:
+        """Uploads and deletions queued or running."""
+        return self._queue.pending
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for queued uploads and deletions.
+
+        Raises:
+            TimeoutError: some are still running after ``timeout`` seconds.
+            RuntimeError: the latest upload of some checkpoint failed.
+        """
+        running = self._queue.wait(timeout)  # deletions raise here; uploads record their errors
+        if running:
+            raise TimeoutError(
+                f"{running} mirror operation(s) to {self.url!r} still running after {timeout} s; the "
+                "remote copies they were writing are not committed (the local checkpoints are)."
+            )
+        if self._failed:
+            (_, name), error = next(iter(self._failed.items()))
+            raise RuntimeError(
+                f"Mirroring {name!r} to {self.url!r} failed: {type(error).__name__}: {error}. The local "
+                "checkpoint is intact; the mirror holds an older committed copy or none."
+            ) from error
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for queued work (see :meth:`wait`) and stop the background thread."""
+        try:
+            self.wait(timeout)
+        finally:
+            self._queue.stop()
+
+
+def _local_record(kind: Kind[R], path: Path) -> R | None:
+    """The committed version of a local checkpoint, read from its manifest."""
+    return committed(LocalStore(path.parent), kind).get(path.name)
