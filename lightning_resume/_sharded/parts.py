@@ -1,12 +1,8 @@
 """A sharded save: what each rank wrote, the manifest assembled from it, the commit.
 
-Every rank writes into one fresh ``.lr-save-<pid>-<hex>`` directory, fsyncs and hashes the files it
-wrote and records them in ``.lr-part-<rank>.json``; once every rank has, one process fsyncs and
-hashes the rest (DCP's ``.metadata``, Lightning's ``meta.pt``), builds the manifest
-(:func:`build_manifest`) and commits the directory as ``last.ckpt`` names it
-(:func:`commit_directory`: ``_storage.commit`` and retention). No collective is needed for that:
-the ranks meet in the part files.
-
+Every rank writes into one fresh ``.lr-save-<pid>-<hex>`` directory, fsyncs and hashes its files and
+records them in ``.lr-part-<rank>.json``; then one process hashes the rest, builds the manifest and
+commits (``_storage.commit``, then retention). The ranks meet in the part files, not in a collective.
 Pure standard library (and ``xxhash``): no torch, no Lightning.
 """
 
@@ -79,8 +75,7 @@ def part_path(directory: Path, rank: int) -> Path:
 
 
 def write_part(directory: Path, rank: int, entries: Sequence[FileEntry], error: str | None = None) -> None:
-    """Record, durably, the files ``rank`` wrote and hashed (or why it could not); the committing
-    process reads them."""
+    """Record, durably, the files ``rank`` wrote and hashed, or why it could not."""
     write_json_atomic(part_path(directory, rank), {"files": [asdict(e) for e in entries], "error": error})
 
 
@@ -125,19 +120,13 @@ def parts_complete(directory: Path, world_size: int) -> bool:
 def build_manifest(
     directory: Path, world_size: int, required: Sequence[str] = (), **fields: Any
 ) -> DirectoryManifest:
-    """Assemble the manifest of a fully written save directory (after every rank recorded its part).
+    """The manifest of a save directory every rank recorded its part of (``fields``: its other fields).
 
     Files no rank claimed (``.metadata``, ``meta.pt``, any file of an unknown layout) are fsynced and
     hashed here; every folder inside is fsynced.
 
-    Args:
-        directory: The save directory.
-        world_size: The ranks that wrote it (each recorded a part).
-        required: Files that must be present.
-        **fields: The other fields of :class:`DirectoryManifest`.
-
     Raises:
-        FileNotFoundError: a rank recorded no part, or a required file is missing (nothing is committed).
+        FileNotFoundError: a rank recorded no part, or a ``required`` file is missing.
     """
     claimed = read_parts(directory, world_size)
     names = list_files(directory)
@@ -156,26 +145,17 @@ def build_manifest(
 
 
 def read_manifest(directory: Path) -> DirectoryManifest | None:
-    """The manifest of a checkpoint directory (or a link to one), ``None`` when it has none or an
-    unreadable one."""
+    """The manifest of a checkpoint directory (or a link to one), ``None`` when it has no readable one."""
     return verify(directory, DIRECTORY, checksums=False).manifest
 
 
 def commit_directory(
     save_dir: Path, pointer: Path, manifest: DirectoryManifest, keep: int, on_step: Step = _nothing
 ) -> Path:
-    """Commit a fully written ``save_dir`` as the directory ``pointer`` names; return its new path.
+    """Commit ``save_dir`` as the directory ``pointer`` (``last.ckpt``) names, then prune to ``keep``.
 
-    The part files go, the manifest is written last into the directory, which is renamed to its
-    committed name; the pointer is swapped (the commit), then committed directories beyond the newest
-    ``keep`` (and any that no longer count) are deleted, never the new one.
-
-    Args:
-        save_dir: The save directory (every rank's files written and recorded).
-        pointer: ``last.ckpt``.
-        manifest: From :func:`build_manifest`.
-        keep: Committed directories to keep (``>= 1``).
-        on_step: Called with each step of ``_storage.commit.COMMIT_STEPS`` as the commit gets there.
+    The part files go; ``_storage.commit.commit`` writes the manifest, renames the directory and swaps
+    the pointer, calling ``on_step`` at each step; retention never deletes the new directory.
 
     Raises:
         OSError: from the filesystem; the pointer then still names the previous directory.
@@ -189,8 +169,7 @@ def commit_directory(
 
 
 def clean_up(pointer: Path, keep: int, restart: bool = False) -> list[str]:
-    """Delete the leftovers of interrupted saves beside ``pointer`` (``_storage.cleanup``) and the
-    directories retention would (never the one ``pointer`` names); return their names."""
+    """Delete the leftovers of interrupted saves beside ``pointer`` and what retention names; return them."""
     target = resolve_pointer(pointer)
     removed = clean_stale(pointer.parent, restart)
     kind = DirectoryKind(pointer.name)

@@ -346,10 +346,7 @@ class DirectorySaver:
                 self._stager.close()
                 self._stager = None
             if self.mirror is not None and self.wait_for_mirror:
-                try:
-                    self.mirror.close(self.mirror_timeout)
-                except (TimeoutError, RuntimeError) as e:
-                    warn(str(e))
+                self.mirror.close(self.mirror_timeout)
 
 
 def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
@@ -362,13 +359,7 @@ def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
             f"mirror={settings.mirror!r}) copies {str(settings.dirpath)!r}."
         )
         return None
-    return Mirror(
-        settings.mirror,
-        dict(settings.mirror_options),
-        settings.directories_kept,
-        settings.direct_io,
-        warn=lambda message: warn(message, all_ranks=True),
-    )
+    return settings.open_mirror(settings.directories_kept)
 
 
 def _attempt(action: Callable[[], Any]) -> BaseException | None:

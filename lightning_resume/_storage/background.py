@@ -1,8 +1,7 @@
-"""One background thread that runs queued jobs in order (the mirror's copies and deletions).
+"""One daemon thread that runs queued jobs in order: the mirror's copies and deletions.
 
-A job queued while another with the same key is still waiting (not started) is covered by it: a
-checkpoint saved twice before its first upload starts is uploaded once. The thread is a daemon: a
-preempted job that stops waiting for its uploads can still exit.
+A daemon, so that a preempted job that stops waiting for its uploads can still exit (an executor's
+threads are joined at exit). A job queued while one with the same key waits is covered by it.
 """
 
 from __future__ import annotations
@@ -17,11 +16,7 @@ _Job = tuple[Callable[[], None], "Future[None]"]
 
 
 class Background:
-    """Run jobs one after the other in a daemon thread, started on the first job.
-
-    Args:
-        name: The thread's name.
-    """
+    """Run jobs one after the other in a daemon thread (named ``name``), started on the first job."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -59,11 +54,7 @@ class Background:
         return sum(not f.done() for f in self._futures)
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for every queued job; return how many are still running after ``timeout`` seconds.
-
-        Raises:
-            Exception: what a job raised.
-        """
+        """Wait for the queued jobs (raising what one raised); return how many still run after ``timeout``."""
         with self._lock:
             futures = list(self._futures)
         done, not_done = wait_futures(futures, timeout=timeout)

@@ -1,17 +1,11 @@
 """Which checkpoints of a folder count, how one is verified, which a load falls back to, which go.
 
-One rule for every place that asks (the plugin's load and retention, the sharded restart, the mirror,
-``lightning-resume inspect`` and ``gc``), for both kinds of checkpoint and any :class:`Store`:
-
-- a checkpoint is **committed** when its manifest is readable and the files of one of its versions
-  are all there with their sizes (the cheap check: :func:`committed`);
-- it is **verified** when, moreover, their checksums match (:func:`verify`, one :class:`Verdict`);
-- a load whose checkpoint does not verify falls back to the other committed checkpoints of the
-  folder, **newest save first** (:func:`newest_first`), and takes the first that verifies;
-- retention keeps the newest ``keep`` committed checkpoints of each family and what the pointer
-  names (:func:`retention`).
-
-Pure standard library (and ``xxhash``).
+One rule for every place that asks (the plugin, the sharded restart, the mirror, ``inspect``, ``gc``),
+for both kinds and any ``Store``: a checkpoint is **committed** when its manifest is readable and the
+files of one of its versions are there with their sizes (:func:`committed`); **verified** when their
+checksums match too (:func:`verify`); a load falls back to the other committed checkpoints **newest
+save first** (:func:`newest_first`); **retention** keeps the newest ``keep`` of each family and what
+the pointer names (:func:`retention`). Pure standard library (and ``xxhash``).
 """
 
 from __future__ import annotations
@@ -23,10 +17,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
-from typing import Any, Generic, Protocol
+from typing import Any, Generic
 
-from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, R, resolve_pointer
-from lightning_resume._storage.manifest import Entry, FileEntry, checksum_file
+from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, resolve_pointer
+from lightning_resume._storage.manifest import DirectoryManifest, Entry, FileEntry, R, checksum_file
 from lightning_resume._storage.store import LocalStore, Store
 
 #: The fallback rule as the docs state it (``docs/src/how_resume_works.md``; a test compares them).
@@ -36,21 +30,9 @@ FALLBACK_RULE = (
 )
 
 
-class Dated(Protocol):
-    """Anything with a save time: a file's manifest entry, a directory's manifest."""
-
-    @property
-    def saved_at(self) -> float: ...
-
-
 def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
-    """Checkpoints that pass the cheap check, each with the newest version whose files are all there.
-
-    Args:
-        store: The folder.
-        kind: Which checkpoints to list.
-        sizes: ``store.sizes()``, when the caller has it already.
-    """
+    """Checkpoints that pass the cheap check, each with its newest version whose files are all there
+    (``sizes``: ``store.sizes()``, when the caller has it)."""
     sizes = store.sizes() if sizes is None else sizes
     found: dict[str, R] = {}
     for name in kind.names(sizes):
@@ -71,7 +53,9 @@ def scan(folder: str | Path) -> dict[str, Entry]:
     return committed(LocalStore(Path(folder)), FILE)
 
 
-def newest_first(checkpoints: Mapping[str, Dated], exclude: Iterable[str] = ()) -> list[str]:
+def newest_first(
+    checkpoints: Mapping[str, Entry | DirectoryManifest], exclude: Iterable[str] = ()
+) -> list[str]:
     """Checkpoint names in fallback order: newest save first, then by name (files and directories).
 
     Example::
@@ -98,12 +82,10 @@ def candidates(pointer: Path) -> list[Path]:
     return ordered
 
 
-def beyond_keep(checkpoints: Mapping[str, Dated], keep: int, family: Callable[[str], str]) -> list[str]:
-    """Names beyond the newest ``keep`` of each family, in fallback order (newest save, then name).
-
-    Raises:
-        ValueError: for ``keep < 1``.
-    """
+def beyond_keep(
+    checkpoints: Mapping[str, Entry | DirectoryManifest], keep: int, family: Callable[[str], str]
+) -> list[str]:
+    """Names beyond the newest ``keep`` of each family, in fallback order (raises ``ValueError`` below 1)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep!r}.")
     families: dict[str, list[str]] = defaultdict(list)
@@ -113,11 +95,9 @@ def beyond_keep(checkpoints: Mapping[str, Dated], keep: int, family: Callable[[s
 
 
 def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None = None) -> list[str]:
-    """The checkpoints retention deletes: committed ones :func:`beyond_keep` (none when ``keep`` is
-    ``None``) and, for directories, the ones that no longer count (half deleted, or an unreadable
-    manifest); never ``current``, what the pointer names. An uncommitted file stays: the next save of
-    its name replaces it, and until then it tells what went wrong.
-    """
+    """What retention deletes: committed checkpoints :func:`beyond_keep` (none for ``keep=None``) and
+    directories that no longer count (half deleted, unreadable manifest); never ``current`` (what the
+    pointer names). An uncommitted file stays: the next save of its name replaces it."""
     sizes = store.sizes()
     found = committed(store, kind, sizes)
     doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
@@ -149,14 +129,13 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict(Generic[R]):
-    """The outcome of checking one checkpoint (a file or a directory).
+    """The outcome of checking one checkpoint, a file or a directory.
 
     Attributes:
         status: What was found.
-        manifest: The version it matches when verified; otherwise its newest version, if readable.
+        manifest: The version it matches when verified, else its newest version (if readable).
         detail: Which file and what is wrong with it, for messages.
-        size: A file's size (``None`` for a directory or a missing file).
-        checksum: A file's checksum, once computed.
+        size, checksum: A file's size, and its checksum once computed.
     """
 
     status: Status
@@ -175,12 +154,11 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     """Check a checkpoint (a file, a directory, or a link to one) against its manifest.
 
     Args:
-        path: The checkpoint; links are followed.
+        path: The checkpoint.
         kind: What it is.
         checksums: Compare checksums too (``False``: presence and sizes only, nothing read).
-        share: ``(rank, world size)``: hash only the files whose index in the manifest is ``rank``
-            modulo ``world size``, so that the ranks of a job verify one directory together. The
-            checks without checksums are made in full by every call.
+        share: ``(rank, world size)``: hash only the files whose index is ``rank`` modulo ``world size``
+            (the ranks of a job verify a directory together); the other checks are made in full.
     """
     absent = _absent(path, kind.directory)
     if absent is not None:

@@ -1,13 +1,10 @@
-"""Leftovers of interrupted saves: what they are, and removing them.
+"""Leftovers of interrupted saves, and removing them (pure standard library).
 
-Every name written aside carries the writing process id: temporary files and links
-``.lr-tmp-<pid>-...`` (a file being written, a manifest being replaced, the ``last.ckpt`` link being
-swapped) and save directories ``.lr-save-<pid>-<hex>``. A later process removes those of processes that
-are gone, and a restart all of them (the earlier attempt may have run on another host). A manifest
-whose data file is gone (a removal cut short) is a leftover too, unless a live process is writing
-here (it may be in the middle of a commit: the new manifest goes first).
-
-Pure standard library.
+Every name written aside carries its process id: temporary files and links ``.lr-tmp-<pid>-...``
+and save directories ``.lr-save-<pid>-<hex>``. A later process removes those of processes that are
+gone; a restart, all of them (the earlier attempt may have run on another host). A manifest without
+its data file (a removal cut short) goes too, unless a live process is writing here: in a commit,
+the new manifest comes first.
 """
 
 from __future__ import annotations

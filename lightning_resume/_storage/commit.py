@@ -1,14 +1,11 @@
-"""Changing a local folder of checkpoints: commit, remove and prune, for both kinds.
+"""Changing a local folder of checkpoints, for both kinds: commit, remove, prune.
 
-A **commit** writes the new version aside (a temporary sibling file, or a save directory), fsyncs it,
-puts the manifest in place, then swaps it in with one atomic rename and fsyncs the folder
-(:func:`commit`; the kind supplies the manifest's place and the swap, see ``kinds``). A kill at any
-instant leaves the old version or the new one, each matching its manifest. Files written aside go
-past the page cache where the filesystem allows (``direct_file``), checksummed as they are written
-(:func:`write_file`). A **removal** first deletes what would let a half-deleted checkpoint count;
-**pruning** removes what retention (``catalog.retention``) names.
-
-Pure standard library: the writer process imports this module without torch or lightning.
+A **commit** writes the new version aside (:func:`write_new`: past the page cache where the filesystem
+allows, checksummed as it is written), fsyncs it, puts its manifest in place, then swaps it in with one
+atomic rename and fsyncs the folder (:func:`commit`; the kind says where the manifest goes and what the
+swap is). A kill at any instant leaves the old version or the new one, each matching its manifest.
+A **removal** first deletes what would let a half-deleted checkpoint count; **pruning** removes what
+retention names. Pure standard library: the writer process imports this module.
 """
 
 from __future__ import annotations
@@ -22,10 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._storage.catalog import retention
 from lightning_resume._storage.direct_file import DirectFile, Pace, new_buffer
-from lightning_resume._storage.kinds import FILE, Kind, R, Step
-from lightning_resume._storage.manifest import ChecksumWriter, Entry, next_entries, read_entries, sized
+from lightning_resume._storage.kinds import FILE, Kind, Step
+from lightning_resume._storage.manifest import ChecksumWriter, Entry, R, next_entries
 from lightning_resume._storage.store import LocalStore, Store
 
 #: The steps of a commit, in order, as passed to its ``on_step`` observer (``mid_delete``: pruning).
@@ -46,7 +44,7 @@ def _nothing(step: str) -> None:
 
 
 class TimedPace(Pace, Protocol):
-    """A :class:`~lightning_resume._storage.direct_file.Pace` that records how long the fsync took."""
+    """A ``direct_file.Pace`` that also records how long the fsync took."""
 
     fsync_seconds: float
 
@@ -67,27 +65,27 @@ def commit(
     name: str | None = None,
     on_step: Step = _nothing,
 ) -> Path:
-    """Make the fsynced ``staged`` version the checkpoint ``target`` names; return where it is now.
-
-    The manifest of ``records`` goes in place first, then the atomic swap; on an error ``staged`` is
-    removed and ``target`` is as it was.
+    """Make ``staged`` (from ``kind.stage``, written and fsynced) the checkpoint ``target`` names.
 
     Args:
         kind: What is committed.
-        staged: From ``kind.stage(target)``, written and fsynced.
+        staged: The new version.
         target: The checkpoint file, or the link naming the checkpoint directory.
-        records: The new manifest (its first version describes ``staged``).
-        name: A directory's committed name (default: from its step and its save directory's token).
+        records: The new manifest; its first version describes ``staged``.
+        name: A directory's committed name (default: from its step and its save directory).
         on_step: Called with each name of :data:`COMMIT_STEPS` as the commit gets there.
 
+    Returns:
+        Where the new version is now.
+
     Raises:
-        OSError: from the filesystem.
+        OSError: from the filesystem; ``staged`` is removed and ``target`` is as it was.
     """
     try:
         on_step("before_manifest")
-        kind.write_manifest(staged, target, records)
+        write_text_atomic(kind.manifest_at(staged, target), kind.encode(records))
         on_step("before_rename")
-        final = kind.swap(staged, target, records, name, on_step)
+        final = kind.swap(staged, target, records[0], name, on_step)
     except BaseException:
         LocalStore(staged.parent).remove(staged.name, tree=kind.directory)
         raise
@@ -108,7 +106,7 @@ def write_new(
         path: The file written aside.
         write: Writes the content to the checksumming file object it is given.
         direct: Write past the page cache where the filesystem allows it.
-        buffer: A buffer from ``direct_file.new_buffer()`` to reuse (default: a new one).
+        buffer: A ``direct_file.new_buffer()`` to reuse (default: a new one).
         pace: Paces the write (a background write's duty cycle) and records its fsync time.
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -131,17 +129,6 @@ def write_new(
     return out.checksum.size, out.checksum.hexdigest()
 
 
-def current_entries(path: str | Path, known: Entry | None = None) -> list[Entry]:
-    """The entries that may describe the data file now at ``path`` (a new manifest must keep them)."""
-    if known is not None:
-        return [known]
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        return []
-    return sized(read_entries(path) or [], size)
-
-
 def write_file(
     path: str | Path,
     write: Callable[[ChecksumWriter], None],
@@ -151,17 +138,10 @@ def write_file(
     buffer: mmap.mmap | None = None,
     pace: TimedPace | None = None,
 ) -> Entry:
-    """Write a new version of the checkpoint file ``path`` through ``write`` and commit it.
+    """Write a new version of the checkpoint file ``path`` (see :func:`write_new`) and commit it.
 
-    Args:
-        path: The checkpoint file.
-        write: Writes the content to the checksumming file object it is given.
-        make_entry: Builds the entry from the written ``(size, checksum)`` (it may refuse: raise).
-        known: The entry of the data file now at ``path``, when the caller committed it itself.
-        direct, buffer, pace: As for :func:`write_new`.
-
-    Returns:
-        The new version's manifest entry.
+    ``make_entry`` builds its entry from ``(size, checksum)`` (or raises to refuse it); ``known`` is
+    the entry of the file now at ``path``, when the caller committed it itself.
 
     Raises:
         OSError: from the filesystem; ``path`` and its manifest are then as they were.
@@ -173,7 +153,8 @@ def write_file(
     except BaseException:
         LocalStore(staged.parent).remove(staged.name)
         raise
-    commit(FILE, staged, path, next_entries(entry, current_entries(path, known)))
+    current = [known] if known is not None else FILE.held(LocalStore(path.parent), path.name)
+    commit(FILE, staged, path, next_entries(entry, current))
     return entry
 
 
@@ -188,7 +169,7 @@ def remove(store: Store, kind: Kind[R], name: str, on_step: Step = _nothing) -> 
 def prune(
     store: Store, kind: Kind[R], keep: int | None, current: str | None = None, on_step: Step = _nothing
 ) -> list[str]:
-    """Remove what :func:`~lightning_resume._storage.catalog.retention` names; return the names."""
+    """Remove what ``catalog.retention`` names (never ``current``); return the names."""
     doomed = retention(store, kind, keep, current)
     for name in doomed:
         remove(store, kind, name, on_step)

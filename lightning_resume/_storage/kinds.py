@@ -1,20 +1,20 @@
 """The two kinds of checkpoint, and only what differs between them.
 
 A **file** (``last.ckpt``, what ``CheckpointIO`` writes) and a **directory** (a sharded checkpoint,
-``.lr-ckpt-<step>-<hex>/`` named by the symlink ``last.ckpt``) are committed, verified, listed,
-pruned, cleaned up and mirrored by the same functions (``catalog``, ``commit``, ``cleanup``,
-``mirror``). A kind tells them:
+``.lr-ckpt-<step>-<hex>/``, named by the link ``last.ckpt``) are listed, verified, committed, pruned
+and mirrored by the same functions (``catalog``, ``commit``, ``mirror``). The kind tells them:
 
-- how its manifest lists content: :meth:`Kind.manifest_name`, :meth:`Kind.decode` (the versions it
-  describes, newest first) and :meth:`Kind.files` (the files of one version). A file's manifest keeps
-  up to three versions of the one file; a directory's lists its files;
-- which checkpoints a listing holds (:meth:`Kind.names`) and the retention family of a name
-  (:meth:`Kind.family`: digits ignored for files; every directory of a folder is one family);
-- how it is staged and swapped in: locally, a file is written to a temporary sibling and renamed onto
-  its name (:meth:`Kind.swap`); a directory is written into ``.lr-save-<pid>-<hex>``, renamed to its
-  committed name, and the ``last.ckpt`` link is swapped. Remotely, a file is uploaded to a temporary
-  key and moved onto its name; a directory's files go to their final keys and a pointer object
-  ``last.ckpt.pointer.json`` names it (object stores have no links).
+- how its manifest lists content: a file's ``<name>.manifest.json`` keeps up to three versions of the
+  one file, a directory's ``.lr-manifest.json`` lists its files (``manifest_name``, ``decode``,
+  ``encode``, ``files``);
+- which checkpoints a listing holds (``names``) and the retention family of a name (``family``:
+  digits ignored for files; the directories of a folder are one family);
+- how it is staged and swapped in. Locally, a file is written to a temporary sibling, its manifest
+  replaced, then it is renamed onto its name; a directory is written into ``.lr-save-<pid>-<hex>``,
+  its manifest written last, renamed to its committed name, and the ``last.ckpt`` link is swapped
+  (``stage``, ``manifest_at``, ``swap``). Remotely, a file is uploaded to a temporary key and moved
+  onto its name; a directory's files go to their final keys and a pointer object
+  ``last.ckpt.pointer.json`` names it (``upload_key``, ``remote_swap``, ``held``).
 
 Pure standard library.
 """
@@ -31,24 +31,18 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from lightning_resume._storage.atomic import (
-    TEMP_PREFIX,
-    fsync_dir,
-    replace_durably,
-    temp_sibling,
-    write_text_atomic,
-)
+from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, replace_durably, temp_sibling
 from lightning_resume._storage.manifest import (
     MANIFEST_SUFFIX,
     DirectoryManifest,
     Entry,
     FileEntry,
+    R,
     decode,
     encode,
     manifest_path,
-    next_entries,
     sized,
 )
 from lightning_resume._storage.store import SAVE_PREFIX, UPLOAD_PREFIX, Store, put
@@ -64,81 +58,35 @@ _SAVE_NAME = re.compile(rf"^{re.escape(SAVE_PREFIX)}(\d+)-([0-9a-f]+)")
 _NUMBER = re.compile(r"\d+")
 _TOKEN_BYTES = 4
 
-R = TypeVar("R", Entry, DirectoryManifest)
-
-
 #: Called with the name of each step of a commit as it gets there (an observer for kill tests).
 Step = Callable[[str], None]
 
 
 class Kind(Protocol[R]):
-    """What a checkpoint file and a checkpoint directory do differently (see the module docstring)."""
+    """What a checkpoint file and a checkpoint directory do differently (see the module docstring).
+
+    ``directory`` is ``True`` for directories: they are verified as directories, and one that no
+    longer counts is a leftover. ``slot(name)`` is what a newer save of ``name`` replaces (a file's
+    name, a directory's link); ``removal(name)`` is what to delete, in order, first what would let a
+    half-deleted checkpoint count (``(name, is a folder)``).
+    """
 
     @property
-    def directory(self) -> bool:
-        """``True`` for directories: verified as a directory, and an uncommitted one is a leftover."""
-        ...
-
-    def names(self, sizes: Mapping[str, int]) -> list[str]:
-        """The checkpoints of this kind in a listing, committed or not."""
-        ...
-
-    def manifest_name(self, name: str) -> str:
-        """Where the manifest of checkpoint ``name`` is, relative to its folder."""
-        ...
-
-    def decode(self, raw: bytes) -> list[R]:
-        """The versions a manifest describes, newest first (raises ``ValueError``, ``NewerManifest``)."""
-        ...
-
-    def encode(self, records: Sequence[R]) -> str:
-        """The manifest of ``records``."""
-        ...
-
-    def files(self, name: str, record: R) -> tuple[FileEntry, ...]:
-        """The files (relative to the folder) that make up version ``record`` of checkpoint ``name``."""
-        ...
-
-    def family(self, name: str) -> str:
-        """The retention family of ``name``: ``keep`` counts per family."""
-        ...
-
-    def slot(self, name: str) -> str:
-        """What a newer save of checkpoint ``name`` replaces: a file's name, a directory's link."""
-        ...
-
-    def removal(self, name: str) -> list[tuple[str, bool]]:
-        """``(name, is a folder)`` to delete in order: first what would let a half-deleted one count."""
-        ...
-
-    def stage(self, target: Path) -> Path:
-        """A fresh, empty place beside ``target`` to write a new version into (it names this process)."""
-        ...
-
-    def write_manifest(self, staged: Path, target: Path, records: Sequence[R]) -> None:
-        """Put the manifest of ``records`` in place, durably, before the swap."""
-        ...
-
-    def swap(self, staged: Path, target: Path, records: Sequence[R], name: str | None, on_step: Step) -> Path:
-        """Make ``staged`` the checkpoint ``target`` names, atomically; return where it is now."""
-        ...
-
-    def next_records(self, new: R, current: Sequence[R]) -> list[R]:
-        """The manifest that makes ``new`` current, where ``current`` describes what is there now."""
-        ...
-
-    def held(self, store: Store, name: str) -> list[R]:
-        """The versions that may describe what ``store`` holds as ``name`` now (a new manifest keeps
-        them): a file's entries of its size; a directory's manifest when the pointer object names it."""
-        ...
-
-    def upload_key(self, name: str) -> str:
-        """Where a file of the checkpoint is uploaded to before the remote swap."""
-        ...
-
-    def remote_swap(self, store: Store, name: str, record: R, staged: Mapping[str, str]) -> None:
-        """Make the uploaded files (``staged``: final name -> upload key) the remote checkpoint."""
-        ...
+    def directory(self) -> bool: ...
+    def names(self, sizes: Mapping[str, int]) -> list[str]: ...
+    def manifest_name(self, name: str) -> str: ...
+    def decode(self, raw: bytes) -> list[R]: ...
+    def encode(self, records: Sequence[R]) -> str: ...
+    def files(self, name: str, record: R) -> tuple[FileEntry, ...]: ...
+    def family(self, name: str) -> str: ...
+    def slot(self, name: str) -> str: ...
+    def removal(self, name: str) -> list[tuple[str, bool]]: ...
+    def stage(self, target: Path) -> Path: ...
+    def manifest_at(self, staged: Path, target: Path) -> Path: ...
+    def swap(self, staged: Path, target: Path, record: R, name: str | None, on_step: Step) -> Path: ...
+    def held(self, store: Store, name: str) -> list[R]: ...
+    def upload_key(self, name: str) -> str: ...
+    def remote_swap(self, store: Store, name: str, record: R, staged: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -180,35 +128,25 @@ class FileKind:
         os.close(fd)
         return staged
 
-    def write_manifest(self, staged: Path, target: Path, records: Sequence[Entry]) -> None:
-        # Beside the data file, replacing the one that describes it: whichever data file a kill
-        # leaves at ``target`` matches an entry.
-        write_text_atomic(manifest_path(target), encode(records))
+    def manifest_at(self, staged: Path, target: Path) -> Path:
+        # Replaced before the data file: whichever data file a kill leaves matches an entry.
+        return manifest_path(target)
 
-    def swap(
-        self, staged: Path, target: Path, records: Sequence[Entry], name: str | None, on_step: Step
-    ) -> Path:
+    def swap(self, staged: Path, target: Path, record: Entry, name: str | None, on_step: Step) -> Path:
         replace_durably(staged, target)
         return target
 
     def held(self, store: Store, name: str) -> list[Entry]:
-        size = store.sizes().get(name)
-        raw = store.read(self.manifest_name(name))
-        if size is None or raw is None:
-            return []
-        try:
-            return sized(decode(raw), size)
-        except ValueError:
-            return []
+        size, raw = store.size(name), store.read(self.manifest_name(name))
+        with contextlib.suppress(ValueError):
+            return sized(decode(raw), size) if size is not None and raw is not None else []
+        return []
 
     def upload_key(self, name: str) -> str:
         return f"{UPLOAD_PREFIX}{uuid.uuid4().hex}-{name}"
 
     def remote_swap(self, store: Store, name: str, record: Entry, staged: Mapping[str, str]) -> None:
         store.move(staged[name], name)
-
-    def next_records(self, new: Entry, current: Sequence[Entry]) -> list[Entry]:
-        return next_entries(new, current)
 
 
 @dataclass(frozen=True)
@@ -219,8 +157,9 @@ class DirectoryKind:
     directory: bool = True
 
     def names(self, sizes: Mapping[str, int]) -> list[str]:
-        found = {n.split("/", 1)[0] for n in sizes if "/" in n}
-        return sorted(n for n in found if _COMMITTED_NAME.match(n))
+        return sorted(
+            {n.split("/", 1)[0] for n in sizes if "/" in n and _COMMITTED_NAME.match(n.split("/")[0])}
+        )
 
     def manifest_name(self, name: str) -> str:
         return f"{name}/{MANIFEST_NAME}"
@@ -241,24 +180,18 @@ class DirectoryKind:
         return self.pointer
 
     def removal(self, name: str) -> list[tuple[str, bool]]:
-        # The manifest first: a directory without it never counts.
-        return [(self.manifest_name(name), False), (name, True)]
+        return [(self.manifest_name(name), False), (name, True)]  # without its manifest it never counts
 
     def stage(self, target: Path) -> Path:
         return new_save_dir(target.parent)
 
-    def write_manifest(self, staged: Path, target: Path, records: Sequence[DirectoryManifest]) -> None:
-        write_text_atomic(staged / MANIFEST_NAME, records[0].to_json())  # last: the files are in place
+    def manifest_at(self, staged: Path, target: Path) -> Path:
+        return staged / MANIFEST_NAME  # last, the files being in place
 
     def swap(
-        self,
-        staged: Path,
-        target: Path,
-        records: Sequence[DirectoryManifest],
-        name: str | None,
-        on_step: Step,
+        self, staged: Path, target: Path, record: DirectoryManifest, name: str | None, on_step: Step
     ) -> Path:
-        final = target.parent / (name or final_name(staged, records[0].global_step))
+        final = target.parent / (name or final_name(staged, record.global_step))
         os.replace(staged, final)
         fsync_dir(target.parent)
         on_step("before_swap")
@@ -266,13 +199,10 @@ class DirectoryKind:
         return final
 
     def held(self, store: Store, name: str) -> list[DirectoryManifest]:
-        if self.remote_target(store) != name:
-            return []
-        raw = store.read(self.manifest_name(name))
-        try:
+        raw = store.read(self.manifest_name(name)) if self.remote_target(store) == name else None
+        with contextlib.suppress(ValueError):
             return self.decode(raw) if raw is not None else []
-        except ValueError:
-            return []
+        return []
 
     def upload_key(self, name: str) -> str:
         return name  # nothing names the directory before the pointer does
@@ -283,20 +213,15 @@ class DirectoryKind:
         pointer = {"format": POINTER_FORMAT, "directory": name, "global_step": record.global_step}
         put(store, self.pointer + POINTER_SUFFIX, json.dumps(pointer))
 
-    def next_records(
-        self, new: DirectoryManifest, current: Sequence[DirectoryManifest]
-    ) -> list[DirectoryManifest]:
-        return [new]
-
     def remote_target(self, store: Store) -> str | None:
         """The remote directory the pointer object names, or ``None``."""
         try:
             data = json.loads(store.read(self.pointer + POINTER_SUFFIX) or b"null")
         except ValueError:
             return None
-        if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
-            return None
-        name = data.get("directory")
+        name = (
+            data.get("directory") if isinstance(data, dict) and data.get("format") == POINTER_FORMAT else None
+        )
         return name if isinstance(name, str) and _COMMITTED_NAME.match(name) else None
 
 

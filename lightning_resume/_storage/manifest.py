@@ -1,17 +1,12 @@
 """Checkpoint manifests: what a checkpoint must be to count as committed and verified.
 
-Two formats share one header (``format``, ``version``, checksum ``algorithm``), read by
-:func:`read_header`:
+Two formats share one header (``format``, ``version``, checksum ``algorithm``; :func:`read_header`):
+a checkpoint **file** ``last.ckpt`` has a sibling ``last.ckpt.manifest.json`` with one to three
+:class:`Entry` (size, XXH3-64 checksum, step, epoch, time, versions, user metadata), the newest save
+first and the saves it replaced after it (a save replaces the manifest *before* the data file, so
+whichever data file a kill leaves matches an entry); a checkpoint **directory** holds
+``.lr-manifest.json``, written last, a :class:`DirectoryManifest` listing every file.
 
-- a checkpoint **file** ``last.ckpt`` has a sibling ``last.ckpt.manifest.json`` with one to three
-  :class:`Entry` (size, XXH3-64 checksum, step, epoch, time, versions, user metadata). The first
-  entry is the newest save, the others the saves it replaced: a save replaces the manifest *before*
-  the data file, so whichever data file a kill leaves matches one of the entries;
-- a checkpoint **directory** (a sharded checkpoint) holds ``.lr-manifest.json``, written last: one
-  :class:`DirectoryManifest` listing every file with its size and checksum.
-
-A manifest of a newer format version raises :class:`NewerManifest`, which names the
-``lightning_resume`` that wrote it: such a checkpoint is not damaged, this library is too old for it.
 Standard library and ``xxhash`` only. XXH3 hashes at memory speed (about 10 GB/s here, CRC-32 manages
 3), so verifying a checkpoint costs little next to loading it.
 """
@@ -26,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 MANIFEST_SUFFIX = ".manifest.json"
 FORMAT = "lightning-resume/checkpoint-manifest"
@@ -146,7 +141,7 @@ class Entry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def same_data(self, other: Entry) -> bool:
-        """Whether both entries describe the same bytes."""
+        """Whether both describe the same bytes."""
         return self.size == other.size and self.checksum == other.checksum
 
     def with_metadata(self, metadata: Mapping[str, Any]) -> Entry:
@@ -230,6 +225,10 @@ class DirectoryManifest:
         """Total bytes of the files."""
         return sum(f.size for f in self.files)
 
+    def same_data(self, other: DirectoryManifest) -> bool:
+        """Whether both describe the same bytes."""
+        return self.files == other.files
+
     def to_json(self) -> str:
         data = {
             "format": DIRECTORY_FORMAT,
@@ -272,6 +271,10 @@ class DirectoryManifest:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"invalid directory manifest: {e}") from e
+
+
+#: A version a manifest describes: a file's entry, a directory's manifest.
+R = TypeVar("R", Entry, DirectoryManifest)
 
 
 def _name(value: Any) -> str:
@@ -368,10 +371,13 @@ def read_entries(path: str | Path) -> list[Entry] | None:
         return []
 
 
-def next_entries(new: Entry, current: Iterable[Entry]) -> list[Entry]:
-    """The manifest written before ``new`` replaces a data file matching one of ``current``."""
-    kept = [e for e in current if not e.same_data(new)]
-    return [new, *kept[: MAX_ENTRIES - 1]]
+def next_entries(new: R, current: Iterable[R]) -> list[R]:
+    """The manifest written before ``new`` replaces what matches one of ``current``."""
+    kept = [new]
+    for entry in current:
+        if len(kept) < MAX_ENTRIES and not entry.same_data(new):
+            kept.append(entry)
+    return kept
 
 
 def sized(entries: Iterable[Entry], size: int) -> list[Entry]:
@@ -416,20 +422,7 @@ def check_metadata(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
     return json.loads(text)  # a deep copy: later changes to the caller's dict do not leak in
 
 
-class Described(Protocol):
-    """A manifest record: a file's entry or a directory's manifest."""
-
-    @property
-    def global_step(self) -> int | None: ...
-
-    @property
-    def epoch(self) -> int | None: ...
-
-    @property
-    def saved_at(self) -> float: ...
-
-
-def describe(record: Described) -> str:
+def describe(record: Entry | DirectoryManifest) -> str:
     """``global step 40, epoch 3, saved 2024-05-01 12:00:00`` for messages."""
     parts = []
     if record.global_step is not None:

@@ -1,22 +1,13 @@
 """A remote copy of a checkpoint folder on any fsspec filesystem (S3, GCS, a mounted directory...).
 
-The remote layout is the local one, flat under the mirror URL: ``<name>`` and
-``<name>.manifest.json`` for files, ``.lr-ckpt-<step>-<hex>/<files>`` for directories, plus a pointer
-object ``last.ckpt.pointer.json`` naming the current directory (object stores have no links).
-
-- **One upload path** (:meth:`Mirror.upload`), for both kinds: every file of the checkpoint is streamed
-  to its upload key and checksummed on the way against the manifest (a file goes to a temporary key;
-  a directory's files go to their final keys, which nothing names yet), then the manifest, then the
-  remote swap (the key is moved onto the file's name; the pointer object names the directory), then
-  retention. An upload interrupted at any point leaves the previous remote copy counted and the new
-  one not.
-- **One restore path** (:meth:`Mirror.restore`): the files of the remote checkpoint are streamed into a
-  local place written aside, each checksummed, then committed locally as a save is. A download that
-  finds the remote copy replaced while reading it (an upload of a job just killed, landing) starts
-  over, up to ``attempts`` times.
-- Uploads and deletions run in order in one background thread (``background``).
-
-Assumes one writer per mirror URL (one training run): temporary keys found at start are stale.
+The remote layout is the local one (a pointer object ``last.ckpt.pointer.json`` stands for the link).
+**One upload path** for both kinds (:meth:`Mirror.upload`): the files are streamed to their upload
+keys, checksummed on the way, then the manifest goes up, then the kind's remote swap, then retention;
+an upload cut short leaves the previous remote copy counted and the new one not. **One restore path**
+(:meth:`Mirror.restore`): the files are streamed into a local place written aside, checksummed, then
+committed as a save is; a remote copy replaced while it is read (an upload landing) is read again, up
+to ``attempts`` times. Uploads and deletions run in order in one background thread. One writer per
+mirror URL (one training run): temporary keys found at start are stale.
 """
 
 from __future__ import annotations
@@ -36,11 +27,10 @@ from lightning_resume._storage.kinds import (
     FILE,
     DirectoryKind,
     Kind,
-    R,
     resolve_pointer,
     swap_pointer,
 )
-from lightning_resume._storage.manifest import ChecksumWriter, Writable, read_entries
+from lightning_resume._storage.manifest import ChecksumWriter, R, Writable, next_entries, read_entries
 from lightning_resume._storage.store import LocalStore, RemoteStore, put
 
 log = logging.getLogger(__name__)
@@ -49,7 +39,7 @@ _CHUNK = 16 << 20
 
 
 class ReadError(OSError):
-    """Reading a copy failed, and not for lack of it (the remote object was replaced mid-read...)."""
+    """Reading a copy failed, and not for lack of it (say, the remote object was replaced meanwhile)."""
 
     def __init__(self, cause: OSError) -> None:
         super().__init__(str(cause))
@@ -61,12 +51,7 @@ class _NotCommitted(Exception):
 
 
 def copy(source: IO[bytes], out: Writable) -> None:
-    """Stream ``source`` into ``out`` (the one copy loop of uploads and downloads).
-
-    Raises:
-        FileNotFoundError: the source is gone.
-        ReadError: reading it failed otherwise.
-    """
+    """Stream ``source`` into ``out``: the one copy loop of uploads and downloads (raises ``ReadError``)."""
     while True:
         try:
             chunk = source.read(_CHUNK)
@@ -84,12 +69,10 @@ class Mirror:
 
     Args:
         url: The mirror, e.g. ``s3://bucket/run-42/checkpoints`` or ``/mnt/shared/run-42``.
-        options: Keyword arguments for the fsspec filesystem (``{"client_kwargs": {"endpoint_url": ...}}``).
-        keep: After each upload, keep only the newest ``keep`` committed copies per retention family
-            (``None``: no limit; directories that no longer count are deleted anyway).
+        options: Keyword arguments for the fsspec filesystem.
+        keep: Copies kept per retention family after each upload (``None``: no limit).
         direct_io: Write downloads past the page cache where the local filesystem allows it.
-        warn: Tells the user about a failed background upload (the package's warning channel); every
-            failure is also raised by :meth:`wait`.
+        warn: Tells the user about a failed background upload (:meth:`wait` raises it too).
 
     Raises:
         ImportError, ValueError: the URL's fsspec backend is missing, or the URL is not one.
@@ -126,16 +109,11 @@ class Mirror:
     # -- upload ----------------------------------------------------------------------------------
 
     def upload(self, kind: Kind[R], path: Path, record: R | None = None) -> bool:
-        """Upload the committed local checkpoint ``path`` (a file, or a committed directory).
-
-        Args:
-            kind: What it is.
-            path: The local checkpoint.
-            record: The version to upload (default: read from its local manifest).
+        """Upload the committed local checkpoint ``path``, version ``record`` (default: its manifest's).
 
         Returns:
-            Whether the mirror holds it now. ``False`` when ``path`` no longer holds ``record`` (a
-            newer save replaced it, or retention removed it: its own upload follows).
+            Whether the mirror holds it now: ``False`` when ``path`` no longer holds ``record`` (a newer
+            save replaced it, or retention removed it: its own upload follows).
 
         Raises:
             RuntimeError: a file of a committed directory does not match its manifest.
@@ -148,7 +126,7 @@ class Mirror:
             return False
         known = self._known.get((kind.directory, name))
         current = [known] if known is not None else kind.held(self.store, name)
-        if current and kind.files(name, current[0]) == kind.files(name, record):
+        if current and current[0].same_data(record):
             if current[0] != record:  # the same bytes, new metadata
                 put(self.store, kind.manifest_name(name), kind.encode([record]))
         else:
@@ -156,7 +134,7 @@ class Mirror:
             try:
                 if not self._send(kind, folder, name, record, staged):
                     return False
-                put(self.store, kind.manifest_name(name), kind.encode(kind.next_records(record, current)))
+                put(self.store, kind.manifest_name(name), kind.encode(next_entries(record, current)))
                 kind.remote_swap(self.store, name, record, staged)
             finally:
                 for final, key in staged.items():
@@ -199,12 +177,8 @@ class Mirror:
     # -- restore ---------------------------------------------------------------------------------
 
     def restore(self, kind: Kind[R], folder: Path, name: str, attempts: int = 3) -> Path | None:
-        """Download the committed remote checkpoint ``name`` into ``folder`` and commit it there.
-
-        A directory is linked as ``kind.pointer``; a file replaces the local one.
-
-        Returns:
-            Its local path, or ``None`` when the mirror has no copy of ``name`` that verifies.
+        """Download the remote checkpoint ``name`` into ``folder`` and commit it there (a directory is
+        linked as ``kind.pointer``); return its path, or ``None`` when no remote copy verifies.
 
         Raises:
             OSError: reading the remote copy failed ``attempts`` times, or writing locally failed.
@@ -235,7 +209,7 @@ class Mirror:
                     f"{e.cause}. Check that the mirror is reachable and that no other job writes to it."
                 ) from e.cause
             local = kind.held(LocalStore(folder), name)
-            final = commit(kind, staged, target, kind.next_records(record, local), name)
+            final = commit(kind, staged, target, next_entries(record, local), name)
             self._known[(kind.directory, name)] = record
             log.info("restored %s from %s", final if kind.directory else target, self.store.key(name))
             return final
@@ -257,13 +231,8 @@ class Mirror:
         raise _NotCommitted(f"the mirror copy of {name!r} matches no version of its manifest")
 
     def restore_all(self, folder: Path) -> list[Path]:
-        """Download what ``folder`` lacks: each committed remote file that it lacks or holds only an
-        older version of (a local file without a manifest is never replaced), and the newest committed
-        remote directory, unless the one ``folder``'s link names is as new.
-
-        Returns:
-            What was restored.
-        """
+        """Download what ``folder`` lacks, return it: each committed remote file it lacks or holds only an
+        older version of (a local file without a manifest is never replaced), and the newest directory."""
         restored = []
         local = scan(folder)
         for name, entry in sorted(self.committed(FILE).items(), key=lambda item: -item[1].saved_at):
@@ -279,13 +248,8 @@ class Mirror:
         return restored if path is None else [*restored, path]
 
     def restore_directory(self, folder: Path, pointer: str = DIRECTORY.pointer) -> Path | None:
-        """Restore the newest committed remote directory into ``folder`` and link ``pointer`` to it,
-        unless the directory ``pointer`` names is as new: the one the pointer object names first, then
-        the others newest first, the first that downloads and verifies.
-
-        Returns:
-            The restored directory, or ``None`` when nothing was restored.
-        """
+        """Restore the newest remote directory that verifies (the pointer object's first) into ``folder``
+        and link ``pointer`` to it, unless the one ``pointer`` names is as new; return it, or ``None``."""
         kind = DirectoryKind(pointer)
         remote = self.committed(kind)
         pointed = kind.remote_target(self.store)
@@ -310,14 +274,8 @@ class Mirror:
     # -- background ------------------------------------------------------------------------------
 
     def submit(self, kind: Kind[R], path: Path, latest: Callable[[], R | None] | None = None) -> None:
-        """Queue :meth:`upload`; a failure is warned about and reported by :meth:`wait`.
-
-        Args:
-            kind: What ``path`` is.
-            path: The local checkpoint.
-            latest: Gives its newest committed version when the upload starts (default: its manifest).
-                An upload of the same file already queued (not started) covers this request too.
-        """
+        """Queue :meth:`upload` of ``path``'s version ``latest()`` when it starts (an upload of it queued and
+        not started covers this one); a failure is warned about and raised by :meth:`wait`."""
         failure = (kind.directory, kind.slot(path.name))
 
         def job() -> None:
@@ -367,9 +325,13 @@ class Mirror:
             ) from error
 
     def close(self, timeout: float | None = None) -> None:
-        """Wait for queued work (see :meth:`wait`) and stop the background thread."""
+        """Wait for queued work and stop the background thread; what :meth:`wait` would raise is warned
+        about instead: the local checkpoints are committed, and an exception here would replace the one
+        a preempted fit is exiting with."""
         try:
             self.wait(timeout)
+        except (TimeoutError, RuntimeError) as e:
+            self._warn(str(e))
         finally:
             self._queue.stop()
 

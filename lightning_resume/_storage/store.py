@@ -1,12 +1,9 @@
 """Where checkpoints are kept: one small protocol, implemented by a local folder and an fsspec URL.
 
-Names are relative to the store's root and ``/``-separated: ``last.ckpt``,
-``last.ckpt.manifest.json``, ``.lr-ckpt-00000040-3f2a9c1e/__0_0.distcp``. The catalog
-(:mod:`~lightning_resume._storage.catalog`) lists committed checkpoints over :meth:`Store.sizes` and
-:meth:`Store.read`, the mirror (:mod:`~lightning_resume._storage.mirror`) copies with
-:meth:`Store.open`, :meth:`Store.move` and :meth:`Store.remove`; both are written once for a local
-folder and a remote one. Writes through this protocol are not durable: local checkpoints are
-committed by :mod:`~lightning_resume._storage.commit`.
+Names are relative to the root and ``/``-separated (``last.ckpt.manifest.json``,
+``.lr-ckpt-00000040-3f2a9c1e/__0_0.distcp``). The catalog lists and reads through it, the mirror
+copies through it; both are written once for a local folder and a remote one. Writes through it are
+not durable: local checkpoints are committed by ``commit``.
 """
 
 from __future__ import annotations
@@ -29,27 +26,16 @@ INSTALL_HINT = 'pip install "lightning-resume[remote]"'
 
 
 class Store(Protocol):
-    """A folder of checkpoints and their manifests."""
+    """A folder of checkpoints: ``sizes()`` of every file under it (temporary ones left out), the
+    ``size`` of one file and ``read`` a small one (``None`` when missing), ``open`` a stream (``"wb"``
+    creates the folders above it), ``move`` one name onto another, ``remove`` a file or a ``tree``."""
 
-    def sizes(self) -> dict[str, int]:
-        """Every file under the root with its size, temporary files and saves in flight left out."""
-        ...
-
-    def read(self, name: str) -> bytes | None:
-        """The content of a small file (a manifest), or ``None`` when it does not exist."""
-        ...
-
-    def open(self, name: str, mode: str = "rb") -> IO[bytes]:
-        """A stream of ``name``; ``"wb"`` creates the folders above it."""
-        ...
-
-    def move(self, source: str, target: str) -> None:
-        """Rename ``source`` onto ``target``."""
-        ...
-
-    def remove(self, name: str, tree: bool = False) -> None:
-        """Delete a file (``tree``: a folder and everything in it); nothing when it is missing."""
-        ...
+    def sizes(self) -> dict[str, int]: ...
+    def size(self, name: str) -> int | None: ...
+    def read(self, name: str) -> bytes | None: ...
+    def open(self, name: str, mode: str = "rb") -> IO[bytes]: ...
+    def move(self, source: str, target: str) -> None: ...
+    def remove(self, name: str, tree: bool = False) -> None: ...
 
 
 def _temporary(name: str) -> bool:
@@ -84,6 +70,12 @@ class LocalStore:
             except FileNotFoundError:
                 continue
         return found
+
+    def size(self, name: str) -> int | None:
+        try:
+            return (self.root / name).stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def read(self, name: str) -> bytes | None:
         try:
@@ -174,6 +166,13 @@ class RemoteStore:
             if name and info.get("type") != "directory" and not _temporary(name):
                 sizes[name] = int(info.get("size") or 0)
         return sizes
+
+    def size(self, name: str) -> int | None:
+        self.fs.invalidate_cache(self.root)
+        try:
+            return int(self.fs.size(self.key(name)))
+        except FileNotFoundError:
+            return None
 
     def read(self, name: str) -> bytes | None:
         try:

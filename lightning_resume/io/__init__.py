@@ -7,7 +7,7 @@ Storage (commit, verify, retention, the mirror) is ``lightning_resume._storage``
 is ``lightning_resume._writer``; sharded checkpoints are ``lightning_resume._sharded``.
 """
 
-from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._protocol import AtomicCheckpointIO, CheckpointSettings
 from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "DurableCheckpointIO"]
+__all__ = ["AtomicCheckpointIO", "CheckpointSettings", "DurableCheckpointIO"]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from lightning_resume._storage.mirror import Mirror
+from lightning_resume._warnings import warn
 from lightning_resume._writer.duty_cycle import WriteStats
 
 #: Committed checkpoint directories kept without a ``keep`` setting: the current one and the fallback.
@@ -47,6 +49,12 @@ class CheckpointSettings:
         the fallback."""
         return self.keep if self.keep is not None else DIRECTORIES_KEPT
 
+    def open_mirror(self, keep: int | None) -> Mirror:
+        """The mirror these settings name, keeping ``keep`` copies per retention family."""
+        assert self.mirror is not None
+        options, report = dict(self.mirror_options), lambda message: warn(message, all_ranks=True)
+        return Mirror(self.mirror, options, keep, self.direct_io, warn=report)
+
 
 @runtime_checkable
 class ConfiguredCheckpointIO(Protocol):
@@ -57,7 +65,7 @@ class ConfiguredCheckpointIO(Protocol):
 
 
 def settings_of(io: object) -> CheckpointSettings:
-    """The settings of a checkpoint plugin: its own, or the defaults when it has none."""
+    """The settings of a checkpoint plugin (:class:`ConfiguredCheckpointIO`), or the defaults."""
     settings = getattr(io, "settings", None)
     return settings if isinstance(settings, CheckpointSettings) else CheckpointSettings()
 

@@ -21,13 +21,20 @@ from typing_extensions import override
 
 from lightning_resume._checks import flag, is_number, positive_number, whole_number
 from lightning_resume._run.paths import expand_dir
-from lightning_resume._storage.atomic import exclusive
+from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, scan
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import prune, remove, save_error, write_file
 from lightning_resume._storage.direct_file import new_buffer
 from lightning_resume._storage.kinds import FILE
-from lightning_resume._storage.manifest import ChecksumWriter, Entry, check_metadata, describe
+from lightning_resume._storage.manifest import (
+    ChecksumWriter,
+    Entry,
+    check_metadata,
+    describe,
+    encode,
+    manifest_path,
+)
 from lightning_resume._storage.mirror import Mirror
 from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
@@ -76,10 +83,8 @@ _INSTEAD = {
 }
 
 
-def _writer_option(name: str, value: Any, default: Any) -> Any:
-    """A deprecated writer argument: the default when not given, else checked and honoured, with a warning."""
-    if value is None:
-        return default
+def _writer_option(name: str, value: Any) -> Any:
+    """A deprecated writer argument, checked and honoured, with a warning."""
     _deprecated(f"DurableCheckpointIO({name}=...)", _INSTEAD[name], stacklevel=4)
     if name != "writer_niceness":
         return positive_number(name, value, what="number of seconds")
@@ -91,30 +96,15 @@ def _writer_option(name: str, value: Any, default: Any) -> Any:
 class DurableCheckpointIO(CheckpointIO):
     """Checkpoint files that survive kills, full disks and lost nodes, written without stalling training.
 
-    - **Atomic**: each save goes to a temporary file in the target directory, is fsynced, renamed into
-      place, and the directory is fsynced. A kill at any instant leaves the old file or the new one.
-    - **Verified**: each file has a manifest ``<file>.manifest.json`` (size, XXH3 hash, step, epoch, time,
-      versions, your metadata). Loading checks it; a torn or corrupt file falls back to the newest
-      checkpoint that verifies, with one warning. Files without a manifest (plain Lightning) load as usual.
-    - **Asynchronous** (default): ``save_checkpoint`` only copies the state into a reused shared-memory
-      buffer; a writer process writes, checksums and commits it. One save is in flight at a time; its
-      error is raised by the next save, ``remove_checkpoint``, ``load_checkpoint``, ``teardown`` or
-      :meth:`wait_until_durable`. Files are written past the page cache (``O_DIRECT``) where the
-      filesystem allows it, so that writing costs training little CPU and no cached data.
-    - **Two speeds**: a background write works only ``background_share`` of the time (a duty cycle:
-      work ~50 ms, rest in proportion), so training keeps most of the machine. As soon as anything
-      waits for it (:meth:`wait_until_durable` on preemption, a save waiting for the previous one,
-      ``teardown``), the write in flight and the next one run at full speed; after :meth:`hurry`
-      (``PreemptionHandler``) the next save is written at once, straight from the tensors. The writer
-      runs at normal priority, so a busy node cannot starve it; :attr:`last_write` reports each write.
-    - **Mirrored** (``mirror=``): each committed file is uploaded in the background to an fsspec URL;
-      a remote copy counts once its manifest is in place. Checkpoints the local directory lacks are
-      downloaded when the plugin is constructed (a job requeued onto an empty node).
-    - **Retention** (``keep=``): after each save, only the newest ``keep`` verified checkpoints of each
-      name pattern (digits ignored: ``epoch=#-step=#.ckpt``) are kept, locally and on the mirror.
-
-    The settings apply to sharded saves too (``RequeueCheckpoint`` writes those, Lightning never calls
-    a plugin for them); :attr:`settings` holds them.
+    **Atomic** (a temporary file fsynced and renamed into place: a kill leaves the old file or the
+    new one), **verified** (a manifest ``<file>.manifest.json`` with size, XXH3 hash, step, versions and
+    your metadata; a file that does not verify falls back to the newest one that does, with one
+    warning), **asynchronous** (``save_checkpoint`` copies the state into reused shared memory; a writer
+    process writes it past the page cache, at ``background_share`` of the time until something waits
+    for it, then at full speed), **mirrored** (``mirror=``: uploaded in the background, restored onto
+    an empty node) and **pruned** (``keep=``, per name pattern, locally and on the mirror). One save
+    is in flight at a time; its error is raised by the next call. The settings, :attr:`settings`,
+    apply to sharded saves too (``RequeueCheckpoint`` writes those: Lightning calls no plugin for them).
 
     Args:
         asynchronous: Write in a background writer process (``False``: write before returning).
@@ -139,11 +129,10 @@ class DurableCheckpointIO(CheckpointIO):
             the remainder. 0.5 (the default) takes about twice as long as a write at full speed and
             half its CPU, memory and disk bandwidth per second; 1.0 always writes at full speed.
             Anything waiting for a write switches it to full speed.
-        writer_start_timeout: Deprecated: seconds a new writer process has to report ready (120).
-        writer_shutdown_timeout: Deprecated: seconds the writer has to exit at teardown (60).
-        writer_niceness: Deprecated: nice increment of the writer process; an unprivileged process
-            cannot lower it again, so a niced writer is starved on a busy node just when a preemption
-            waits for it. ``background_share`` keeps background writes gentle instead.
+        writer_start_timeout: Deprecated (seconds a new writer process has to report ready; 120).
+        writer_shutdown_timeout: Deprecated (seconds the writer has to exit at teardown; 60).
+        writer_niceness: Deprecated (nice increment of the writer, which then starves on a busy node
+            just when a preemption waits for it): ``background_share`` keeps background writes gentle.
 
     Raises:
         TypeError, ValueError: for an invalid option.
@@ -189,8 +178,13 @@ class DurableCheckpointIO(CheckpointIO):
             )
         if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
             raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
-        defaults = CheckpointSettings()
+        writer = {
+            "writer_start_timeout": writer_start_timeout,
+            "writer_shutdown_timeout": writer_shutdown_timeout,
+        }
+        writer["writer_niceness"] = writer_niceness
         self.settings = CheckpointSettings(
+            **{name: _writer_option(name, value) for name, value in writer.items() if value is not None},
             asynchronous=flag("asynchronous", asynchronous),
             mirror=mirror,
             mirror_options=dict(mirror_options or {}),
@@ -201,13 +195,6 @@ class DurableCheckpointIO(CheckpointIO):
             metadata=dict(check_metadata(metadata or {})),
             direct_io=flag("direct_io", direct_io),
             background_share=float(background_share),
-            writer_start_timeout=_writer_option(
-                "writer_start_timeout", writer_start_timeout, defaults.writer_start_timeout
-            ),
-            writer_shutdown_timeout=_writer_option(
-                "writer_shutdown_timeout", writer_shutdown_timeout, defaults.writer_shutdown_timeout
-            ),
-            writer_niceness=_writer_option("writer_niceness", writer_niceness, defaults.writer_niceness),
         )
         self._dirpath = self.settings.dirpath
         self._init_runtime()
@@ -543,26 +530,13 @@ class DurableCheckpointIO(CheckpointIO):
         finally:
             if self._mirror is not None and self.settings.wait_for_mirror:
                 mirror, self._mirror = self._mirror, None
-                try:
-                    mirror.close(self.settings.mirror_timeout)
-                except (TimeoutError, RuntimeError) as e:
-                    # A warning, not an error: the local checkpoints are committed, and an exception here
-                    # would replace the one a preempted fit is exiting with.
-                    warn(str(e))
+                mirror.close(self.settings.mirror_timeout)  # failures are warnings
 
     # -- mirror ----------------------------------------------------------------------------------
 
     def _remote(self) -> Mirror:
         if self._mirror is None:
-            settings = self.settings
-            assert settings.mirror is not None
-            self._mirror = Mirror(
-                settings.mirror,
-                dict(settings.mirror_options),
-                settings.keep,
-                settings.direct_io,
-                warn=lambda message: warn(message, all_ranks=True),
-            )
+            self._mirror = self.settings.open_mirror(self.settings.keep)
         return self._mirror
 
     def _mirrors(self, path: Path) -> bool:
@@ -581,16 +555,13 @@ class DurableCheckpointIO(CheckpointIO):
     def restore_from_mirror(self) -> list[Path]:
         """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
 
-        Called when the plugin is constructed with ``mirror`` and a known ``dirpath``, so a job relaunched
-        onto an empty (node-local) directory finds its checkpoints before ``fit`` looks for them.
-        Sharded checkpoints (directories) are restored too: the newest committed one, with
-        ``last.ckpt`` linked to it. Each
-        download is verified and committed atomically; a local file without a manifest is never
-        replaced. The processes of one node that share the directory take turns: the first downloads,
-        the others find the files there.
+        Done when the plugin is constructed with ``mirror`` and ``dirpath``, so that a job relaunched onto
+        an empty (node-local) directory finds its checkpoints before ``fit`` looks for them; the newest
+        sharded checkpoint too, linked as ``last.ckpt``. Downloads are verified and committed atomically;
+        a local file without a manifest is never replaced. The processes of one node take turns.
 
         Returns:
-            The files downloaded.
+            What was downloaded.
         """
         if self.settings.mirror is None or self._dirpath is None:
             return []
@@ -655,7 +626,7 @@ class DurableCheckpointIO(CheckpointIO):
         with self._lock:
             entry = self._verified_entry(path)
             updated = entry.with_metadata(metadata)
-            FILE.write_manifest(staged=path, target=path, records=[updated])
+            write_text_atomic(manifest_path(path), encode([updated]))
             self._committed[str(path)] = updated
         if self.settings.mirror is not None and self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))

@@ -12,7 +12,7 @@ import pytest
 from lightning_resume._storage.atomic import temp_sibling
 from lightning_resume._storage.catalog import scan
 from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import current_entries, remove, write_file
+from lightning_resume._storage.commit import remove, write_file
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import (
     ChecksumWriter,
@@ -83,8 +83,8 @@ def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
 def test_without_a_known_entry_the_current_file_is_found_by_size(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     first = write_file(path, write_bytes(b"aaa"), make)
-    assert current_entries(path) == [first]
-    assert current_entries(tmp_path / "missing.ckpt") == []
+    assert FILE.held(LocalStore(tmp_path), path.name) == [first]
+    assert FILE.held(LocalStore(tmp_path), "missing.ckpt") == []
 
 
 def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: Path) -> None:
