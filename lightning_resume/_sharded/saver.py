@@ -291,11 +291,6 @@ class DirectorySaver:
 
     # -- wait and close --------------------------------------------------------------------------
 
-    @property
-    def busy(self) -> bool:
-        """Whether a save is being written in the background on this rank."""
-        return self._pending is not None and not self._pending.done()
-
     def wait(self, trainer: pl.Trainer) -> None:
         """Wait for the save in flight; every rank raises if it failed on any rank (every rank calls this).
 
