@@ -42,7 +42,7 @@ from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import index_path
 from lightning_resume._sharded.parts import read_manifest
 from lightning_resume._storage.catalog import candidates, verify
-from lightning_resume._storage.kinds import DIRECTORY
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
 from lightning_resume._storage.manifest import manifest_path
 from lightning_resume.cli import doctor
 
@@ -255,6 +255,34 @@ def garbage_manifest(tmp_path: Path) -> None:
     assert report["next_restart_loads"]["checkpoint"] is None
     with pytest.raises(CheckpointVerificationError, match="delete the manifest"):
         restart(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+
+
+@case(
+    "a manifest (file or directory) written by a newer `lightning_resume` (a higher `version`)",
+    "the restart error and `inspect` name both versions and say to upgrade: the checkpoint is not damaged",
+)
+def manifest_from_a_newer_version(tmp_path: Path) -> None:
+    run_dir = first_run(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+    manifest = manifest_path(layout.last_checkpoint(run_dir))
+    data = json.loads(manifest.read_text())
+    data["version"], data["entries"][0]["versions"]["lightning_resume"] = 99, "9.9.9"
+    manifest.write_text(json.dumps(data))
+    why = json.loads(cli("inspect", run_dir, "--json")[1])["next_restart_loads"]["why"]
+    assert "written by lightning-resume 9.9.9, newer than this lightning-resume" in why, why
+    assert "upgrade lightning-resume" in why and "delete the manifest" not in why, why
+    upgrade = (
+        r"written by lightning-resume 9\.9\.9, newer than this lightning-resume .*Upgrade lightning-resume"
+    )
+    with pytest.raises(CheckpointVerificationError, match=upgrade):
+        restart(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+    # A sharded checkpoint: every directory written by the newer version.
+    sharded, _, _ = fit_directories(tmp_path / "sharded", steps=2)
+    for directory in candidates(layout.last_checkpoint(sharded.path)):
+        data = json.loads((directory / MANIFEST_NAME).read_text())
+        data["version"], data["versions"]["lightning_resume"] = 99, "9.9.9"
+        (directory / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(CheckpointVerificationError, match=upgrade):
+        fit_directories(tmp_path / "sharded", steps=4)
 
 
 @case(

@@ -59,20 +59,27 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
     listed = [str(p) for p in candidates(pointer)] if trainer.is_global_zero else []
     names = broadcast(strategy, listed)
     rejected: list[str] = []
+    newer = bool(names)
     for name in names:
         verdict = verify(Path(name), kind, share=(rank, world))
         ok = verdict.status.usable
         if not any_rank(strategy, not ok):
             return Choice(Path(name), verdict.manifest, tuple(rejected))
+        newer = newer and verdict.newer
         reasons = sorted({r for r in gather_objects(strategy, None if ok else verdict.reason) if r})
         rejected.append(f"{Path(name).name}: {'; '.join(reasons)}")
     if not names:
         found = f"nothing at {str(pointer)!r} and no committed checkpoint directory beside it"
     else:
         found = "; ".join(rejected)
+    fix = (
+        "Upgrade lightning-resume"
+        if newer
+        else "Restore the checkpoint directory (or its mirror) from a copy"
+    )
     raise CheckpointVerificationError(
         f"This restart cannot resume: no checkpoint directory in {str(pointer.parent)!r} verifies ({found}). "
-        "Restore the checkpoint directory (or its mirror) from a copy, or start a new run.",
+        f"{fix}, or start a new run.",
         pointer,
         rejected[0] if rejected else "missing",
     )

@@ -20,8 +20,16 @@ from stat import S_ISDIR, S_ISREG
 from typing import Any, Generic
 
 from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, resolve_pointer
-from lightning_resume._storage.manifest import DirectoryManifest, Entry, FileEntry, R, checksum_file
+from lightning_resume._storage.manifest import (
+    DirectoryManifest,
+    Entry,
+    FileEntry,
+    NewerManifest,
+    R,
+    checksum_file,
+)
 from lightning_resume._storage.store import LocalStore, Store
+from lightning_resume._version import __version__
 
 #: The fallback rule as the docs state it (``docs/src/how_resume_works.md``; a test compares them).
 FALLBACK_RULE = (
@@ -136,6 +144,7 @@ class Verdict(Generic[R]):
         manifest: The version it matches when verified, else its newest version (if readable).
         detail: Which file and what is wrong with it, for messages.
         size, checksum: A file's size, and its checksum once computed.
+        newer: Its manifest is of a newer format: not damage, a newer lightning-resume wrote it.
     """
 
     status: Status
@@ -143,6 +152,7 @@ class Verdict(Generic[R]):
     detail: str = ""
     size: int | None = None
     checksum: str | None = None
+    newer: bool = False
 
     @property
     def reason(self) -> str:
@@ -171,6 +181,8 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
         return Verdict(Status.NO_MANIFEST, size=size)
     try:
         versions = kind.decode(raw)
+    except NewerManifest as e:
+        return Verdict(Status.UNVERIFIABLE, detail=newer_detail(e), size=size, newer=True)
     except ValueError as e:
         detail = (
             f"its manifest is unreadable: {e}; delete the manifest to load it unverified, or restore both"
@@ -205,6 +217,19 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     detail = f"{mismatches[0].split('/', 1)[-1]} does not match its checksum" if kind.directory else ""
     detail = detail or "its checksum matches no entry of its manifest"
     return Verdict(Status.CORRUPT, sized[0], detail, size, digests.get(name, (0, None))[1])
+
+
+def newer_detail(error: NewerManifest) -> str:
+    """Who wrote a manifest of a newer format, and what to do: both versions, and to upgrade."""
+    writer = (
+        f"lightning-resume {error.writer}"
+        if error.writer
+        else f"a lightning-resume of format {error.version}"
+    )
+    return (
+        f"written by {writer}, newer than this lightning-resume {__version__}: upgrade lightning-resume "
+        "(pip install -U lightning-resume) to load it"
+    )
 
 
 def _absent(path: Path, directory: bool) -> Verdict[Any] | None:

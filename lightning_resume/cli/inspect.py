@@ -87,7 +87,7 @@ def verify(path: Path) -> dict[str, Any]:
         step = (
             verdict.manifest.global_step if verdict.status is Status.VERIFIED and verdict.manifest else None
         )
-        return {**info, "step": step, "result": _RESULTS[verdict.status]}
+        return {**info, "step": step, "result": _RESULTS[verdict.status], "reason": verdict.detail}
     try:
         info["step"] = _step_from_file(path)
     except Exception as e:  # any load failure means the file cannot be resumed from
@@ -149,6 +149,7 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
         return {"checkpoint": None, "why": rule.rule}
     by_name = {c["name"]: c for c in checkpoints}
     last = by_name[LAST]
+    state = last["result"] + (f" ({last['reason']})" if last.get("reason") else "")
     if last["result"] in USABLE:
         return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
     if last.get("kind") == "directory":
@@ -157,22 +158,22 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
             if check(path, DIRECTORY).status is Status.VERIFIED:
                 return {
                     "checkpoint": path.name,
-                    "why": f"last.ckpt is {last['result']}; RequeueCheckpoint falls back to the newest "
+                    "why": f"last.ckpt is {state}; RequeueCheckpoint falls back to the newest "
                     "checkpoint directory that verifies",
                 }
         return {
             "checkpoint": None,
-            "why": f"last.ckpt is {last['result']} and no other checkpoint directory verifies: the restart "
+            "why": f"last.ckpt is {state} and no other checkpoint directory verifies: the restart "
             "raises CheckpointVerificationError",
         }
     for name in newest_first(scan(layout.checkpoint_dir(run_dir)), exclude=[LAST]):
         if by_name.get(name, {}).get("result") == "verified":
             return {
                 "checkpoint": name,
-                "why": f"last.ckpt is {last['result']}; DurableCheckpointIO falls back to the newest "
+                "why": f"last.ckpt is {state}; DurableCheckpointIO falls back to the newest "
                 "checkpoint that verifies",
             }
-    return {"checkpoint": None, "why": f"last.ckpt is {last['result']} and no older checkpoint is verified"}
+    return {"checkpoint": None, "why": f"last.ckpt is {state} and no older checkpoint is verified"}
 
 
 def _sidecars(run_dir: Path) -> list[dict[str, Any]]:

@@ -458,9 +458,14 @@ class DurableCheckpointIO(CheckpointIO):
                 return fallback.checkpoint
         mirror = self.settings.mirror
         where = f"{str(target.parent)!r}" + (f" or the mirror {mirror!r}" if mirror else "")
+        fix = (
+            "Upgrade lightning-resume"
+            if loaded.verdict.newer
+            else "Restore the checkpoint directory from a copy"
+        )
         raise CheckpointVerificationError(
             f"Checkpoint {str(requested)!r} is {loaded.reason}, and no other checkpoint in {where} verifies. "
-            "Restore the checkpoint directory from a copy, or start without this checkpoint.",
+            f"{fix}, or start without this checkpoint.",
             requested,
             loaded.reason,
         )
