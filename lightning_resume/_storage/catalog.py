@@ -40,8 +40,8 @@ FALLBACK_RULE = (
 
 def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
     """Checkpoints that pass the cheap check, each with its newest version whose files are all there
-    (``sizes``: ``store.sizes()``, when the caller has it)."""
-    sizes = store.sizes() if sizes is None else sizes
+    (``sizes``: ``store.sizes(kind.directory)``, when the caller has it)."""
+    sizes = store.sizes(kind.directory) if sizes is None else sizes
     found: dict[str, R] = {}
     for name in kind.names(sizes):
         raw = store.read(kind.manifest_name(name))
@@ -106,7 +106,7 @@ def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None
     """What retention deletes: committed checkpoints :func:`beyond_keep` (none for ``keep=None``) and
     directories that no longer count (half deleted, unreadable manifest); never ``current`` (what the
     pointer names). An uncommitted file stays: the next save of its name replaces it."""
-    sizes = store.sizes()
+    sizes = store.sizes(kind.directory)
     found = committed(store, kind, sizes)
     doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
     if kind.directory:

@@ -26,11 +26,12 @@ INSTALL_HINT = 'pip install "lightning-resume[remote]"'
 
 
 class Store(Protocol):
-    """A folder of checkpoints: ``sizes()`` of every file under it (temporary ones left out), the
-    ``size`` of one file and ``read`` a small one (``None`` when missing), ``open`` a stream (``"wb"``
-    creates the folders above it), ``move`` one name onto another, ``remove`` a file or a ``tree``."""
+    """A folder of checkpoints: ``sizes`` of the files at its top (``deep``: every file under it),
+    temporary ones left out; the ``size`` of one file and ``read`` a small one (``None`` when missing);
+    ``open`` a stream (``"wb"`` creates the folders above it); ``move`` a file onto another name;
+    ``remove`` a file or a ``tree``."""
 
-    def sizes(self) -> dict[str, int]: ...
+    def sizes(self, deep: bool = False) -> dict[str, int]: ...
     def size(self, name: str) -> int | None: ...
     def read(self, name: str) -> bytes | None: ...
     def open(self, name: str, mode: str = "rb") -> IO[bytes]: ...
@@ -52,7 +53,7 @@ class LocalStore:
 
     root: Path
 
-    def sizes(self) -> dict[str, int]:
+    def sizes(self, deep: bool = False) -> dict[str, int]:
         found: dict[str, int] = {}
         try:
             entries = list(os.scandir(self.root))
@@ -64,7 +65,7 @@ class LocalStore:
             try:
                 if entry.is_file():
                     found[entry.name] = entry.stat().st_size
-                elif entry.is_dir(follow_symlinks=False):
+                elif deep and entry.is_dir(follow_symlinks=False):
                     # An empty folder is listed as ``<name>/``: a half-deleted checkpoint directory is found.
                     found.update(_walk(Path(entry.path), entry.name) or {f"{entry.name}/": 0})
             except FileNotFoundError:
@@ -154,12 +155,13 @@ class RemoteStore:
     def key(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def sizes(self) -> dict[str, int]:
+    def sizes(self, deep: bool = False) -> dict[str, int]:
         self.fs.invalidate_cache(self.root)
         try:
-            found = self.fs.find(self.root, detail=True)
+            listed = self.fs.find(self.root, detail=True) if deep else self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return {}
+        found = listed if deep else {info["name"]: info for info in listed}
         sizes = {}
         for path, info in found.items():
             name = path.rstrip("/")[len(self.root) + 1 :]

@@ -130,7 +130,7 @@ def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
     last = folder / LAST
     target = resolve_pointer(last)
     found = []
-    for name in sorted(DIRECTORY.names(LocalStore(folder).sizes()), reverse=True):
+    for name in sorted(DIRECTORY.names(LocalStore(folder).sizes(deep=True)), reverse=True):
         info = verify_directory(folder / name)
         found.append({**info, "current": target is not None and target.name == name})
     for name in stale(folder, restart=True):
