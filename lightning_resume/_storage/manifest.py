@@ -312,7 +312,6 @@ class Writable(Protocol):
     """What :class:`ChecksumWriter` writes to: a binary file or a ``DirectFile``."""
 
     def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
-
     def flush(self) -> None: ...
 
 

@@ -120,7 +120,7 @@ class Mirror:
         """
         self._start()
         folder, name = path.parent, path.name
-        record = record if record is not None else _local_record(kind, path)
+        record = record if record is not None else committed(LocalStore(folder), kind).get(name)
         if record is None:
             log.debug("%s has no committed manifest (replaced meanwhile); nothing to mirror", path)
             return False
@@ -334,8 +334,3 @@ class Mirror:
             self._warn(str(e))
         finally:
             self._queue.stop()
-
-
-def _local_record(kind: Kind[R], path: Path) -> R | None:
-    """The committed version of a local checkpoint, read from its manifest."""
-    return committed(LocalStore(path.parent), kind).get(path.name)

@@ -228,6 +228,9 @@ class DurableCheckpointIO(CheckpointIO):
 
         def __getattr__(self, name: str) -> Any:
             settings = self.__dict__.get("settings")
+            if settings is not None and name in ("writing", "mirroring"):
+                _deprecated(f"DurableCheckpointIO.{name}", "use DurableCheckpointIO.busy")
+                return self.busy
             if settings is None or name not in _SETTINGS:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
             _deprecated(f"DurableCheckpointIO.{name}", f"read DurableCheckpointIO.settings.{name}")
@@ -386,18 +389,6 @@ class DurableCheckpointIO(CheckpointIO):
         """Whether a save is being written in the background, or uploads are queued or running."""
         writing = self._saver is not None and self._saver.busy
         return writing or (self._mirror is not None and self._mirror.pending > 0)
-
-    @property
-    def writing(self) -> bool:
-        """Deprecated: :attr:`busy`."""
-        _deprecated("DurableCheckpointIO.writing", "use DurableCheckpointIO.busy")
-        return self.busy
-
-    @property
-    def mirroring(self) -> bool:
-        """Deprecated: :attr:`busy`."""
-        _deprecated("DurableCheckpointIO.mirroring", "use DurableCheckpointIO.busy")
-        return self.busy
 
     @property
     def last_write(self) -> WriteStats | None:
