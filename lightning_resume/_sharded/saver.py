@@ -57,12 +57,9 @@ class DirectorySaver:
 
     Args:
         pointer: ``last.ckpt``: the symlink that names the committed directory.
-        keep: Committed directories to keep (the current one included).
-        asynchronous: Write in the background where the strategy allows it (DCP strategies).
-        metadata: User metadata stored in every manifest.
+        settings: The checkpoint plugin's (``io._protocol.settings_of``): directories kept, asynchronous
+            saves (DCP strategies), metadata, waits for the mirror.
         mirror: Where global rank 0 uploads each committed directory (``None``: no mirror).
-        wait_for_mirror: :meth:`wait_until_durable` and :meth:`close` wait for uploads.
-        mirror_timeout: Seconds to wait for uploads there.
         on_commit: Called on global rank 0 after each commit (possibly from the writer thread).
         part_timeout: Seconds rank 0 waits for the other ranks' files in an asynchronous save.
     """
@@ -70,22 +67,15 @@ class DirectorySaver:
     def __init__(
         self,
         pointer: Path,
-        keep: int = 2,
-        asynchronous: bool = False,
-        metadata: dict[str, Any] | None = None,
+        settings: CheckpointSettings | None = None,
         mirror: Mirror | None = None,
-        wait_for_mirror: bool = True,
-        mirror_timeout: float = 1800.0,
         on_commit: Callable[[], None] | None = None,
         part_timeout: float = PART_TIMEOUT,
     ) -> None:
         self.pointer = pointer
-        self.keep = keep
-        self.asynchronous = asynchronous
-        self.metadata = dict(metadata or {})
+        self.settings = settings if settings is not None else CheckpointSettings()
+        self.keep = self.settings.directories_kept
         self.mirror = mirror
-        self.wait_for_mirror = wait_for_mirror
-        self.mirror_timeout = mirror_timeout
         self.on_commit = on_commit
         self.part_timeout = part_timeout
         self._pool: ThreadPoolExecutor | None = None
@@ -105,14 +95,7 @@ class DirectorySaver:
         """
         settings = settings_of(trainer.strategy.checkpoint_io)
         return cls(
-            pointer,
-            settings.directories_kept,
-            asynchronous=settings.asynchronous,
-            metadata=dict(settings.metadata),
-            mirror=_mirror(settings, pointer) if trainer.is_global_zero else None,
-            wait_for_mirror=settings.wait_for_mirror,
-            mirror_timeout=settings.mirror_timeout,
-            on_commit=on_commit,
+            pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
         )
 
     # -- save ------------------------------------------------------------------------------------
@@ -131,7 +114,7 @@ class DirectorySaver:
             # Leftovers of processes that are gone; a restart cleaned up in setup already.
             parts.clean_up(self.pointer, self.keep)
             self._cleaned = True
-        use_async = self.asynchronous and self._supports_async(strategy)
+        use_async = self.settings.asynchronous and self._supports_async(strategy)
         chosen = str(new_save_dir(parent, create=use_async)) if trainer.is_global_zero else None
         save_dir = Path(broadcast(strategy, chosen) or "")
         if use_async:
@@ -153,7 +136,7 @@ class DirectorySaver:
             "epoch": int(trainer.current_epoch),
             "layout": layout_of(trainer.strategy, writer),
             "versions": manifest_versions(),
-            "metadata": self.metadata,
+            "metadata": dict(self.settings.metadata),
         }
 
     def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
@@ -308,8 +291,8 @@ class DirectorySaver:
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
         self.wait(trainer)
-        if self.mirror is not None and self.wait_for_mirror:
-            self.mirror.wait(self.mirror_timeout)
+        if self.mirror is not None and self.settings.wait_for_mirror:
+            self.mirror.wait(self.settings.mirror_timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Finish the save in flight and stop the writer thread.
@@ -340,8 +323,8 @@ class DirectorySaver:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
-            if self.mirror is not None and self.wait_for_mirror:
-                self.mirror.close(self.mirror_timeout)
+            if self.mirror is not None and self.settings.wait_for_mirror:
+                self.mirror.close(self.settings.mirror_timeout)
 
 
 def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
