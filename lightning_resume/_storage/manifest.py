@@ -149,16 +149,7 @@ class Entry:
         return replace(self, metadata=dict(check_metadata(metadata)))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "algorithm": ALGORITHM,
-            "checksum": self.checksum,
-            "global_step": self.global_step,
-            "epoch": self.epoch,
-            "saved_at": self.saved_at,
-            "versions": dict(self.versions),
-            "metadata": dict(self.metadata),
-        }
+        return {"algorithm": ALGORITHM, **asdict(self)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Entry:
@@ -230,20 +221,7 @@ class DirectoryManifest:
         return self.files == other.files
 
     def to_json(self) -> str:
-        data = {
-            "format": DIRECTORY_FORMAT,
-            "version": VERSION,
-            "algorithm": ALGORITHM,
-            "files": [asdict(f) for f in self.files],
-            "global_step": self.global_step,
-            "epoch": self.epoch,
-            "saved_at": self.saved_at,
-            "world_size": self.world_size,
-            "layout": dict(self.layout),
-            "required": list(self.required),
-            "versions": dict(self.versions),
-            "metadata": dict(self.metadata),
-        }
+        data = {"format": DIRECTORY_FORMAT, "version": VERSION, "algorithm": ALGORITHM, **asdict(self)}
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
