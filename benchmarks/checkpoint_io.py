@@ -265,9 +265,7 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
             wait_for_mirror=False,
         )
     ours = DurableCheckpointIO(**options)
-    if row == "ours async+s3":
-        return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.mirroring
-    return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.writing
+    return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.busy
 
 
 def measure(

@@ -70,20 +70,21 @@ def job(row: str, total_mb: int, out: Path) -> None:
     from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
     from lightning_resume._collectives import cpu_group
     from lightning_resume._resume.lightning_internals import capture_checkpoint
-    from lightning_resume._writer import directory
-    from lightning_resume.io._sharded import dcp_state
+    from lightning_resume._sharded import parts
+    from lightning_resume._sharded.dcp import dcp_state
+    from lightning_resume._storage.atomic import fsync_file
 
     torch.set_num_threads(1)
     me = psutil.Process()
     commits: list[float] = []
-    commit = directory.commit
+    commit = parts.commit_directory
 
     def timed_commit(*args: Any, **kwargs: Any) -> Path:  # when ours is durable (rank 0 commits)
         final = commit(*args, **kwargs)
         commits.append(time.perf_counter())
         return final
 
-    directory.commit = timed_commit  # type: ignore[assignment]
+    parts.commit_directory = timed_commit  # type: ignore[assignment]
 
     def rss() -> int:
         total = me.memory_info().rss
@@ -187,7 +188,7 @@ def job(row: str, total_mb: int, out: Path) -> None:
             elif row == "lightning":
                 trainer.save_checkpoint(target)
                 if trainer.is_global_zero:
-                    directory.fsync_file(target / "meta.pt")
+                    fsync_file(target / "meta.pt")
                     for folder in (target, out):
                         fd = os.open(folder, os.O_RDONLY)
                         os.fsync(fd)

@@ -40,8 +40,10 @@ from lightning_resume import (
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import index_path
-from lightning_resume._writer import directory
-from lightning_resume._writer.manifest import manifest_path
+from lightning_resume._sharded.parts import read_manifest
+from lightning_resume._storage.catalog import candidates, verify
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
+from lightning_resume._storage.manifest import manifest_path
 from lightning_resume.cli import doctor
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "src" / "troubleshooting.md"
@@ -253,6 +255,34 @@ def garbage_manifest(tmp_path: Path) -> None:
     assert report["next_restart_loads"]["checkpoint"] is None
     with pytest.raises(CheckpointVerificationError, match="delete the manifest"):
         restart(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+
+
+@case(
+    "a manifest (file or directory) written by a newer `lightning_resume` (a higher `version`)",
+    "the restart error and `inspect` name both versions and say to upgrade: the checkpoint is not damaged",
+)
+def manifest_from_a_newer_version(tmp_path: Path) -> None:
+    run_dir = first_run(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+    manifest = manifest_path(layout.last_checkpoint(run_dir))
+    data = json.loads(manifest.read_text())
+    data["version"], data["entries"][0]["versions"]["lightning_resume"] = 99, "9.9.9"
+    manifest.write_text(json.dumps(data))
+    why = json.loads(cli("inspect", run_dir, "--json")[1])["next_restart_loads"]["why"]
+    assert "written by lightning-resume 9.9.9, newer than this lightning-resume" in why, why
+    assert "upgrade lightning-resume" in why and "delete the manifest" not in why, why
+    upgrade = (
+        r"written by lightning-resume 9\.9\.9, newer than this lightning-resume .*Upgrade lightning-resume"
+    )
+    with pytest.raises(CheckpointVerificationError, match=upgrade):
+        restart(tmp_path, plugin=DurableCheckpointIO(asynchronous=False))
+    # A sharded checkpoint: every directory written by the newer version.
+    sharded, _, _ = fit_directories(tmp_path / "sharded", steps=2)
+    for directory in candidates(layout.last_checkpoint(sharded.path)):
+        data = json.loads((directory / MANIFEST_NAME).read_text())
+        data["version"], data["versions"]["lightning_resume"] = 99, "9.9.9"
+        (directory / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(CheckpointVerificationError, match=upgrade):
+        fit_directories(tmp_path / "sharded", steps=4)
 
 
 @case(
@@ -794,7 +824,7 @@ def file_modes_follow_the_umask(tmp_path: Path) -> None:
 
 
 def _committed_steps(run_dir: Path) -> list[Path]:
-    return directory.candidates(layout.last_checkpoint(run_dir))
+    return candidates(layout.last_checkpoint(run_dir))
 
 
 @case(
@@ -807,7 +837,7 @@ def damaged_sharded_last_checkpoint(tmp_path: Path) -> None:
     shard = bytearray((bad / SHARD).read_bytes())
     shard[len(shard) // 2] ^= 0xFF  # same size, other bytes (as a shard of another save): checksums tell
     (bad / SHARD).write_bytes(bytes(shard))
-    step = directory.read_manifest(previous).global_step  # type: ignore[union-attr]
+    step = read_manifest(previous).global_step  # type: ignore[union-attr]
     with pytest.warns(UserWarning, match=r"checkpoint directory that did not verify: .*corrupt") as caught:
         _, started, _ = fit_directories(tmp_path, steps=5)
     assert len([w for w in caught if "did not verify" in str(w.message)]) == 1
@@ -847,7 +877,7 @@ def failed_sharded_save(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="No space left on device"):
         fit_directories(tmp_path, steps=3, strategy=DirectoryStrategy(fail_at_save=2))
     (run_dir,) = (tmp_path / "root").glob(layout.RUN_GLOB)
-    verdict = directory.verify(layout.last_checkpoint(run_dir))
+    verdict = verify(layout.last_checkpoint(run_dir), DIRECTORY)
     assert verdict.status.value == "verified" and verdict.manifest and verdict.manifest.global_step == 1
 
 

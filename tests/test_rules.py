@@ -14,7 +14,7 @@ from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, ResumeError
 from lightning_resume._resume.restart import RULES, Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
-from lightning_resume._writer.catalog import FALLBACK_RULE
+from lightning_resume._storage.catalog import FALLBACK_RULE
 from lightning_resume.cli.inspect import describe_run
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "src" / "how_resume_works.md").read_text()

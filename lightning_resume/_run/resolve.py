@@ -21,8 +21,8 @@ from typing import Any
 
 from lightning_resume._run import layout
 from lightning_resume._run.scheduler import KeySource, Session
+from lightning_resume._storage.atomic import create_text_exclusive, write_json_atomic
 from lightning_resume._version import __version__
-from lightning_resume._writer.atomic import create_text_exclusive, write_json_atomic
 from lightning_resume.exceptions import RunDirError
 
 log = logging.getLogger(__name__)

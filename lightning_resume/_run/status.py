@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._run import layout
-from lightning_resume._writer.atomic import write_json_atomic
+from lightning_resume._storage.atomic import write_json_atomic
 
 
 class RunStatus(str, enum.Enum):

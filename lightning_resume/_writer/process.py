@@ -35,10 +35,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._writer.commit import commit, save_error
-from lightning_resume._writer.direct_file import new_buffer
+from lightning_resume._storage.commit import save_error, write_file
+from lightning_resume._storage.direct_file import new_buffer
+from lightning_resume._storage.manifest import Entry
 from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats, hurry
-from lightning_resume._writer.manifest import Entry
 from lightning_resume._writer.zip_records import write_archive
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def write_request(
         return Entry.from_json({**request["entry"], "size": size, "checksum": checksum})
 
     pace = DutyCycle(request.get("share", 1.0), hurry_fd, request.get("seq", 0))
-    entry = commit(
+    entry = write_file(
         request["path"],
         lambda out: write_archive(out, records, request["alignment"], request["version"]),
         make_entry,

@@ -13,8 +13,8 @@ import os
 import time
 from pathlib import Path
 
-from lightning_resume._writer.atomic import fsync_dir, temp_sibling
-from lightning_resume._writer.direct_file import BLOCK, DirectFile, new_buffer
+from lightning_resume._storage.atomic import fsync_dir, temp_sibling
+from lightning_resume._storage.direct_file import BLOCK, DirectFile, new_buffer
 
 #: Bytes written by default: long enough for a steady speed, short enough for a command line check.
 DEFAULT_BYTES = 64 << 20

@@ -24,8 +24,8 @@ import lightning.pytorch as pl
 import yaml
 
 from lightning_resume._run import hydra, saved_config
+from lightning_resume._storage.atomic import replace_durably, write_text_atomic
 from lightning_resume._warnings import warn
-from lightning_resume._writer.atomic import replace_durably, write_text_atomic
 
 if TYPE_CHECKING:
     from lightning_resume.callbacks.run_dir import RunDir

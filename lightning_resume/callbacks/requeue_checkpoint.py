@@ -33,21 +33,21 @@ from lightning_resume._resume.restart import Restart, decide, exists
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.paths import expand_dir
-from lightning_resume._warnings import warn
-from lightning_resume._writer.atomic import (
+from lightning_resume._sharded.choice import prepare_resume
+from lightning_resume._sharded.saver import DirectorySaver
+from lightning_resume._storage.atomic import (
     create_text_exclusive,
     fsync_file,
     replace_durably,
     temp_sibling,
     write_text_atomic,
 )
+from lightning_resume._warnings import warn
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import MissingCallbackError, Preempted, ResumeError
-from lightning_resume.io._directory_saver import DirectorySaver
-from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._protocol import AtomicCheckpointIO, settings_of
 from lightning_resume.io._redirect_first_load import RedirectFirstLoad
 from lightning_resume.io._redirect_first_strategy_load import RedirectFirstStrategyLoad
-from lightning_resume.io._sharded import keep_of, prepare_resume
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         if broadcast(strategy, last.is_dir()):
             # A sharded checkpoint: verified here (no CheckpointIO sees its load), and the strategy's
             # own load is redirected.
-            choice = prepare_resume(trainer, last, keep_of(strategy.checkpoint_io))
+            choice = prepare_resume(trainer, last, settings_of(strategy.checkpoint_io).directories_kept)
             self._strategy_redirect = RedirectFirstStrategyLoad(
                 strategy,
                 self.ckpt_path,

@@ -12,7 +12,10 @@ from pathlib import Path
 from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries
 from lightning_resume._run.status import RunStatus, read_status
-from lightning_resume._writer import directory
+from lightning_resume._storage.catalog import retention
+from lightning_resume._storage.cleanup import stale
+from lightning_resume._storage.kinds import DIRECTORY, resolve_pointer
+from lightning_resume._storage.store import LocalStore
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -67,14 +70,12 @@ def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Re
     names them. Committed checkpoint directories are left to the run's own retention (``keep``).
     """
     removals = []
-    for name in directory.stale(folder, restart=True):
+    for name in stale(folder, restart=True):
         if _age(folder / name, now) > older_than:
             removals.append(Removal(str(folder / name), "leftover", "an interrupted save"))
-    target = directory.resolve_pointer(folder / layout.LAST_CKPT)
-    counted = directory.committed(directory.LocalDirectories(folder))
-    for name in directory.LocalDirectories(folder).directories():
-        if name in counted or (target is not None and target.name == name):
-            continue
+    target = resolve_pointer(folder / layout.LAST_CKPT)
+    # What retention would remove without a count limit: directories that no longer count.
+    for name in retention(LocalStore(folder), DIRECTORY, None, target.name if target else None):
         if _age(folder / name, now) > older_than:
             removals.append(
                 Removal(str(folder / name), "checkpoint directory", "no readable manifest: never loaded")

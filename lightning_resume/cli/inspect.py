@@ -1,9 +1,8 @@
 """``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will do.
 
 What the next restart loads is worked out with the same rules the callbacks and the plugin apply:
-the restart rule of ``lightning_resume._resume.restart`` and the fallback order of
-``lightning_resume._writer.catalog`` (files) and ``lightning_resume._writer.directory`` (sharded
-checkpoints, which are directories).
+the restart rule of ``lightning_resume._resume.restart`` and the verification and fallback order of
+``lightning_resume._storage.catalog``, for checkpoint files and for sharded checkpoints (directories).
 """
 
 from __future__ import annotations
@@ -19,9 +18,13 @@ from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
 from lightning_resume._run.status import read_status
-from lightning_resume._writer import directory
-from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
-from lightning_resume._writer.manifest import read_entries
+from lightning_resume._sharded.parts import LIGHTNING_META, read_manifest
+from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
+from lightning_resume._storage.catalog import verify as check
+from lightning_resume._storage.cleanup import stale
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
+from lightning_resume._storage.manifest import read_entries
+from lightning_resume._storage.store import LocalStore
 from lightning_resume.trackers._sidecar import SUFFIX as SIDECAR_SUFFIX
 
 LAST = layout.LAST_CKPT
@@ -51,10 +54,7 @@ def _step_from_file(path: Path) -> int | None:
 def quick_step(path: Path) -> int | None:
     """The step a checkpoint was saved at, from its manifest or a memory-mapped load; no checksum."""
     if path.is_dir():
-        try:
-            manifest = directory.read_manifest(path)
-        except ValueError:
-            return None
+        manifest = read_manifest(path)
         return manifest.global_step if manifest is not None else None
     entries = read_entries(path)
     if entries:
@@ -84,8 +84,10 @@ def verify(path: Path) -> dict[str, Any]:
         "step": None,
     }
     if verdict.status is not Status.NO_MANIFEST:
-        step = verdict.entry.global_step if verdict.entry is not None else None
-        return {**info, "step": step, "result": _RESULTS[verdict.status]}
+        step = (
+            verdict.manifest.global_step if verdict.status is Status.VERIFIED and verdict.manifest else None
+        )
+        return {**info, "step": step, "result": _RESULTS[verdict.status], "reason": verdict.detail}
     try:
         info["step"] = _step_from_file(path)
     except Exception as e:  # any load failure means the file cannot be resumed from
@@ -95,7 +97,7 @@ def verify(path: Path) -> dict[str, Any]:
 
 def _is_checkpoint_directory(path: Path) -> bool:
     """A directory a sharded strategy wrote: it has our manifest or Lightning's ``meta.pt``."""
-    return (path / directory.MANIFEST_NAME).exists() or (path / directory.LIGHTNING_META).is_file()
+    return (path / MANIFEST_NAME).exists() or (path / LIGHTNING_META).is_file()
 
 
 def verify_directory(path: Path) -> dict[str, Any]:
@@ -106,7 +108,7 @@ def verify_directory(path: Path) -> dict[str, Any]:
     two saves), ``incomplete`` (a file is missing), ``unverifiable`` (the manifest cannot be read),
     ``unverified`` (no manifest: written by plain Lightning) or ``missing`` (a link to nothing).
     """
-    verdict = directory.verify(path)
+    verdict = check(path, DIRECTORY)
     manifest = verdict.manifest
     layout_info = dict(manifest.layout) if manifest is not None else {}
     return {
@@ -126,12 +128,12 @@ def verify_directory(path: Path) -> dict[str, Any]:
 def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
     """The committed checkpoint directories of a folder (newest save first) and leftovers of saves."""
     last = folder / LAST
-    target = directory.resolve_pointer(last)
+    target = resolve_pointer(last)
     found = []
-    for name in sorted(directory.LocalDirectories(folder).directories(), reverse=True):
+    for name in sorted(DIRECTORY.names(LocalStore(folder).sizes(deep=True)), reverse=True):
         info = verify_directory(folder / name)
         found.append({**info, "current": target is not None and target.name == name})
-    for name in directory.stale(folder, restart=True):
+    for name in stale(folder, restart=True):
         found.append({"name": name, "kind": "leftover", "result": "leftover of an interrupted save"})
     return found
 
@@ -147,30 +149,31 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
         return {"checkpoint": None, "why": rule.rule}
     by_name = {c["name"]: c for c in checkpoints}
     last = by_name[LAST]
+    state = last["result"] + (f" ({last['reason']})" if last.get("reason") else "")
     if last["result"] in USABLE:
         return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
     if last.get("kind") == "directory":
         folder = layout.checkpoint_dir(run_dir)
-        for path in directory.candidates(folder / LAST)[1:]:
-            if directory.verify(path).status is Status.VERIFIED:
+        for path in candidates(folder / LAST)[1:]:
+            if check(path, DIRECTORY).status is Status.VERIFIED:
                 return {
                     "checkpoint": path.name,
-                    "why": f"last.ckpt is {last['result']}; RequeueCheckpoint falls back to the newest "
+                    "why": f"last.ckpt is {state}; RequeueCheckpoint falls back to the newest "
                     "checkpoint directory that verifies",
                 }
         return {
             "checkpoint": None,
-            "why": f"last.ckpt is {last['result']} and no other checkpoint directory verifies: the restart "
+            "why": f"last.ckpt is {state} and no other checkpoint directory verifies: the restart "
             "raises CheckpointVerificationError",
         }
     for name in newest_first(scan(layout.checkpoint_dir(run_dir)), exclude=[LAST]):
         if by_name.get(name, {}).get("result") == "verified":
             return {
                 "checkpoint": name,
-                "why": f"last.ckpt is {last['result']}; DurableCheckpointIO falls back to the newest "
+                "why": f"last.ckpt is {state}; DurableCheckpointIO falls back to the newest "
                 "checkpoint that verifies",
             }
-    return {"checkpoint": None, "why": f"last.ckpt is {last['result']} and no older checkpoint is verified"}
+    return {"checkpoint": None, "why": f"last.ckpt is {state} and no older checkpoint is verified"}
 
 
 def _sidecars(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,10 +1,13 @@
-"""Checkpoint IO: the ``DurableCheckpointIO`` plugin and what it is made of.
+"""Checkpoint IO: the ``DurableCheckpointIO`` plugin and its own parts.
 
-Verified loads, retention, the remote mirror, the shared-memory snapshot and the asynchronous saver
-live here; the writer process they hand files to is in ``lightning_resume._writer``.
+The plugin (``durable_checkpoint_io``), what callbacks may ask of any plugin (``_protocol``: the
+settings and the protocols), the shared-memory snapshot and the asynchronous saver that hands it to
+the writer process (``_snapshot``, ``_async_saver``), and the verified load (``_verified_load``).
+Storage (commit, verify, retention, the mirror) is ``lightning_resume._storage``; the writer process
+is ``lightning_resume._writer``; sharded checkpoints are ``lightning_resume._sharded``.
 """
 
-from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._protocol import AtomicCheckpointIO, CheckpointSettings
 from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "DurableCheckpointIO"]
+__all__ = ["AtomicCheckpointIO", "CheckpointSettings", "DurableCheckpointIO"]

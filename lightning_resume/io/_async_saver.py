@@ -19,9 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._writer.commit import clean_stale
+from lightning_resume._storage.cleanup import clean_stale
+from lightning_resume._storage.manifest import Entry
 from lightning_resume._writer.duty_cycle import WriteStats
-from lightning_resume._writer.manifest import Entry
 from lightning_resume._writer.process import WriterDied, WriterProcess, carried_error
 from lightning_resume.io._snapshot import HostBuffer, Staged, stage, torch_archive_version
 

@@ -1,10 +1,73 @@
-"""What ``RequeueCheckpoint`` and ``PreemptionHandler`` need to know about a ``CheckpointIO`` plugin."""
+"""What the callbacks and the sharded saver need to know about a ``CheckpointIO`` plugin.
+
+Each need is a small protocol that :class:`~lightning_resume.DurableCheckpointIO` implements and any
+other plugin may: nobody reads the plugin's attributes. :func:`settings_of` gives the settings of any
+plugin, defaults for one that has none.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from lightning_resume._storage.mirror import Mirror
+from lightning_resume._warnings import warn
 from lightning_resume._writer.duty_cycle import WriteStats
+
+#: Committed checkpoint directories kept without a ``keep`` setting: the current one and the fallback.
+DIRECTORIES_KEPT = 2
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """How checkpoints are saved, for the saves the plugin writes and the sharded saves it never sees.
+
+    The defaults are what applies without a :class:`~lightning_resume.DurableCheckpointIO`; see its
+    arguments for each setting.
+    """
+
+    asynchronous: bool = False
+    mirror: str | None = None
+    mirror_options: Mapping[str, Any] = field(default_factory=dict)
+    dirpath: Path | None = None
+    keep: int | None = None
+    wait_for_mirror: bool = True
+    mirror_timeout: float = 1800.0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    direct_io: bool = True
+    background_share: float = 0.5
+    #: Deprecated tuning of the writer process, honoured for one more release.
+    writer_start_timeout: float = 120.0
+    writer_shutdown_timeout: float = 60.0
+    writer_niceness: int = 0
+
+    @property
+    def directories_kept(self) -> int:
+        """Committed checkpoint directories kept by sharded saves: ``keep``, else the current one and
+        the fallback."""
+        return self.keep if self.keep is not None else DIRECTORIES_KEPT
+
+    def open_mirror(self, keep: int | None) -> Mirror:
+        """The mirror these settings name, keeping ``keep`` copies per retention family."""
+        assert self.mirror is not None
+        options, report = dict(self.mirror_options), lambda message: warn(message, all_ranks=True)
+        return Mirror(self.mirror, options, keep, self.direct_io, warn=report)
+
+
+@runtime_checkable
+class ConfiguredCheckpointIO(Protocol):
+    """A checkpoint plugin whose settings apply to sharded saves too (``RequeueCheckpoint`` writes those)."""
+
+    @property
+    def settings(self) -> CheckpointSettings: ...
+
+
+def settings_of(io: object) -> CheckpointSettings:
+    """The settings of a checkpoint plugin (:class:`ConfiguredCheckpointIO`), or the defaults."""
+    settings = getattr(io, "settings", None)
+    return settings if isinstance(settings, CheckpointSettings) else CheckpointSettings()
 
 
 @runtime_checkable

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from lightning_resume._writer.catalog import Status, Verdict, conclude, precheck
-from lightning_resume._writer.manifest import checksum_file
+from lightning_resume._storage.catalog import Status, Verdict, verify
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import Entry
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Loaded:
     """
 
     checkpoint: dict[str, Any] | None
-    verdict: Verdict
+    verdict: Verdict[Entry]
     reason: str = ""
 
 
@@ -36,7 +37,7 @@ def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> L
         Exception: what ``torch.load`` raises for a file that is intact (``weights_only`` refusals,
             an unknown format): that is not damage a fallback should hide.
     """
-    pre = precheck(path)
+    pre = verify(path, FILE, checksums=False)
     if pre.status is Status.NO_MANIFEST:  # a file saved by plain Lightning
         try:
             return Loaded(torch.load(path, map_location=map_location, weights_only=weights_only), pre)
@@ -44,11 +45,11 @@ def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> L
             if intact_zip(path):
                 raise
             return Loaded(None, pre, f"unreadable and has no manifest ({type(e).__name__}: {e})")
-    if pre.status is not Status.UNCHECKED:
+    if pre.status is not Status.VERIFIED:
         return Loaded(None, pre, pre.reason)
-    digest: dict[str, tuple[int, str]] = {}
+    found: dict[str, Verdict[Entry]] = {}
     # Hash beside the load: xxhash releases the GIL, so this costs little more than the load.
-    worker = threading.Thread(target=lambda: digest.update(value=checksum_file(path)), daemon=True)
+    worker = threading.Thread(target=lambda: found.update(verdict=verify(path, FILE)), daemon=True)
     worker.start()
     error: Exception | None = None
     checkpoint = None
@@ -58,7 +59,7 @@ def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> L
         error = e
     finally:
         worker.join()
-    verdict = conclude(pre, *digest["value"]) if "value" in digest else Verdict(Status.CORRUPT, pre.size)
+    verdict = found.get("verdict", Verdict(Status.CORRUPT, size=pre.size))
     if verdict.status is not Status.VERIFIED:
         return Loaded(None, verdict, verdict.reason)
     if error is not None:

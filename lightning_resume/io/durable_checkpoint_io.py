@@ -8,9 +8,10 @@ import os
 import platform
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning
 import torch
@@ -18,20 +19,30 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
-from lightning_resume._run.layout import LAST_CKPT
+from lightning_resume._checks import flag, is_number, positive_number, whole_number
 from lightning_resume._run.paths import expand_dir
+from lightning_resume._storage.atomic import exclusive, write_text_atomic
+from lightning_resume._storage.catalog import Status, check_file, newest_first, scan
+from lightning_resume._storage.cleanup import clean_stale
+from lightning_resume._storage.commit import prune, remove, save_error, write_file
+from lightning_resume._storage.direct_file import new_buffer
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import (
+    ChecksumWriter,
+    Entry,
+    check_metadata,
+    describe,
+    encode,
+    manifest_path,
+)
+from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
-from lightning_resume._writer.atomic import exclusive
-from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
-from lightning_resume._writer.commit import clean_stale, commit, remove, save_error, write_manifest
-from lightning_resume._writer.direct_file import new_buffer
 from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats
-from lightning_resume._writer.manifest import ChecksumWriter, Entry, check_metadata, describe, read_entries
 from lightning_resume.exceptions import CheckpointVerificationError
 from lightning_resume.io._async_saver import AsyncSaver
-from lightning_resume.io._mirror import Mirror
-from lightning_resume.io._retention import to_delete
+from lightning_resume.io._protocol import CheckpointSettings
 from lightning_resume.io._snapshot import torch_records_supported, write_torch_archive
 from lightning_resume.io._verified_load import load_verified
 
@@ -41,32 +52,59 @@ log = logging.getLogger(__name__)
 RESTORE_LOCK = ".lr-restore.lock"
 # The key the mirror's copy of the checkpoint being loaded takes among the fallback candidates.
 _MIRROR_COPY = "\0mirror"
+_FRACTION = "fraction within (0, 1]"
+#: Settings read as attributes of the plugin before they moved to ``settings``.
+_SETTINGS = frozenset(CheckpointSettings.__dataclass_fields__)
+
+
+def manifest_versions() -> dict[str, str]:
+    """The library versions a manifest records (files and directories alike)."""
+    return {
+        "lightning_resume": __version__,
+        "lightning": str(lightning.__version__),
+        "torch": str(torch.__version__),  # TorchVersion would make the writer import torch
+        "python": platform.python_version(),
+    }
+
+
+def _deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; {new}.",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+#: What to do instead of each deprecated constructor argument.
+_INSTEAD = {
+    "writer_start_timeout": "leave it out (the writer process starts in milliseconds)",
+    "writer_shutdown_timeout": "leave it out (teardown waits for the save in flight, then stops the writer)",
+    "writer_niceness": "use background_share to keep background writes gentle",
+}
+
+
+def _writer_option(name: str, value: Any) -> Any:
+    """A deprecated writer argument, checked and honoured, with a warning."""
+    _deprecated(f"DurableCheckpointIO({name}=...)", _INSTEAD[name], stacklevel=4)
+    if name != "writer_niceness":
+        return positive_number(name, value, what="number of seconds")
+    if whole_number(name, value, minimum=0, what="whole number within 0..19") > 19:
+        raise ValueError(f"writer_niceness must be within 0..19, got {value!r}.")
+    return value
 
 
 class DurableCheckpointIO(CheckpointIO):
     """Checkpoint files that survive kills, full disks and lost nodes, written without stalling training.
 
-    - **Atomic**: each save goes to a temporary file in the target directory, is fsynced, renamed into
-      place, and the directory is fsynced. A kill at any instant leaves the old file or the new one.
-    - **Verified**: each file has a manifest ``<file>.manifest.json`` (size, XXH3 hash, step, epoch, time,
-      versions, your metadata). Loading checks it; a torn or corrupt file falls back to the newest
-      checkpoint that verifies, with one warning. Files without a manifest (plain Lightning) load as usual.
-    - **Asynchronous** (default): ``save_checkpoint`` only copies the state into a reused shared-memory
-      buffer; a writer process writes, checksums and commits it. One save is in flight at a time; its
-      error is raised by the next save, ``remove_checkpoint``, ``load_checkpoint``, ``teardown`` or
-      :meth:`wait_until_durable`. Files are written past the page cache (``O_DIRECT``) where the
-      filesystem allows it, so that writing costs training little CPU and no cached data.
-    - **Two speeds**: a background write works only ``background_share`` of the time (a duty cycle:
-      work ~50 ms, rest in proportion), so training keeps most of the machine. As soon as anything
-      waits for it (:meth:`wait_until_durable` on preemption, a save waiting for the previous one,
-      ``teardown``), the write in flight and the next one run at full speed; after :meth:`hurry`
-      (``PreemptionHandler``) the next save is written at once, straight from the tensors. The writer
-      runs at normal priority, so a busy node cannot starve it; :attr:`last_write` reports each write.
-    - **Mirrored** (``mirror=``): each committed file is uploaded in the background to an fsspec URL;
-      a remote copy counts once its manifest is in place. Checkpoints the local directory lacks are
-      downloaded when the plugin is constructed (a job requeued onto an empty node).
-    - **Retention** (``keep=``): after each save, only the newest ``keep`` verified checkpoints of each
-      name pattern (digits ignored: ``epoch=#-step=#.ckpt``) are kept, locally and on the mirror.
+    **Atomic** (a temporary file fsynced and renamed into place: a kill leaves the old file or the
+    new one), **verified** (a manifest ``<file>.manifest.json`` with size, XXH3 hash, step, versions and
+    your metadata; a file that does not verify falls back to the newest one that does, with one
+    warning), **asynchronous** (``save_checkpoint`` copies the state into reused shared memory; a writer
+    process writes it past the page cache, at ``background_share`` of the time until something waits
+    for it, then at full speed), **mirrored** (``mirror=``: uploaded in the background, restored onto
+    an empty node) and **pruned** (``keep=``, per name pattern, locally and on the mirror). One save
+    is in flight at a time; its error is raised by the next call. The settings, :attr:`settings`,
+    apply to sharded saves too (``RequeueCheckpoint`` writes those: Lightning calls no plugin for them).
 
     Args:
         asynchronous: Write in a background writer process (``False``: write before returning).
@@ -84,11 +122,6 @@ class DurableCheckpointIO(CheckpointIO):
         mirror_timeout: Seconds to wait for uploads there.
         metadata: User metadata stored in the manifest of every checkpoint (JSON values). Add per save
             with ``trainer.save_checkpoint(path, storage_options={"metadata": {...}})``.
-        writer_start_timeout: Seconds a new writer process has to report ready.
-        writer_shutdown_timeout: Seconds the writer has to exit at teardown before it is killed.
-        writer_niceness: Nice increment of the writer process (0-19). An unprivileged process cannot
-            lower it again, so a niced writer stays slow on a busy node even when a preemption waits
-            for it; ``background_share`` is the way to keep background writes gentle.
         direct_io: Write checkpoint files past the page cache (``O_DIRECT``) where the filesystem
             allows it: less CPU taken from training, no cached data evicted. ``False`` writes through
             the page cache (for a filesystem where direct writes are slow).
@@ -96,9 +129,13 @@ class DurableCheckpointIO(CheckpointIO):
             the remainder. 0.5 (the default) takes about twice as long as a write at full speed and
             half its CPU, memory and disk bandwidth per second; 1.0 always writes at full speed.
             Anything waiting for a write switches it to full speed.
+        writer_start_timeout: Deprecated (seconds a new writer process has to report ready; 120).
+        writer_shutdown_timeout: Deprecated (seconds the writer has to exit at teardown; 60).
+        writer_niceness: Deprecated (nice increment of the writer, which then starves on a busy node
+            just when a preemption waits for it): ``background_share`` keeps background writes gentle.
 
     Raises:
-        ValueError: for an invalid option.
+        TypeError, ValueError: for an invalid option.
         ImportError: ``mirror`` is set and fsspec (or the backend for its protocol) is missing.
 
     Example::
@@ -123,62 +160,47 @@ class DurableCheckpointIO(CheckpointIO):
         wait_for_mirror: bool = True,
         mirror_timeout: float = 1800.0,
         metadata: dict[str, Any] | None = None,
-        writer_start_timeout: float = 120.0,
-        writer_shutdown_timeout: float = 60.0,
-        writer_niceness: int = 0,
+        writer_start_timeout: float | None = None,
+        writer_shutdown_timeout: float | None = None,
+        writer_niceness: int | None = None,
         direct_io: bool = True,
         background_share: float = 0.5,
     ) -> None:
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
-            raise TypeError(f"keep must be a whole number of checkpoints or None, got {keep!r}.")
-        if keep is not None and keep < 1:
-            raise ValueError(f"keep must be >= 1 or None, got {keep!r}.")
-        for name, value in (
-            ("mirror_timeout", mirror_timeout),
-            ("writer_start_timeout", writer_start_timeout),
-            ("writer_shutdown_timeout", writer_shutdown_timeout),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}.")
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value!r}.")
-        if isinstance(writer_niceness, bool) or not isinstance(writer_niceness, int):
-            raise TypeError(f"writer_niceness must be a whole number within 0..19, got {writer_niceness!r}.")
-        if not 0 <= writer_niceness <= 19:
-            raise ValueError(f"writer_niceness must be within 0..19, got {writer_niceness!r}.")
-        for name, flag in (
-            ("asynchronous", asynchronous),
-            ("wait_for_mirror", wait_for_mirror),
-            ("direct_io", direct_io),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}.")
-        if isinstance(background_share, bool) or not isinstance(background_share, (int, float)):
-            raise TypeError(f"background_share must be a fraction within (0, 1], got {background_share!r}.")
-        if not 0 < background_share <= 1:
+        if keep is not None:
+            whole_number("keep", keep, minimum=1, what="whole number of checkpoints or None")
+        positive_number("mirror_timeout", mirror_timeout, what="number of seconds")
+        if not is_number(background_share):
+            raise TypeError(f"background_share must be a {_FRACTION}, got {background_share!r}.")
+        if not 0 < background_share <= 1:  # NaN too
             raise ValueError(
-                f"background_share must be a fraction within (0, 1], got {background_share!r}: e.g. 0.5 "
-                "lets a background write work half of the time, 1.0 writes at full speed."
+                f"background_share must be a {_FRACTION}, got {background_share!r}: e.g. 0.5 lets a "
+                "background write work half of the time, 1.0 writes at full speed."
             )
         if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
             raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
-        self.asynchronous = asynchronous
-        self.mirror = mirror
-        self.mirror_options = dict(mirror_options or {})
-        self.dirpath = None if dirpath is None else expand_dir(dirpath, "DurableCheckpointIO(dirpath=...)")
-        self.keep = keep
-        self.wait_for_mirror = wait_for_mirror
-        self.mirror_timeout = float(mirror_timeout)
-        self.metadata = dict(check_metadata(metadata or {}))
-        self.writer_start_timeout = float(writer_start_timeout)
-        self.writer_shutdown_timeout = float(writer_shutdown_timeout)
-        self.writer_niceness = int(writer_niceness)
-        self.direct_io = bool(direct_io)
-        self.background_share = float(background_share)
+        writer = {
+            "writer_start_timeout": writer_start_timeout,
+            "writer_shutdown_timeout": writer_shutdown_timeout,
+        }
+        writer["writer_niceness"] = writer_niceness
+        self.settings = CheckpointSettings(
+            **{name: _writer_option(name, value) for name, value in writer.items() if value is not None},
+            asynchronous=flag("asynchronous", asynchronous),
+            mirror=mirror,
+            mirror_options=dict(mirror_options or {}),
+            dirpath=None if dirpath is None else expand_dir(dirpath, "DurableCheckpointIO(dirpath=...)"),
+            keep=keep,
+            wait_for_mirror=flag("wait_for_mirror", wait_for_mirror),
+            mirror_timeout=float(mirror_timeout),
+            metadata=dict(check_metadata(metadata or {})),
+            direct_io=flag("direct_io", direct_io),
+            background_share=float(background_share),
+        )
+        self._dirpath = self.settings.dirpath
         self._init_runtime()
         if mirror is not None:
             self._remote()  # fail now, with the install hint, rather than at the first save
-            if self.dirpath is not None:
+            if self._dirpath is not None:
                 self.restore_from_mirror()
 
     def _init_runtime(self) -> None:
@@ -196,24 +218,23 @@ class DurableCheckpointIO(CheckpointIO):
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers that pickle the trainer (ddp_spawn) get the configuration, not threads and processes.
-        runtime = (
-            "_lock",
-            "_saver",
-            "_mirror",
-            "_committed",
-            "_prepared",
-            "_warned",
-            "_staging",
-            "_urgent",
-            "_last_write",
-            "_file_buffer",
-            "_file_buffer_busy",
-        )
-        return {k: v for k, v in self.__dict__.items() if k not in runtime}
+        return {"settings": self.settings, "_dirpath": self._dirpath}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
+
+    if not TYPE_CHECKING:  # the old attribute names, for one release; hidden from type checkers
+
+        def __getattr__(self, name: str) -> Any:
+            settings = self.__dict__.get("settings")
+            if settings is not None and name in ("writing", "mirroring"):
+                _deprecated(f"DurableCheckpointIO.{name}", "use DurableCheckpointIO.busy")
+                return self.busy
+            if settings is None or name not in _SETTINGS:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            _deprecated(f"DurableCheckpointIO.{name}", f"read DurableCheckpointIO.settings.{name}")
+            return self._dirpath if name == "dirpath" else getattr(settings, name)
 
     # -- save ------------------------------------------------------------------------------------
 
@@ -235,7 +256,7 @@ class DurableCheckpointIO(CheckpointIO):
             TypeError: for unsupported ``storage_options``.
             ValueError: ``path`` is a remote URL (use ``mirror=`` for remote copies).
         """
-        metadata = {**self.metadata, **self._metadata_option(storage_options)}
+        metadata = {**self.settings.metadata, **self._metadata_option(storage_options)}
         target = self._local(path)
         self._prepare(target.parent)
         entry = self._entry_fields(checkpoint, metadata)
@@ -248,14 +269,15 @@ class DurableCheckpointIO(CheckpointIO):
             return
         if self._use_async():
             if self._saver is None:
+                settings = self.settings
                 self._saver = AsyncSaver(
-                    self.writer_start_timeout,
-                    self.writer_shutdown_timeout,
-                    self.writer_niceness,
-                    self.direct_io,
+                    settings.writer_start_timeout,
+                    settings.writer_shutdown_timeout,
+                    settings.writer_niceness,
+                    settings.direct_io,
                     known=lambda p: self._committed.get(str(p)),
                     on_commit=self._after_commit,
-                    share=self.background_share,
+                    share=settings.background_share,
                 )
             self._staging = True
             try:
@@ -273,12 +295,12 @@ class DurableCheckpointIO(CheckpointIO):
             self._file_buffer = new_buffer()
         self._file_buffer_busy |= shared
         try:
-            entry = commit(
+            entry = write_file(
                 target,
                 self._serialiser(checkpoint),
                 lambda size, checksum: Entry.from_json({**fields, "size": size, "checksum": checksum}),
                 self._committed.get(str(target)),
-                direct=self.direct_io,
+                direct=self.settings.direct_io,
                 buffer=self._file_buffer if shared else None,
                 pace=pace,
             )
@@ -298,7 +320,7 @@ class DurableCheckpointIO(CheckpointIO):
         return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
 
     def _use_async(self) -> bool:
-        if not self.asynchronous:
+        if not self.settings.asynchronous:
             return False
         if os.name != "posix" or not torch_records_supported():
             self._warn_once(
@@ -315,13 +337,12 @@ class DurableCheckpointIO(CheckpointIO):
             self._committed[str(path)] = entry
             if stats is not None:
                 self._last_write = stats
-            if self.keep is not None:
-                for name in to_delete(scan(path.parent), self.keep):
-                    remove(path.parent / name)
+            if self.settings.keep is not None:
+                for name in prune(LocalStore(path.parent), FILE, self.settings.keep):
                     self._committed.pop(str(path.parent / name), None)
-                    log.debug("retention (keep=%s) removed %s", self.keep, path.parent / name)
-        if self.mirror is not None and self._mirrors(path):
-            self._remote().submit_upload(path, lambda: self._committed.get(str(path)))
+                    log.debug("retention (keep=%s) removed %s", self.settings.keep, path.parent / name)
+        if self.settings.mirror is not None and self._mirrors(path):
+            self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
 
     # -- wait ------------------------------------------------------------------------------------
 
@@ -337,44 +358,37 @@ class DurableCheckpointIO(CheckpointIO):
         if self._saver is not None:
             self._saver.hurry()
 
-    def wait_until_durable(self) -> None:
-        """Block until the save in flight is committed (and, with ``wait_for_mirror``, uploaded).
-
-        Raises:
-            OSError, RuntimeError: the save (or the upload) failed.
-            TimeoutError: uploads still running after ``mirror_timeout`` seconds.
-        """
-        self._wait_local()
-        if self._mirror is not None and self.wait_for_mirror:
-            self._mirror.wait(self.mirror_timeout)
-
-    def wait_until_mirrored(self, timeout: float | None = None) -> None:
-        """Block until the save in flight is committed and every queued upload is done.
+    def wait_until_durable(self, mirrored: bool | None = None, timeout: float | None = None) -> None:
+        """Block until the save in flight is committed and, when ``mirrored``, every upload is done.
 
         Args:
-            timeout: Seconds to wait for uploads (default ``mirror_timeout``).
+            mirrored: Wait for the uploads to the mirror too (default: ``wait_for_mirror``).
+            timeout: Seconds to wait for uploads (default: ``mirror_timeout``).
 
         Raises:
             OSError, RuntimeError: the save (or the latest upload of a checkpoint) failed.
             TimeoutError: uploads still running after ``timeout`` seconds.
         """
         self._wait_local()
-        if self._mirror is not None:
-            self._mirror.wait(self.mirror_timeout if timeout is None else timeout)
+        if self._mirror is not None and (self.settings.wait_for_mirror if mirrored is None else mirrored):
+            self._mirror.wait(self.settings.mirror_timeout if timeout is None else timeout)
+
+    def wait_until_mirrored(self, timeout: float | None = None) -> None:
+        """Deprecated: ``wait_until_durable(mirrored=True, timeout=timeout)``."""
+        _deprecated(
+            "DurableCheckpointIO.wait_until_mirrored()", "use wait_until_durable(mirrored=True, timeout=...)"
+        )
+        self.wait_until_durable(mirrored=True, timeout=timeout)
 
     def _wait_local(self) -> None:
         if self._saver is not None:
             self._saver.wait()
 
     @property
-    def writing(self) -> bool:
-        """Whether a save is being written in the background right now."""
-        return self._saver is not None and self._saver.busy
-
-    @property
-    def mirroring(self) -> bool:
-        """Whether a save is being written or uploads are queued or running right now."""
-        return self.writing or (self._mirror is not None and self._mirror.pending > 0)
+    def busy(self) -> bool:
+        """Whether a save is being written in the background, or uploads are queued or running."""
+        writing = self._saver is not None and self._saver.busy
+        return writing or (self._mirror is not None and self._mirror.pending > 0)
 
     @property
     def last_write(self) -> WriteStats | None:
@@ -414,7 +428,7 @@ class DurableCheckpointIO(CheckpointIO):
             return self._load_remote(str(path), location, weights_only)
         requested = self._local(path)
         target = Path(os.path.realpath(requested))
-        if self.mirror is not None and not target.exists() and self._mirrors(target):
+        if self.settings.mirror is not None and not target.exists() and self._mirrors(target):
             self._download(target, missing_only=True)
         loaded = load_verified(target, location, weights_only)
         if loaded.checkpoint is not None:
@@ -425,17 +439,24 @@ class DurableCheckpointIO(CheckpointIO):
             if remote and self._download(target) is None:
                 continue
             fallback = load_verified(candidate, location, weights_only)
-            if fallback.checkpoint is not None and fallback.verdict.entry is not None:
+            verified = fallback.verdict.manifest if fallback.verdict.status is Status.VERIFIED else None
+            if fallback.checkpoint is not None and verified is not None:
                 warn(
                     f"Checkpoint {str(requested)!r} is {loaded.reason}; loaded "
                     f"{'the mirror copy of it' if remote else repr(str(candidate))} "
-                    f"({describe(fallback.verdict.entry)}) instead, the newest checkpoint that verifies."
+                    f"({describe(verified)}) instead, the newest checkpoint that verifies."
                 )
                 return fallback.checkpoint
-        where = f"{str(target.parent)!r}" + (f" or the mirror {self.mirror!r}" if self.mirror else "")
+        mirror = self.settings.mirror
+        where = f"{str(target.parent)!r}" + (f" or the mirror {mirror!r}" if mirror else "")
+        fix = (
+            "Upgrade lightning-resume"
+            if loaded.verdict.newer
+            else "Restore the checkpoint directory from a copy"
+        )
         raise CheckpointVerificationError(
             f"Checkpoint {str(requested)!r} is {loaded.reason}, and no other checkpoint in {where} verifies. "
-            "Restore the checkpoint directory from a copy, or start without this checkpoint.",
+            f"{fix}, or start without this checkpoint.",
             requested,
             loaded.reason,
         )
@@ -443,8 +464,8 @@ class DurableCheckpointIO(CheckpointIO):
     def _fallbacks(self, target: Path) -> list[tuple[Path, bool]]:
         """Other committed checkpoints (local, and the mirror copy of ``target``) in fallback order."""
         candidates = {name: entry for name, entry in scan(target.parent).items() if name != target.name}
-        if self.mirror is not None and self._mirrors(target):
-            remote = self._remote().committed().get(target.name)
+        if self.settings.mirror is not None and self._mirrors(target):
+            remote = self._remote().committed(FILE).get(target.name)
             if remote is not None:
                 candidates[_MIRROR_COPY] = remote
         return [
@@ -481,10 +502,10 @@ class DurableCheckpointIO(CheckpointIO):
                     f"{str(target.parent)!r}."
                 )
                 return
-            remove(target)
+            remove(LocalStore(target.parent), FILE, target.name)
             self._committed.pop(str(target), None)
-        if self.mirror is not None and self._mirrors(target):
-            self._remote().submit_delete(target.name)
+        if self.settings.mirror is not None and self._mirrors(target):
+            self._remote().submit_delete(FILE, target.name)
 
     @override
     def teardown(self) -> None:
@@ -503,80 +524,57 @@ class DurableCheckpointIO(CheckpointIO):
             if saver is not None:
                 saver.close()
         finally:
-            if self._mirror is not None and self.wait_for_mirror:
+            if self._mirror is not None and self.settings.wait_for_mirror:
                 mirror, self._mirror = self._mirror, None
-                try:
-                    mirror.close(self.mirror_timeout)
-                except (TimeoutError, RuntimeError) as e:
-                    # A warning, not an error: the local checkpoints are committed, and an exception here
-                    # would replace the one a preempted fit is exiting with.
-                    warn(str(e))
+                mirror.close(self.settings.mirror_timeout)  # failures are warnings
 
     # -- mirror ----------------------------------------------------------------------------------
 
     def _remote(self) -> Mirror:
         if self._mirror is None:
-            assert self.mirror is not None
-            self._mirror = Mirror(self.mirror, self.mirror_options, self.keep, self.direct_io)
+            self._mirror = self.settings.open_mirror(self.settings.keep)
         return self._mirror
 
     def _mirrors(self, path: Path) -> bool:
-        if self.dirpath is None:
-            self.dirpath = path.parent
-            log.info("DurableCheckpointIO mirrors %s to %s", self.dirpath, self.mirror)
-        if path.parent == self.dirpath:
+        if self._dirpath is None:
+            self._dirpath = path.parent
+            log.info("DurableCheckpointIO mirrors %s to %s", self._dirpath, self.settings.mirror)
+        if path.parent == self._dirpath:
             return True
         self._warn_once(
             f"mirror:{path.parent}",
             f"Checkpoints in {str(path.parent)!r} are not mirrored: DurableCheckpointIO(mirror="
-            f"{self.mirror!r}) copies {str(self.dirpath)!r} (set dirpath= to choose).",
+            f"{self.settings.mirror!r}) copies {str(self._dirpath)!r} (set dirpath= to choose).",
         )
         return False
 
     def restore_from_mirror(self) -> list[Path]:
         """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
 
-        Called when the plugin is constructed with ``mirror`` and a known ``dirpath``, so a job relaunched
-        onto an empty (node-local) directory finds its checkpoints before ``fit`` looks for them.
-        Sharded checkpoints (directories) are restored too: the newest committed one, with
-        ``last.ckpt`` linked to it. Each
-        download is verified and committed atomically; a local file without a manifest is never
-        replaced. The processes of one node that share the directory take turns: the first downloads,
-        the others find the files there.
+        Done when the plugin is constructed with ``mirror`` and ``dirpath``, so that a job relaunched onto
+        an empty (node-local) directory finds its checkpoints before ``fit`` looks for them; the newest
+        sharded checkpoint too, linked as ``last.ckpt``. Downloads are verified and committed atomically;
+        a local file without a manifest is never replaced. The processes of one node take turns.
 
         Returns:
-            The files downloaded.
+            What was downloaded.
         """
-        if self.mirror is None or self.dirpath is None:
+        if self.settings.mirror is None or self._dirpath is None:
             return []
-        folder = self.dirpath
+        folder = self._dirpath
         folder.mkdir(parents=True, exist_ok=True)
-        restored = []
         with exclusive(folder / RESTORE_LOCK):
             clean_stale(folder)
-            local = scan(folder)
-            for name, entry in sorted(self._remote().committed().items(), key=lambda item: -item[1].saved_at):
-                have = local.get(name)
-                if have is not None and (have.same_data(entry) or have.saved_at >= entry.saved_at):
-                    continue
-                if have is None and (folder / name).exists() and read_entries(folder / name) is None:
-                    continue  # a file we did not write
-                if self._remote().download(name, folder / name) is not None:
-                    restored.append(folder / name)
-            # Sharded checkpoints: the newest committed directory, and last.ckpt pointing at it.
-            directory = self._remote().restore_directory(folder, LAST_CKPT)
-            if directory is not None:
-                restored.append(directory)
-        return restored
+            return self._remote().restore_all(folder)
 
-    def _download(self, target: Path, missing_only: bool = False) -> Entry | None:
+    def _download(self, target: Path, missing_only: bool = False) -> Path | None:
         """Download the mirror copy of ``target``, once per node: processes of a node that share a
         node-local directory take turns (a lock in it), and the later ones find the file there."""
         target.parent.mkdir(parents=True, exist_ok=True)
         with exclusive(target.parent / RESTORE_LOCK):
             if missing_only and target.exists():
                 return None  # another process of this node restored it meanwhile
-            return self._remote().download(target.name, target)
+            return self._remote().restore(FILE, target.parent, target.name)
 
     # -- metadata --------------------------------------------------------------------------------
 
@@ -615,19 +613,19 @@ class DurableCheckpointIO(CheckpointIO):
                 f"{str(path)!r} has no readable manifest ({path.name}.manifest.json): it was not saved by "
                 "DurableCheckpointIO, so it has no metadata."
             )
-        if verdict.entry is None:
+        if verdict.status is not Status.VERIFIED or verdict.manifest is None:
             raise ValueError(f"{str(path)!r} does not verify against its manifest ({verdict.reason}).")
-        return verdict.entry
+        return verdict.manifest
 
     def _rewrite(self, path: Path, metadata: dict[str, Any]) -> None:
         self._wait_local()  # before the lock: the commit it waits for takes the lock too
         with self._lock:
             entry = self._verified_entry(path)
             updated = entry.with_metadata(metadata)
-            write_manifest(path, [updated])
+            write_text_atomic(manifest_path(path), encode([updated]))
             self._committed[str(path)] = updated
-        if self.mirror is not None and self._mirrors(path):
-            self._remote().submit_upload(path, lambda: self._committed.get(str(path)))
+        if self.settings.mirror is not None and self._mirrors(path):
+            self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -670,12 +668,7 @@ class DurableCheckpointIO(CheckpointIO):
             "global_step": int(step) if isinstance(step, int) else None,
             "epoch": int(epoch) if isinstance(epoch, int) else None,
             "saved_at": time.time(),
-            "versions": {
-                "lightning_resume": __version__,
-                "lightning": str(lightning.__version__),
-                "torch": str(torch.__version__),  # TorchVersion would make the writer import torch
-                "python": platform.python_version(),
-            },
+            "versions": manifest_versions(),
             "metadata": metadata,
         }
 

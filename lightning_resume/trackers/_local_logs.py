@@ -25,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._writer.atomic import fsync_dir, replace_durably, write_text_atomic
+from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
 
 METRICS = "metrics.csv"
 #: ``metrics.csv`` of the interrupted attempt, set aside until the restart knows its resumed step.

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._writer.atomic import write_json_atomic
+from lightning_resume._storage.atomic import write_json_atomic
 
 FORMAT = 1
 SUFFIX = "_resume.json"

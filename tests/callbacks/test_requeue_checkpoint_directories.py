@@ -14,8 +14,10 @@ from _sharded import SHARD, DirectoryStrategy, fit_directories
 
 from lightning_resume import ResumeError
 from lightning_resume._run import layout
-from lightning_resume._writer import directory
-from lightning_resume._writer.catalog import Status
+from lightning_resume._sharded.parts import read_manifest
+from lightning_resume._storage.catalog import Status, candidates, verify
+from lightning_resume._storage.kinds import COMMITTED_PREFIX, DIRECTORY
+from lightning_resume._storage.store import LocalStore
 from lightning_resume.cli.inspect import describe_run
 
 
@@ -23,22 +25,22 @@ def test_each_save_is_a_committed_directory_that_last_ckpt_links_to(tmp_path: Pa
     run, _, _ = fit_directories(tmp_path, steps=3)
     folder = layout.checkpoint_dir(run.path)
     last = folder / layout.LAST_CKPT
-    assert last.is_symlink() and os.readlink(last).startswith(directory.COMMITTED_PREFIX)
-    verdict = directory.verify(last)
+    assert last.is_symlink() and os.readlink(last).startswith(COMMITTED_PREFIX)
+    verdict = verify(last, DIRECTORY)
     assert verdict.status is Status.VERIFIED and verdict.manifest is not None
     assert verdict.manifest.global_step == 3
     assert [f.name for f in verdict.manifest.files] == [SHARD, "meta.pt"]
     # The previous save stays as the fallback; nothing else (no save directory, no temporary link).
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [layout.LAST_CKPT, layout.SAVED_MARKER, *directory.LocalDirectories(folder).directories()]
+        [layout.LAST_CKPT, layout.SAVED_MARKER, *DIRECTORY.names(LocalStore(folder).sizes(deep=True))]
     )
-    assert len(directory.LocalDirectories(folder).directories()) == 2
+    assert len(DIRECTORY.names(LocalStore(folder).sizes(deep=True))) == 2
     assert describe_run(run.path)["next_restart_loads"]["checkpoint"] == layout.LAST_CKPT
 
 
 def test_a_restart_resumes_from_the_directory_last_ckpt_names(tmp_path: Path) -> None:
     first, _, _ = fit_directories(tmp_path, steps=2)
-    user_path = directory.candidates(layout.last_checkpoint(first.path))[1]  # an older save
+    user_path = candidates(layout.last_checkpoint(first.path))[1]  # an older save
     with pytest.warns(UserWarning, match="resuming from .*last.ckpt' instead of"):
         again, started, strategy = fit_directories(tmp_path, steps=4, ckpt_path=user_path)
     assert again.path == first.path and again.is_resumed
@@ -49,8 +51,8 @@ def test_a_restart_resumes_from_the_directory_last_ckpt_names(tmp_path: Path) ->
 def test_a_torn_directory_falls_back_to_the_previous_one_with_one_warning(tmp_path: Path) -> None:
     first, _, _ = fit_directories(tmp_path, steps=2)
     last = layout.last_checkpoint(first.path)
-    torn, previous = directory.candidates(last)[:2]
-    manifest = directory.read_manifest(previous)
+    torn, previous = candidates(last)[:2]
+    manifest = read_manifest(previous)
     assert manifest is not None
     with open(torn / SHARD, "r+b") as f:
         f.truncate(10)
@@ -74,6 +76,6 @@ def test_a_failed_directory_save_raises_and_keeps_the_previous_checkpoint(tmp_pa
         fit_directories(tmp_path, steps=3, strategy=DirectoryStrategy(fail_at_save=2))
     (run_dir,) = (tmp_path / "root").glob(layout.RUN_GLOB)
     last = layout.last_checkpoint(run_dir)
-    verdict = directory.verify(last)
+    verdict = verify(last, DIRECTORY)
     assert verdict.status is Status.VERIFIED and verdict.manifest is not None
     assert verdict.manifest.global_step == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -16,11 +17,14 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import job_env
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
-from lightning_resume._writer.manifest import checksum_file, manifest_path, match, read_entries
+from lightning_resume._storage.manifest import checksum_file, manifest_path, match, read_entries
+from lightning_resume.io import CheckpointSettings
+from lightning_resume.io._protocol import settings_of
 
 
 def verifies(path: Path) -> bool:
@@ -339,7 +343,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 cli = LightningCLI(BoringModel, BoringDataModule, run=False, save_config_callback=None)
 io = cli.trainer.strategy.checkpoint_io
-print("PLUGIN", type(io).__name__, io.keep, io.metadata, io.background_share)
+print("PLUGIN", type(io).__name__, io.settings.keep, io.settings.metadata, io.settings.background_share)
 cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=os.environ.get("CKPT"))
 """
 
@@ -379,3 +383,39 @@ def test_the_plugin_from_lightning_cli_yaml(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step=4.ckpt", "step=5.ckpt"]
     assert read_entries(folder / "last.ckpt")[0].metadata == {"config": "yaml"}  # type: ignore[index]
     assert all(verifies(p) for p in folder.glob("*.ckpt"))
+
+
+def test_the_settings_are_one_frozen_object_any_plugin_has() -> None:
+    io = DurableCheckpointIO(asynchronous=False, keep=3, metadata={"run": "a"})
+    assert (io.settings.keep, dict(io.settings.metadata), io.settings.asynchronous) == (
+        3,
+        {"run": "a"},
+        False,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        io.settings.keep = 4  # type: ignore[misc]
+    assert settings_of(io).directories_kept == 3
+    # A plugin that is not ours: the defaults (synchronous sharded saves, two directories kept).
+    assert settings_of(TorchCheckpointIO()) == CheckpointSettings()
+    assert settings_of(TorchCheckpointIO()).directories_kept == 2
+
+
+def test_old_names_still_work_with_a_warning_naming_the_replacement(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match=r"writer_niceness=.*use background_share"):
+        io = DurableCheckpointIO(asynchronous=False, keep=2, writer_niceness=1)
+    assert io.settings.writer_niceness == 1
+    with pytest.warns(DeprecationWarning, match=r"DurableCheckpointIO\.keep .*settings\.keep"):
+        assert io.keep == 2
+    io.save_checkpoint({"global_step": 1}, tmp_path / "a.ckpt")
+    with pytest.warns(DeprecationWarning, match=r"wait_until_mirrored.*wait_until_durable\(mirrored=True"):
+        io.wait_until_mirrored()
+    for old in ("writing", "mirroring"):
+        with pytest.warns(DeprecationWarning, match=r"use DurableCheckpointIO\.busy"):
+            assert getattr(io, old) is False
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        io.nonsense  # type: ignore[attr-defined]  # noqa: B018
+    with (
+        pytest.raises(ValueError, match=r"writer_niceness must be within 0\.\.19"),
+        pytest.warns(DeprecationWarning),
+    ):
+        DurableCheckpointIO(writer_niceness=20)

@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._writer.manifest import checksum_file, match, read_entries
+from lightning_resume._storage.manifest import checksum_file, match, read_entries
 
 mode, root = sys.argv[1], sys.argv[2]
 

@@ -171,7 +171,7 @@ def _wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
 
 
 def _inspect(folder: Path) -> dict[str, Any]:
-    from lightning_resume._writer.manifest import checksum_file, match, read_entries
+    from lightning_resume._storage.manifest import checksum_file, match, read_entries
 
     torn, step = [], None
     for path in sorted(folder.glob("*.ckpt")):

@@ -20,7 +20,7 @@ from conftest import tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, Preempted, PreemptionHandler, RequeueCheckpoint, RunDir
-from lightning_resume._writer.manifest import checksum_file, match, read_entries
+from lightning_resume._storage.manifest import checksum_file, match, read_entries
 
 GENTLE = 0.001
 BIG = 128 << 20  # 16 buffers of 8 MB: far more than one ~50 ms work period writes
@@ -37,7 +37,7 @@ def verifies(path: Path) -> bool:
 
 def idle(io: DurableCheckpointIO) -> None:
     """Wait for the write in flight without waiting *on* it (which would switch it to full speed)."""
-    while io.writing:
+    while io.busy:
         time.sleep(0.01)
 
 
@@ -117,10 +117,10 @@ def test_hurry_finishes_the_write_in_flight_fast_and_writes_the_next_save_at_onc
     assert io.last_write is not None and io.last_write.hurried_after is not None  # a.ckpt, switched
     last = tmp_path / "last.ckpt"
     io.save_checkpoint(big_state(6), last)
-    assert not io.writing and verifies(last)  # durable when save_checkpoint returned
+    assert not io.busy and verifies(last)  # durable when save_checkpoint returned
     assert io.last_write.share == 1.0 and io.last_write.nbytes == last.stat().st_size
     io.save_checkpoint(big_state(7), tmp_path / "b.ckpt")
-    assert io.writing  # the save after it is a background save again
+    assert io.busy  # the save after it is a background save again
     io.teardown()
     assert verifies(tmp_path / "b.ckpt")
 
@@ -158,7 +158,7 @@ def test_background_share_must_be_a_number(share: Any) -> None:
 
 @pytest.mark.parametrize("share", [1, 1.0, 0.25, 1e-3])
 def test_background_share_accepts_fractions(share: float) -> None:
-    assert DurableCheckpointIO(background_share=share).background_share == float(share)
+    assert DurableCheckpointIO(background_share=share).settings.background_share == float(share)
 
 
 def niceness(pid: int) -> int:

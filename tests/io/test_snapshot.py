@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_resume._writer.manifest import ChecksumWriter
+from lightning_resume._storage.manifest import ChecksumWriter
 from lightning_resume._writer.zip_records import write_archive
 from lightning_resume.io._snapshot import (
     HostBuffer,

@@ -1,4 +1,5 @@
-"""The writer package never imports torch or lightning: its process starts fast and small."""
+"""The writer and storage packages never import torch or lightning: the writer process starts fast and
+small."""
 
 from __future__ import annotations
 
@@ -12,23 +13,26 @@ PACKAGE = Path(lightning_resume.__file__).parent
 HEAVY = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "numpy")
 
 
-def test_every_writer_module_imports_without_torch_or_lightning() -> None:
-    # The same stand-in package the writer's entry script uses, then every module of _writer.
+def test_every_writer_and_storage_module_imports_without_torch_or_lightning() -> None:
+    # The same stand-in package the writer's entry script uses, then every module of _writer and _storage.
     code = f"""
 import pkgutil, sys, types, importlib
 package = types.ModuleType("lightning_resume")
 package.__path__ = [{str(PACKAGE)!r}]
 sys.modules["lightning_resume"] = package
-import lightning_resume._writer as writer
-names = [m.name for m in pkgutil.iter_modules(writer.__path__) if m.name != "main"]
+names = []
+for sub in ("_writer", "_storage"):
+    found = importlib.import_module("lightning_resume." + sub)
+    names += [sub + "." + m.name for m in pkgutil.iter_modules(found.__path__) if m.name != "main"]
 for name in names:
-    importlib.import_module("lightning_resume._writer." + name)
+    importlib.import_module("lightning_resume." + name)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
 print(len(names), heavy)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     count, heavy = out.split(" ", 1)
-    # atomic, catalog, commit, direct_file, duty_cycle, manifest, process, write_speed, zip_records
+    # _writer: duty_cycle, process, write_speed, zip_records; _storage: atomic, background, catalog,
+    # cleanup, commit, direct_file, kinds, manifest, mirror, store
     assert int(count) >= 9, out
     assert heavy.strip() == "[]", out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_resume._writer.manifest import ChecksumWriter
+from lightning_resume._storage.manifest import ChecksumWriter
 from lightning_resume._writer.zip_records import ArchiveWriter, fast_crc32, write_archive
 from lightning_resume.io._snapshot import write_torch_archive
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._writer.atomic import temp_sibling
-from lightning_resume._writer.catalog import scan
-from lightning_resume._writer.commit import clean_stale, commit, current_entries, remove
-from lightning_resume._writer.manifest import (
+from lightning_resume._storage.atomic import temp_sibling
+from lightning_resume._storage.catalog import scan
+from lightning_resume._storage.cleanup import clean_stale
+from lightning_resume._storage.commit import remove, write_file
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import (
     ChecksumWriter,
     Entry,
     checksum_file,
@@ -20,6 +22,7 @@ from lightning_resume._writer.manifest import (
     match,
     read_entries,
 )
+from lightning_resume._storage.store import LocalStore
 
 
 def make(size: int, checksum: str) -> Entry:
@@ -39,9 +42,9 @@ def verifies(path: Path) -> bool:
 
 def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    first = commit(path, write_bytes(b"one"), make)
+    first = write_file(path, write_bytes(b"one"), make)
     assert path.read_bytes() == b"one" and verifies(path)
-    second = commit(path, write_bytes(b"second"), make, known=first)
+    second = write_file(path, write_bytes(b"second"), make, known=first)
     assert path.read_bytes() == b"second"
     assert read_entries(path) == [second, first]
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
@@ -49,14 +52,14 @@ def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    commit(path, write_bytes(b"good"), make)
+    write_file(path, write_bytes(b"good"), make)
 
     def fail(out: ChecksumWriter) -> None:
         out.write(b"partial")
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space"):
-        commit(path, fail, make)
+        write_file(path, fail, make)
     assert path.read_bytes() == b"good" and verifies(path)
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
 
@@ -64,9 +67,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp(tmp_path: Pat
 def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
     """The window between the manifest rename and the data rename."""
     path = tmp_path / "last.ckpt"
-    commit(path, write_bytes(b"old"), make)
+    write_file(path, write_bytes(b"old"), make)
     old_manifest = manifest_path(path).read_bytes()
-    commit(path, write_bytes(b"new!"), make)
+    write_file(path, write_bytes(b"new!"), make)
     new_manifest = manifest_path(path).read_bytes()
     path.write_bytes(b"old")  # the data rename had not happened yet
     assert verifies(path)
@@ -79,9 +82,9 @@ def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
 
 def test_without_a_known_entry_the_current_file_is_found_by_size(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    first = commit(path, write_bytes(b"aaa"), make)
-    assert current_entries(path) == [first]
-    assert current_entries(tmp_path / "missing.ckpt") == []
+    first = write_file(path, write_bytes(b"aaa"), make)
+    assert FILE.held(LocalStore(tmp_path), path.name) == [first]
+    assert FILE.held(LocalStore(tmp_path), "missing.ckpt") == []
 
 
 def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: Path) -> None:
@@ -92,7 +95,7 @@ def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: P
     (tmp_path / f".lr-tmp-{dead_pid}-abc-last.ckpt").write_bytes(b"x")
     fd, mine = temp_sibling(tmp_path / "last.ckpt")
     os.close(fd)
-    commit(tmp_path / "gone.ckpt", write_bytes(b"x"), make)
+    write_file(tmp_path / "gone.ckpt", write_bytes(b"x"), make)
     (tmp_path / "gone.ckpt").unlink()
     (tmp_path / "user.txt").write_text("keep me")
     removed = clean_stale(tmp_path)
@@ -103,10 +106,10 @@ def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: P
 
 
 def test_scan_lists_checkpoints_passing_the_size_check(tmp_path: Path) -> None:
-    commit(tmp_path / "a.ckpt", write_bytes(b"aaaa"), make)
-    commit(tmp_path / "b.ckpt", write_bytes(b"bbbb"), make)
+    write_file(tmp_path / "a.ckpt", write_bytes(b"aaaa"), make)
+    write_file(tmp_path / "b.ckpt", write_bytes(b"bbbb"), make)
     (tmp_path / "b.ckpt").write_bytes(b"bb")  # torn
     (tmp_path / "plain.ckpt").write_bytes(b"no manifest")
     assert list(scan(tmp_path)) == ["a.ckpt"]
-    remove(tmp_path / "a.ckpt")
+    remove(LocalStore(tmp_path), FILE, "a.ckpt")
     assert not (tmp_path / "a.ckpt").exists() and not manifest_path(tmp_path / "a.ckpt").exists()

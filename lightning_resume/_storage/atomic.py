@@ -38,8 +38,16 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def fsync_file(path: str | Path) -> None:
-    """Flush a file's data to disk (for files written by someone else, e.g. Lightning)."""
+    """Flush a file's data to disk (for files written by someone else, e.g. Lightning or DCP)."""
     with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def write_bytes_durably(path: str | Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to a new file ``path`` and fsync it (inside a directory written aside: no rename)."""
+    with open(path, "xb") as handle:
+        handle.write(data)
+        handle.flush()
         os.fsync(handle.fileno())
 
 

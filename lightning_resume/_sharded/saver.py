@@ -2,12 +2,12 @@
 
 ``RequeueCheckpoint`` hands every save to this component when the strategy writes a directory
 (``ModelParallelStrategy``, ``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed). Lightning calls
-no ``CheckpointIO`` plugin for such saves; the settings of a ``DurableCheckpointIO`` on the strategy
-(``asynchronous``, ``keep``, ``mirror``, ``metadata``) apply here instead.
+no ``CheckpointIO`` plugin for such saves; the plugin's settings (``io._protocol.settings_of``:
+``asynchronous``, ``keep``, ``mirror``, ``metadata``...) apply here instead.
 
 - **Synchronous**: every rank calls ``trainer.save_checkpoint(<fresh directory>)`` (the strategy and
   DCP write it), fsyncs and hashes what it wrote; global rank 0 commits
-  (:func:`lightning_resume._writer.directory.commit`).
+  (:func:`lightning_resume._sharded.parts.commit_directory`).
 - **Asynchronous** (DCP strategies): the training loop blocks while Lightning builds its checkpoint
   and the state is copied into reused host buffers; ``dcp.async_save`` (thread executor, on a
   dedicated gloo group: on the default group its collectives would interleave with training's) writes
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import platform
 import shutil
 import threading
 import time
@@ -31,19 +30,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import torch
 
 from lightning_resume._collectives import broadcast, cpu_group, gather_objects
 from lightning_resume._resume.lightning_internals import capture_checkpoint, saves_directory
-from lightning_resume._version import __version__
+from lightning_resume._sharded import parts
+from lightning_resume._sharded.dcp import dcp_state, layout_of, model_key, required_files, uses_dcp
+from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
+from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
+from lightning_resume._storage.manifest import DirectoryManifest
+from lightning_resume._storage.mirror import Mirror
 from lightning_resume._warnings import warn
-from lightning_resume._writer import directory
-from lightning_resume._writer.atomic import replace_durably
-from lightning_resume.io._mirror import Mirror
-from lightning_resume.io._sharded import dcp_state, keep_of, layout_of, model_key, required_files
-from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+from lightning_resume.io._protocol import CheckpointSettings, settings_of
+from lightning_resume.io.durable_checkpoint_io import manifest_versions
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,9 @@ class DirectorySaver:
 
     Args:
         pointer: ``last.ckpt``: the symlink that names the committed directory.
-        keep: Committed directories to keep (the current one included).
-        asynchronous: Write in the background where the strategy allows it (DCP strategies).
-        metadata: User metadata stored in every manifest.
+        settings: The checkpoint plugin's (``io._protocol.settings_of``): directories kept, asynchronous
+            saves (DCP strategies), metadata, waits for the mirror.
         mirror: Where global rank 0 uploads each committed directory (``None``: no mirror).
-        wait_for_mirror: :meth:`wait_until_durable` and :meth:`close` wait for uploads.
-        mirror_timeout: Seconds to wait for uploads there.
         on_commit: Called on global rank 0 after each commit (possibly from the writer thread).
         part_timeout: Seconds rank 0 waits for the other ranks' files in an asynchronous save.
     """
@@ -70,22 +67,15 @@ class DirectorySaver:
     def __init__(
         self,
         pointer: Path,
-        keep: int = 2,
-        asynchronous: bool = False,
-        metadata: dict[str, Any] | None = None,
+        settings: CheckpointSettings | None = None,
         mirror: Mirror | None = None,
-        wait_for_mirror: bool = True,
-        mirror_timeout: float = 1800.0,
         on_commit: Callable[[], None] | None = None,
         part_timeout: float = PART_TIMEOUT,
     ) -> None:
         self.pointer = pointer
-        self.keep = keep
-        self.asynchronous = asynchronous
-        self.metadata = dict(metadata or {})
+        self.settings = settings if settings is not None else CheckpointSettings()
+        self.keep = self.settings.directories_kept
         self.mirror = mirror
-        self.wait_for_mirror = wait_for_mirror
-        self.mirror_timeout = mirror_timeout
         self.on_commit = on_commit
         self.part_timeout = part_timeout
         self._pool: ThreadPoolExecutor | None = None
@@ -99,31 +89,13 @@ class DirectorySaver:
 
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
-        """A saver with the settings of the strategy's ``DurableCheckpointIO``, if it has one.
+        """A saver with the settings of the strategy's checkpoint plugin (``io._protocol.settings_of``).
 
-        Without the plugin, saves are synchronous and two committed directories are kept.
+        Without a ``DurableCheckpointIO``, saves are synchronous and two committed directories are kept.
         """
-        plugin = trainer.strategy.checkpoint_io
-        if not isinstance(plugin, DurableCheckpointIO):
-            return cls(pointer, keep_of(plugin), on_commit=on_commit)
-        mirror = None
-        if plugin.mirror is not None and trainer.is_global_zero:
-            if plugin.dirpath is None or plugin.dirpath == pointer.parent:
-                mirror = Mirror(plugin.mirror, plugin.mirror_options, keep_of(plugin), plugin.direct_io)
-            else:
-                warn(
-                    f"Sharded checkpoints in {str(pointer.parent)!r} are not mirrored: DurableCheckpointIO("
-                    f"mirror={plugin.mirror!r}) copies {str(plugin.dirpath)!r}."
-                )
+        settings = settings_of(trainer.strategy.checkpoint_io)
         return cls(
-            pointer,
-            keep_of(plugin),
-            asynchronous=plugin.asynchronous,
-            metadata=plugin.metadata,
-            mirror=mirror,
-            wait_for_mirror=plugin.wait_for_mirror,
-            mirror_timeout=plugin.mirror_timeout,
-            on_commit=on_commit,
+            pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
         )
 
     # -- save ------------------------------------------------------------------------------------
@@ -140,10 +112,10 @@ class DirectorySaver:
         parent = self.pointer.parent
         if trainer.is_global_zero and not self._cleaned:
             # Leftovers of processes that are gone; a restart cleaned up in setup already.
-            directory.clean_stale(parent, self.pointer, self.keep)
+            parts.clean_up(self.pointer, self.keep)
             self._cleaned = True
-        use_async = self.asynchronous and self._supports_async(strategy)
-        chosen = str(directory.new_save_dir(parent, create=use_async)) if trainer.is_global_zero else None
+        use_async = self.settings.asynchronous and self._supports_async(strategy)
+        chosen = str(new_save_dir(parent, create=use_async)) if trainer.is_global_zero else None
         save_dir = Path(broadcast(strategy, chosen) or "")
         if use_async:
             self._save_async(trainer, save_dir)
@@ -151,9 +123,7 @@ class DirectorySaver:
             self._save_now(trainer, save_dir)
 
     def _supports_async(self, strategy: Any) -> bool:
-        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-        if isinstance(strategy, (ModelParallelStrategy, FSDPStrategy)) and saves_directory(strategy):
+        if uses_dcp(strategy) and saves_directory(strategy):
             return True
         if not getattr(self, "_told_sync", False):
             self._told_sync = True
@@ -165,13 +135,8 @@ class DirectorySaver:
             "global_step": int(trainer.global_step),
             "epoch": int(trainer.current_epoch),
             "layout": layout_of(trainer.strategy, writer),
-            "versions": {
-                "lightning_resume": __version__,
-                "lightning": str(lightning.__version__),
-                "torch": str(torch.__version__),
-                "python": platform.python_version(),
-            },
-            "metadata": self.metadata,
+            "versions": manifest_versions(),
+            "metadata": dict(self.settings.metadata),
         }
 
     def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
@@ -181,7 +146,7 @@ class DirectorySaver:
         if not broadcast(strategy, save_dir.is_dir()):
             # An unknown strategy wrote one file: commit it as a file.
             if trainer.is_global_zero:
-                directory.fsync_file(save_dir)
+                fsync_file(save_dir)
                 replace_durably(save_dir, self.pointer)
             return
         self._agree(trainer, _attempt(lambda: self._record_part(save_dir, rank)), save_dir)
@@ -231,7 +196,7 @@ class DirectorySaver:
         )
 
     def _stager_for(self, state: dict[str, Any]) -> Any:
-        from lightning_resume.io._reused_buffer_stager import ReusedBufferStager
+        from lightning_resume._sharded.stager import ReusedBufferStager
 
         if ReusedBufferStager.supports(state):
             if not isinstance(self._stager, ReusedBufferStager):
@@ -261,16 +226,16 @@ class DirectorySaver:
             except BaseException as e:  # DCP's CheckpointException is a BaseException
                 raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
             if meta is not None:
-                directory.write_bytes_durably(save_dir / directory.LIGHTNING_META, meta)
+                write_bytes_durably(save_dir / parts.LIGHTNING_META, meta)
             self._record_part(save_dir, rank)
         except BaseException as e:
             # Tell rank 0 at once instead of letting it wait for this rank's part until its timeout.
             with contextlib.suppress(OSError):
-                directory.write_part(save_dir, rank, [], error=f"{type(e).__name__}: {e}")
+                parts.write_part(save_dir, rank, [], error=f"{type(e).__name__}: {e}")
             raise
         if rank == 0:
             deadline = time.monotonic() + self.part_timeout
-            while not directory.parts_complete(save_dir, world):
+            while not parts.parts_complete(save_dir, world):
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"Not every rank recorded its files in {str(save_dir)!r} within "
@@ -281,19 +246,18 @@ class DirectorySaver:
 
     def _record_part(self, save_dir: Path, rank: int) -> None:
         """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
-        directory.write_part(
-            save_dir, rank, directory.hash_files(save_dir, directory.dcp_files_of(save_dir, rank))
-        )
+        parts.write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
 
     def _commit(self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any]) -> None:
         """Global rank 0: build the manifest and commit, then tell the callback and the mirror."""
-        manifest = directory.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
-        final = directory.commit(save_dir, self.pointer, manifest, self.keep)
+        manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
+        final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
         log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
         if self.on_commit is not None:
             self.on_commit()
         if self.mirror is not None:
-            self.mirror.submit_directory_upload(final, self.pointer.name)
+            committed: DirectoryManifest = manifest
+            self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: committed)
 
     def _agree(self, trainer: pl.Trainer, error: BaseException | None, save_dir: Path | None) -> None:
         """Every rank learns whether any rank failed (one gather, which is also a barrier); all raise."""
@@ -309,11 +273,6 @@ class DirectorySaver:
         ) from error
 
     # -- wait and close --------------------------------------------------------------------------
-
-    @property
-    def busy(self) -> bool:
-        """Whether a save is being written in the background on this rank."""
-        return self._pending is not None and not self._pending.done()
 
     def wait(self, trainer: pl.Trainer) -> None:
         """Wait for the save in flight; every rank raises if it failed on any rank (every rank calls this).
@@ -332,8 +291,8 @@ class DirectorySaver:
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
         self.wait(trainer)
-        if self.mirror is not None and self.wait_for_mirror:
-            self.mirror.wait(self.mirror_timeout)
+        if self.mirror is not None and self.settings.wait_for_mirror:
+            self.mirror.wait(self.settings.mirror_timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Finish the save in flight and stop the writer thread.
@@ -364,11 +323,21 @@ class DirectorySaver:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
-            if self.mirror is not None and self.wait_for_mirror:
-                try:
-                    self.mirror.close(self.mirror_timeout)
-                except (TimeoutError, RuntimeError) as e:
-                    warn(str(e))
+            if self.mirror is not None and self.settings.wait_for_mirror:
+                self.mirror.close(self.settings.mirror_timeout)
+
+
+def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
+    """The mirror of sharded checkpoints in ``pointer.parent`` (global rank 0), if the settings have one."""
+    if settings.mirror is None:
+        return None
+    if settings.dirpath is not None and settings.dirpath != pointer.parent:
+        warn(
+            f"Sharded checkpoints in {str(pointer.parent)!r} are not mirrored: DurableCheckpointIO("
+            f"mirror={settings.mirror!r}) copies {str(settings.dirpath)!r}."
+        )
+        return None
+    return settings.open_mirror(settings.directories_kept)
 
 
 def _attempt(action: Callable[[], Any]) -> BaseException | None:

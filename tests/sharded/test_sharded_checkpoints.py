@@ -26,9 +26,10 @@ from conftest import job_env, same_weights
 
 from lightning_resume import CheckpointVerificationError, DurableCheckpointIO
 from lightning_resume._run import layout
-from lightning_resume._writer import directory
-from lightning_resume._writer.catalog import Status
-from lightning_resume.io._sharded import prepare_resume
+from lightning_resume._sharded.choice import prepare_resume
+from lightning_resume._sharded.parts import list_files, read_manifest
+from lightning_resume._storage.catalog import Status, candidates, verify
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
 
 JOB = "jobs.sharded_job"
 KEY = "sharded"
@@ -152,9 +153,9 @@ def mix_shards(run_dir: Path) -> tuple[str, int]:
         The damaged directory's name, and the step of the one a restart falls back to.
     """
     last = layout.last_checkpoint(run_dir)
-    previous = directory.candidates(last)[1]
+    previous = candidates(last)[1]
     shutil.copy(previous / "__0_0.distcp", last / "__0_0.distcp")
-    manifest = directory.read_manifest(previous)
+    manifest = read_manifest(previous)
     assert manifest is not None and manifest.global_step is not None
     return last.resolve().name, manifest.global_step
 
@@ -231,7 +232,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_durable_mirrored_sharded_ch
     assert "Preempted by a signal on another rank at step 10" in attempt.output
     (run_dir,) = root.glob(layout.RUN_GLOB)
     last = layout.last_checkpoint(run_dir)
-    verdict = directory.verify(last)
+    verdict = verify(last, DIRECTORY)
     assert verdict.status is Status.VERIFIED and verdict.manifest is not None
     assert verdict.manifest.global_step == 10  # durable before the exit: what PreemptionHandler waits for
 
@@ -239,10 +240,10 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_durable_mirrored_sharded_ch
     empty = tmp_path / "node2" / "checkpoints"
     DurableCheckpointIO(mirror=mirror, mirror_options=s3_options(s3_endpoint), dirpath=empty)
     restored = empty / layout.LAST_CKPT
-    assert directory.verify(restored).status is Status.VERIFIED
+    assert verify(restored, DIRECTORY).status is Status.VERIFIED
     assert os.readlink(restored) == os.readlink(last)
-    files = directory.list_files(last)
-    assert files == directory.list_files(restored)
+    files = list_files(last)
+    assert files == list_files(restored)
     assert all((last / f).read_bytes() == (restored / f).read_bytes() for f in files)
 
 
@@ -275,7 +276,7 @@ def damage(path: Path, kind: str) -> None:
     elif kind == "missing meta.pt":
         (path / "meta.pt").unlink()
     elif kind == "corrupt manifest":
-        (path / directory.MANIFEST_NAME).write_text('{"format": "lightning-resume/directory-manifest"')
+        (path / MANIFEST_NAME).write_text('{"format": "lightning-resume/directory-manifest"')
     elif kind == "mixed shards":
         data = bytearray((path / "__1_0.distcp").read_bytes())
         data[-1] ^= 1
@@ -305,7 +306,7 @@ def test_a_damaged_sharded_last_ckpt_is_never_chosen(tmp_path: Path, reference: 
 def test_no_verified_sharded_checkpoint_is_a_clear_error(tmp_path: Path, reference: Reference) -> None:
     folder = tmp_path / "checkpoints"
     shutil.copytree(reference.checkpoints, folder, symlinks=True)
-    for path in directory.candidates(folder / layout.LAST_CKPT):
+    for path in candidates(folder / layout.LAST_CKPT):
         damage(path, "truncated shard")
     with pytest.raises(CheckpointVerificationError, match=r"no checkpoint directory .* verifies \(.*torn"):
         prepare_resume(in_process_trainer(tmp_path), folder / layout.LAST_CKPT, keep=2)

@@ -24,8 +24,8 @@ import torch
 from _system import can_unshare_mounts
 
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._writer import direct_file
-from lightning_resume._writer.direct_file import ALIGN, BLOCK, DEPTH, DirectFile, new_buffer
+from lightning_resume._storage import direct_file
+from lightning_resume._storage.direct_file import ALIGN, BLOCK, DEPTH, DirectFile, new_buffer
 
 
 def write_direct(path: Path, pieces: list[bytes], depth: int = DEPTH, direct: bool = True) -> DirectFile:
@@ -170,7 +170,7 @@ RAMFS_JOB = r"""
 import os, sys, zipfile
 import torch
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._writer.direct_file import DirectFile, new_buffer
+from lightning_resume._storage.direct_file import DirectFile, new_buffer
 
 folder = sys.argv[1]
 fd = os.open(os.path.join(folder, "probe"), os.O_WRONLY | os.O_CREAT)

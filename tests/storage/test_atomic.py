@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._writer.atomic import TEMP_PREFIX, atomic_open, create_text_exclusive, write_text_atomic
+from lightning_resume._storage.atomic import (
+    TEMP_PREFIX,
+    atomic_open,
+    create_text_exclusive,
+    write_text_atomic,
+)
 
 
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -24,7 +29,7 @@ def test_kill_during_write_never_tears_the_file(tmp_path: Path) -> None:
     write_text_atomic(target, "old")
     code = (
         "import os, signal, sys\n"
-        "from lightning_resume._writer.atomic import atomic_open\n"
+        "from lightning_resume._storage.atomic import atomic_open\n"
         "with atomic_open(sys.argv[1]) as f:\n"
         "    f.write(b'x' * 1000)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

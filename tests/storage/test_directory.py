@@ -12,23 +12,20 @@ from pathlib import Path
 import pytest
 
 import lightning_resume
-from lightning_resume._writer import directory
-from lightning_resume._writer.catalog import Status
-from lightning_resume._writer.directory import (
-    COMMIT_STEPS,
+from lightning_resume._sharded import parts
+from lightning_resume._sharded.parts import (
     DCP_REQUIRED,
-    MANIFEST_NAME,
-    DirectoryManifest,
     build_manifest,
-    candidates,
-    clean_stale,
-    commit,
-    new_save_dir,
+    clean_up,
+    commit_directory,
     read_manifest,
-    resolve_pointer,
-    verify,
     write_part,
 )
+from lightning_resume._storage.catalog import Status, candidates, committed, verify
+from lightning_resume._storage.commit import COMMIT_STEPS
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, new_save_dir, resolve_pointer
+from lightning_resume._storage.manifest import DirectoryManifest
+from lightning_resume._storage.store import LocalStore
 
 PACKAGE = Path(lightning_resume.__file__).parent
 SHARDS = {"__0_0.distcp": 4000, "__1_0.distcp": 3000}
@@ -43,7 +40,7 @@ def write_save(parent: Path, step: int, fill: int | None = None, world: int = 2)
     (save_dir / ".metadata").write_bytes(b"M" + byte * 100)
     (save_dir / "meta.pt").write_bytes(b"P" + byte * 200)
     for rank in range(world):
-        write_part(save_dir, rank, directory.hash_files(save_dir, directory.dcp_files_of(save_dir, rank)))
+        write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
     return save_dir
 
 
@@ -51,11 +48,11 @@ def save(parent: Path, step: int, keep: int = 2, fill: int | None = None) -> Pat
     """Write and commit a checkpoint of ``step`` as ``parent/last.ckpt``."""
     save_dir = write_save(parent, step, fill)
     manifest = build_manifest(save_dir, 2, DCP_REQUIRED, global_step=step, saved_at=float(step))
-    return commit(save_dir, parent / "last.ckpt", manifest, keep)
+    return commit_directory(save_dir, parent / "last.ckpt", manifest, keep)
 
 
 def content(path: Path) -> dict[str, bytes]:
-    return {name: (path / name).read_bytes() for name in directory.list_files(path)}
+    return {name: (path / name).read_bytes() for name in parts.list_files(path)}
 
 
 def test_a_commit_writes_the_manifest_last_and_points_last_ckpt_at_the_directory(tmp_path: Path) -> None:
@@ -69,7 +66,7 @@ def test_a_commit_writes_the_manifest_last_and_points_last_ckpt_at_the_directory
     assert {f.name: f.size for f in manifest.files}["__0_0.distcp"] == 4000
     assert (manifest.global_step, manifest.world_size, manifest.required) == (7, 2, DCP_REQUIRED)
     assert not list(final.glob(".lr-part-*"))
-    assert verify(pointer).status is Status.VERIFIED
+    assert verify(pointer, DIRECTORY).status is Status.VERIFIED
 
 
 def test_retention_keeps_the_newest_and_the_pointer_target(tmp_path: Path) -> None:
@@ -86,15 +83,15 @@ package = types.ModuleType("lightning_resume")
 package.__path__ = [{package!r}]
 sys.modules["lightning_resume"] = package
 from pathlib import Path
-from lightning_resume._writer import directory
+from lightning_resume._sharded import parts
 
 parent, point = Path({parent!r}), {point!r}
 def die(step):
     if step == point:
         os._exit(9)
 save_dir = Path({save_dir!r})
-manifest = directory.build_manifest(save_dir, 2, directory.DCP_REQUIRED, global_step=2, saved_at=2.0)
-directory.commit(save_dir, parent / "last.ckpt", manifest, 1, on_step=die)
+manifest = parts.build_manifest(save_dir, 2, parts.DCP_REQUIRED, global_step=2, saved_at=2.0)
+parts.commit_directory(save_dir, parent / "last.ckpt", manifest, 1, on_step=die)
 """
 
 
@@ -109,15 +106,19 @@ def test_a_kill_at_any_step_of_the_commit_leaves_the_old_or_the_new_checkpoint(
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
     assert proc.returncode == 9, proc.stderr  # killed exactly there
     # What a restart does: clean up, then take the first candidate that verifies.
-    clean_stale(tmp_path, tmp_path / "last.ckpt", keep=1, restart=True)
-    chosen = next(p for p in candidates(tmp_path / "last.ckpt") if verify(p).status is Status.VERIFIED)
+    clean_up(tmp_path / "last.ckpt", keep=1, restart=True)
+    chosen = next(
+        p for p in candidates(tmp_path / "last.ckpt") if verify(p, DIRECTORY).status is Status.VERIFIED
+    )
     expected = new if point in ("after_swap", "mid_delete") else old
     assert content(chosen) == expected
     assert content(tmp_path / "last.ckpt") == expected
     # Nothing half-written is left; what is left verifies (a committed, not yet pointed-at directory
     # stays until the next save's retention).
     left = [p for p in tmp_path.iterdir() if p.name != "last.ckpt"]
-    assert all(p.name.startswith(".lr-ckpt-") and verify(p).status is Status.VERIFIED for p in left), left
+    assert all(
+        p.name.startswith(".lr-ckpt-") and verify(p, DIRECTORY).status is Status.VERIFIED for p in left
+    ), left
 
 
 def test_leftovers_of_dead_processes_are_removed_and_a_live_save_is_not(tmp_path: Path) -> None:
@@ -130,10 +131,10 @@ def test_leftovers_of_dead_processes_are_removed_and_a_live_save_is_not(tmp_path
     link.symlink_to("nowhere")
     half_deleted = tmp_path / ".lr-ckpt-00000000-00000000"  # its manifest went first
     half_deleted.mkdir()
-    removed = clean_stale(tmp_path, tmp_path / "last.ckpt", keep=2)
+    removed = clean_up(tmp_path / "last.ckpt", keep=2)
     assert sorted(removed) == sorted([dead.name, link.name, half_deleted.name])
-    assert live.is_dir() and verify(tmp_path / "last.ckpt").status is Status.VERIFIED
-    assert live.name in clean_stale(tmp_path, tmp_path / "last.ckpt", keep=2, restart=True)
+    assert live.is_dir() and verify(tmp_path / "last.ckpt", DIRECTORY).status is Status.VERIFIED
+    assert live.name in clean_up(tmp_path / "last.ckpt", keep=2, restart=True)
 
 
 def fault(final: Path, kind: str, tmp_path: Path) -> None:
@@ -172,10 +173,10 @@ def test_verification_rejects_every_damaged_directory(
 ) -> None:
     final = save(tmp_path, 3)
     fault(final, kind, tmp_path)
-    assert verify(final, checksums=False).status is cheap
-    assert verify(final).status is full
+    assert verify(final, DIRECTORY, checksums=False).status is cheap
+    assert verify(final, DIRECTORY).status is full
     # Two ranks verifying their halves together find it too (each hashes every other file).
-    shared = {verify(final, share=(rank, 2)).status for rank in range(2)}
+    shared = {verify(final, DIRECTORY, share=(rank, 2)).status for rank in range(2)}
     assert (full in shared) and shared <= {full, Status.VERIFIED}
 
 
@@ -189,7 +190,7 @@ def test_a_directory_missing_a_required_file_is_never_committed(tmp_path: Path) 
     failed = write_save(tmp_path, 3)
     write_part(failed, 1, [], error="OSError: disk full")
     with pytest.raises(RuntimeError, match="rank 1 could not record its files: OSError: disk full"):
-        directory.parts_complete(failed, 2)
+        parts.parts_complete(failed, 2)
 
 
 def test_a_plain_lightning_directory_at_last_ckpt_is_replaced_by_the_pointer(tmp_path: Path) -> None:
@@ -220,5 +221,5 @@ def test_a_manifest_with_bad_fields_is_unreadable(tmp_path: Path, change: dict[s
     (final / MANIFEST_NAME).write_text(json.dumps(data))
     with pytest.raises(ValueError):
         DirectoryManifest.from_json((final / MANIFEST_NAME).read_bytes())
-    assert verify(final).status is Status.UNVERIFIABLE
-    assert final.name not in directory.committed(directory.LocalDirectories(tmp_path))
+    assert verify(final, DIRECTORY).status is Status.UNVERIFIABLE
+    assert final.name not in committed(LocalStore(tmp_path), DIRECTORY)

@@ -21,9 +21,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._writer import directory
-from lightning_resume._writer.catalog import Status
-from lightning_resume._writer.manifest import (
+from lightning_resume._sharded import parts
+from lightning_resume._storage.catalog import Status, verify
+from lightning_resume._storage.kinds import DIRECTORY, FILE, new_save_dir
+from lightning_resume._storage.manifest import (
     MANIFEST_SUFFIX,
     Entry,
     checksum_file,
@@ -31,7 +32,7 @@ from lightning_resume._writer.manifest import (
     match,
     read_entries,
 )
-from lightning_resume.io._mirror import Mirror
+from lightning_resume._storage.mirror import Mirror
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def mirror(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[st
 
 
 def remote_names(url: str, options: dict[str, Any]) -> list[str]:
-    remote = Mirror(url, options)
+    remote = Mirror(url, options).store
     remote.fs.invalidate_cache()
     return sorted(p.rsplit("/", 1)[-1] for p in remote.fs.ls(remote.root, detail=False))
 
@@ -124,11 +125,11 @@ def test_a_remote_copy_counts_only_when_its_data_matches_its_manifest(tmp_path: 
     (tmp_path / "mirror" / f"b.ckpt{MANIFEST_SUFFIX}").write_text(encode([Entry(size, checksum)]))
     shutil.copy(good, tmp_path / "mirror" / "c.ckpt")
     (tmp_path / "mirror" / f"c.ckpt{MANIFEST_SUFFIX}").write_text(encode([Entry(size, checksum)]))
-    assert list(remote.committed()) == ["c.ckpt"]
-    assert remote.download("a.ckpt", tmp_path / "local" / "a.ckpt") is None
+    assert list(remote.committed(FILE)) == ["c.ckpt"]
+    assert remote.restore(FILE, tmp_path / "local", "a.ckpt") is None
     (tmp_path / "local").mkdir()
-    assert remote.download("b.ckpt", tmp_path / "local" / "b.ckpt") is None
-    assert remote.download("c.ckpt", tmp_path / "local" / "c.ckpt") is not None
+    assert remote.restore(FILE, tmp_path / "local", "b.ckpt") is None
+    assert remote.restore(FILE, tmp_path / "local", "c.ckpt") is not None
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["c.ckpt", f"c.ckpt{MANIFEST_SUFFIX}"]
 
 
@@ -140,31 +141,33 @@ def test_a_remote_copy_replaced_during_its_download_is_downloaded_again(
     # object is replaced, on the real server, right after the download opened it.
     url = f"s3://{new_bucket(s3_endpoint)}/run"
     remote = Mirror(url, s3_options(s3_endpoint))
+    store = remote.store
     old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
     torch.save({"global_step": 1, "w": torch.randn(1000)}, old)
     torch.save({"global_step": 2, "w": torch.randn(1000)}, new)
     old_entry, new_entry = Entry(*checksum_file(old)), Entry(*checksum_file(new))
-    remote.fs.pipe_file(remote.key("last.ckpt"), old.read_bytes())
-    remote.fs.pipe_file(remote.key("last.ckpt") + MANIFEST_SUFFIX, encode([old_entry]).encode())
-    real_open, opened = remote.fs.open, []
+    store.fs.pipe_file(store.key("last.ckpt"), old.read_bytes())
+    store.fs.pipe_file(store.key("last.ckpt") + MANIFEST_SUFFIX, encode([old_entry]).encode())
+    real_open, opened = store.fs.open, []
 
     def open_then_replace(path: str, mode: str = "rb", **kwargs: Any) -> Any:
         handle = real_open(path, mode, **kwargs)
         if not opened:  # an upload landing: manifest with both entries, then the data
-            remote.fs.pipe_file(path + MANIFEST_SUFFIX, encode([new_entry, old_entry]).encode())
-            remote.fs.pipe_file(path, new.read_bytes())
+            store.fs.pipe_file(path + MANIFEST_SUFFIX, encode([new_entry, old_entry]).encode())
+            store.fs.pipe_file(path, new.read_bytes())
         opened.append(path)
         return handle
 
-    remote.fs.open = open_then_replace  # type: ignore[method-assign]
+    store.fs.open = open_then_replace
     target = tmp_path / "local" / "last.ckpt"
     target.parent.mkdir()
     if attempts == 1:
         with pytest.raises(OSError, match=r"Could not download .*last\.ckpt.* from the mirror"):
-            remote.download("last.ckpt", target, attempts=1)
+            remote.restore(FILE, target.parent, "last.ckpt", attempts=1)
         assert not target.exists() and os.listdir(target.parent) == []  # no temporary litter
         return
-    assert remote.download("last.ckpt", target, attempts=attempts) == new_entry
+    assert remote.restore(FILE, target.parent, "last.ckpt", attempts=attempts) == target
+    assert read_entries(target) == [new_entry]
     assert len(opened) == 2 and target.read_bytes() == new.read_bytes()
 
 
@@ -224,7 +227,7 @@ class Model(pl.LightningModule):
 class Kill(pl.Callback):
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == 2:
-            io.wait_until_mirrored()  # step 1 is on the mirror; step 2 is saved after this hook
+            io.wait_until_durable(mirrored=True)  # step 1 is on the mirror; step 2 is saved after this hook
         if trainer.global_step == 3:
             io.wait_until_durable()  # step 2 is committed locally, its upload has started
             time.sleep(delay)
@@ -291,17 +294,13 @@ def test_processes_of_one_node_restore_a_node_local_dir_once(tmp_path: Path) -> 
 
 def committed_directory(folder: Path, step: int, fill: int) -> Path:
     """A committed checkpoint directory of two ranks' shards, as DirectorySaver leaves it."""
-    save_dir = directory.new_save_dir(folder)
+    save_dir = new_save_dir(folder)
     for name, size in (("__0_0.distcp", 3000), ("__1_0.distcp", 2000), (".metadata", 100), ("meta.pt", 50)):
         (save_dir / name).write_bytes(bytes([fill]) * size)
     for rank in (0, 1):
-        directory.write_part(
-            save_dir, rank, directory.hash_files(save_dir, directory.dcp_files_of(save_dir, rank))
-        )
-    manifest = directory.build_manifest(
-        save_dir, 2, directory.DCP_REQUIRED, global_step=step, saved_at=float(step)
-    )
-    return directory.commit(save_dir, folder / "last.ckpt", manifest, keep=2)
+        parts.write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
+    manifest = parts.build_manifest(save_dir, 2, parts.DCP_REQUIRED, global_step=step, saved_at=float(step))
+    return parts.commit_directory(save_dir, folder / "last.ckpt", manifest, keep=2)
 
 
 def test_a_checkpoint_directory_is_mirrored_and_restored_onto_an_empty_dir(
@@ -312,18 +311,18 @@ def test_a_checkpoint_directory_is_mirrored_and_restored_onto_an_empty_dir(
     remote = Mirror(url, options, keep=2)
     for step in (1, 2, 3):
         final = committed_directory(local, step, fill=step)
-        assert remote.upload_directory(final, "last.ckpt")
-    assert remote.read_pointer("last.ckpt") == final.name
+        assert remote.upload(DIRECTORY, final)
+    assert DIRECTORY.remote_target(remote.store) == final.name
     # Older remote directories go after the pointer names the new one (keep=2).
-    assert sorted(m.global_step for m in remote.committed_directories().values()) == [2, 3]  # type: ignore[type-var]
+    assert sorted(m.global_step for m in remote.committed(DIRECTORY).values()) == [2, 3]  # type: ignore[type-var]
 
     empty = tmp_path / "node2"
     empty.mkdir()
     restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
     assert restored == empty / final.name
     assert os.readlink(empty / "last.ckpt") == final.name
-    assert directory.verify(empty / "last.ckpt").status is Status.VERIFIED
-    assert all((final / f).read_bytes() == (restored / f).read_bytes() for f in directory.list_files(final))
+    assert verify(empty / "last.ckpt", DIRECTORY).status is Status.VERIFIED
+    assert all((final / f).read_bytes() == (restored / f).read_bytes() for f in parts.list_files(final))
     assert Mirror(url, options).restore_directory(empty, "last.ckpt") is None  # as new as the mirror's
 
 
@@ -334,19 +333,20 @@ def test_a_damaged_or_unfinished_remote_directory_is_never_restored(
     local = tmp_path / "local"
     remote = Mirror(url, options, keep=3)
     older = committed_directory(local, 1, fill=1)
-    remote.upload_directory(older, "last.ckpt")
+    remote.upload(DIRECTORY, older)
     newer = committed_directory(local, 2, fill=2)
-    remote.upload_directory(newer, "last.ckpt")
+    remote.upload(DIRECTORY, newer)
     # An upload killed before its manifest: files only.
-    unfinished = f"{remote.root}/.lr-ckpt-00000003-0000beef"
+    store = remote.store
+    unfinished = f"{store.root}/.lr-ckpt-00000003-0000beef"
     with contextlib.suppress(OSError):  # S3 has no folders
-        remote.fs.makedirs(unfinished, exist_ok=True)
-    remote.fs.pipe_file(f"{unfinished}/__0_0.distcp", b"x" * 3000)
+        store.fs.makedirs(unfinished, exist_ok=True)
+    store.fs.pipe_file(f"{unfinished}/__0_0.distcp", b"x" * 3000)
     # The newest committed remote copy rots: same size, other bytes.
-    remote.fs.pipe_file(f"{remote.root}/{newer.name}/__1_0.distcp", b"\x07" * 2000)
+    store.fs.pipe_file(f"{store.root}/{newer.name}/__1_0.distcp", b"\x07" * 2000)
     empty = tmp_path / "node2"
     empty.mkdir()
     restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
     assert restored == empty / older.name
-    assert directory.verify(empty / "last.ckpt").status is Status.VERIFIED
+    assert verify(empty / "last.ckpt", DIRECTORY).status is Status.VERIFIED
     assert sorted(p.name for p in empty.iterdir()) == sorted(["last.ckpt", older.name])

@@ -7,25 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._writer.catalog import (
-    LocalStorage,
-    Status,
-    check_file,
-    committed,
-    newest_first,
-    precheck,
-    scan,
-)
-from lightning_resume._writer.commit import commit
-from lightning_resume._writer.manifest import Entry, manifest_path
-from lightning_resume.io._mirror import Mirror
+from lightning_resume._storage.catalog import Status, check_file, committed, newest_first, scan, verify
+from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import Entry, manifest_path
+from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.store import LocalStore
 
 
 def save(folder: Path, name: str, data: bytes, saved_at: float, step: int) -> Entry:
     def write(out: object) -> None:
         out.write(data)  # type: ignore[attr-defined]
 
-    return commit(
+    return write_file(
         folder / name,
         write,
         lambda size, checksum: Entry(size, checksum, global_step=step, saved_at=saved_at),
@@ -56,7 +50,7 @@ def test_a_mirror_of_the_same_files_counts_the_same_checkpoints(folder: Path, tm
     remote = tmp_path / "remote"
     shutil.copytree(folder, remote)
     mirror = Mirror(f"file://{remote}")
-    assert mirror.committed() == committed(LocalStorage(folder))
+    assert mirror.committed(FILE) == committed(LocalStore(folder), FILE)
 
 
 def test_a_torn_file_is_not_committed_and_does_not_verify(folder: Path) -> None:
@@ -74,6 +68,6 @@ def test_verdicts_name_what_is_wrong(folder: Path) -> None:
     corrupt = check_file(folder / "epoch=1-step=100.ckpt")
     assert corrupt.status is Status.CORRUPT and "checksum" in corrupt.reason
     manifest_path(folder / "last.ckpt").write_text("{garbage")
-    unverifiable = precheck(folder / "last.ckpt")
+    unverifiable = verify(folder / "last.ckpt", FILE, checksums=False)
     assert unverifiable.status is Status.UNVERIFIABLE
     assert "delete the manifest" in unverifiable.reason

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from lightning_resume._writer.manifest import (
+from lightning_resume._storage.catalog import beyond_keep
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import (
     ChecksumWriter,
     Entry,
     check_metadata,
@@ -21,7 +23,6 @@ from lightning_resume._writer.manifest import (
     read_entries,
     sized,
 )
-from lightning_resume.io._retention import name_pattern, to_delete
 
 
 def entry(checksum: str, size: int = 10, saved_at: float = 0.0, **kw: object) -> Entry:
@@ -89,9 +90,9 @@ def test_metadata_must_be_json_and_is_copied() -> None:
 
 
 def test_name_patterns_ignore_digits() -> None:
-    assert name_pattern("epoch=3-step=400.ckpt") == "epoch=#-step=#.ckpt"
-    assert name_pattern("last.ckpt") == "last.ckpt"
-    assert name_pattern("last-v1.ckpt") == "last-v#.ckpt"
+    assert FILE.family("epoch=3-step=400.ckpt") == "epoch=#-step=#.ckpt"
+    assert FILE.family("last.ckpt") == "last.ckpt"
+    assert FILE.family("last-v1.ckpt") == "last-v#.ckpt"
 
 
 def test_retention_keeps_the_newest_per_pattern() -> None:
@@ -102,7 +103,7 @@ def test_retention_keeps_the_newest_per_pattern() -> None:
         "last.ckpt": entry("l", saved_at=0),
         "hpc_ckpt_1.ckpt": entry("h", saved_at=5),
     }
-    assert to_delete(found, keep=2) == ["step=1.ckpt"]
-    assert to_delete(found, keep=1) == ["step=1.ckpt", "step=2.ckpt"]
+    assert beyond_keep(found, 2, FILE.family) == ["step=1.ckpt"]
+    assert beyond_keep(found, 1, FILE.family) == ["step=1.ckpt", "step=2.ckpt"]
     with pytest.raises(ValueError):
-        to_delete(found, keep=0)
+        beyond_keep(found, 0, FILE.family)

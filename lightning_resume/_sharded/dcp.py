@@ -1,0 +1,50 @@
+"""What a strategy's checkpoint directory holds: DCP's keys, the files a load needs, the layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.strategies import Strategy
+
+from lightning_resume._sharded.parts import DCP_REQUIRED
+
+
+def uses_dcp(strategy: Strategy) -> bool:
+    """Whether the strategy writes its sharded checkpoints with ``torch.distributed.checkpoint``."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    return isinstance(strategy, (ModelParallelStrategy, FSDPStrategy))
+
+
+def model_key(strategy: Strategy) -> str:
+    """The key of the model state in the strategy's DCP checkpoint (what its own load reads)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return "model" if isinstance(strategy, FSDPStrategy) else "state_dict"
+
+
+def dcp_state(strategy: Strategy, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Take the sharded state out of Lightning's ``checkpoint``, keyed as the strategy's save does.
+
+    What remains of ``checkpoint`` is Lightning's ``meta.pt``.
+    """
+    state = {model_key(strategy): checkpoint.pop("state_dict")}
+    state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+    return state
+
+
+def required_files(strategy: Strategy) -> tuple[str, ...]:
+    """Files a load of the strategy's checkpoint directory cannot do without."""
+    return DCP_REQUIRED if uses_dcp(strategy) else ()
+
+
+def layout_of(strategy: Strategy, writer: str) -> dict[str, Any]:
+    """How a checkpoint was written, for its manifest: the strategy, its device mesh, the writer."""
+    layout: dict[str, Any] = {"strategy": type(strategy).__name__, "writer": writer}
+    try:
+        mesh = getattr(strategy, "device_mesh", None)
+    except RuntimeError:  # ModelParallelStrategy before setup
+        mesh = None
+    if mesh is not None:
+        layout["mesh"] = {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names or ())}
+    return layout

@@ -1,0 +1,269 @@
+"""Which checkpoints of a folder count, how one is verified, which a load falls back to, which go.
+
+One rule for every place that asks (the plugin, the sharded restart, the mirror, ``inspect``, ``gc``),
+for both kinds and any ``Store``: a checkpoint is **committed** when its manifest is readable and the
+files of one of its versions are there with their sizes (:func:`committed`); **verified** when their
+checksums match too (:func:`verify`); a load falls back to the other committed checkpoints **newest
+save first** (:func:`newest_first`); **retention** keeps the newest ``keep`` of each family and what
+the pointer names (:func:`retention`). Pure standard library (and ``xxhash``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from stat import S_ISDIR, S_ISREG
+from typing import Any, Generic
+
+from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, resolve_pointer
+from lightning_resume._storage.manifest import (
+    DirectoryManifest,
+    Entry,
+    FileEntry,
+    NewerManifest,
+    R,
+    checksum_file,
+)
+from lightning_resume._storage.store import LocalStore, Store
+from lightning_resume._version import __version__
+
+#: The fallback rule as the docs state it (``docs/src/how_resume_works.md``; a test compares them).
+FALLBACK_RULE = (
+    "A checkpoint that does not verify falls back to the other committed checkpoints of its folder, "
+    "newest save first; the first that verifies is loaded."
+)
+
+
+def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
+    """Checkpoints that pass the cheap check, each with its newest version whose files are all there
+    (``sizes``: ``store.sizes(kind.directory)``, when the caller has it)."""
+    sizes = store.sizes(kind.directory) if sizes is None else sizes
+    found: dict[str, R] = {}
+    for name in kind.names(sizes):
+        raw = store.read(kind.manifest_name(name))
+        try:
+            versions = kind.decode(raw) if raw is not None else []
+        except ValueError:
+            continue
+        for record in versions:
+            if all(sizes.get(f.name) == f.size for f in kind.files(name, record)):
+                found[name] = record
+                break
+    return found
+
+
+def scan(folder: str | Path) -> dict[str, Entry]:
+    """:func:`committed` checkpoint files of a local folder."""
+    return committed(LocalStore(Path(folder)), FILE)
+
+
+def newest_first(
+    checkpoints: Mapping[str, Entry | DirectoryManifest], exclude: Iterable[str] = ()
+) -> list[str]:
+    """Checkpoint names in fallback order: newest save first, then by name (files and directories).
+
+    Example::
+
+        for name in newest_first(scan(folder), exclude=["last.ckpt"]):
+            ...  # try to load folder / name
+    """
+    skipped = set(exclude)
+    ordered = sorted(
+        ((entry.saved_at, name) for name, entry in checkpoints.items() if name not in skipped),
+        key=lambda item: (-item[0], item[1]),
+    )
+    return [name for _, name in ordered]
+
+
+def candidates(pointer: Path) -> list[Path]:
+    """Checkpoint directories a restart may resume from, in fallback order: the pointer's target first,
+    then the other committed directories, newest save first."""
+    target = resolve_pointer(pointer)
+    ordered = [] if target is None else [target]
+    for name in newest_first(committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))):
+        if target is None or name != target.name:
+            ordered.append(pointer.parent / name)
+    return ordered
+
+
+def beyond_keep(
+    checkpoints: Mapping[str, Entry | DirectoryManifest], keep: int, family: Callable[[str], str]
+) -> list[str]:
+    """Names beyond the newest ``keep`` of each family, in fallback order (raises ``ValueError`` below 1)."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep!r}.")
+    families: dict[str, list[str]] = defaultdict(list)
+    for name in newest_first(checkpoints):
+        families[family(name)].append(name)
+    return sorted(n for members in families.values() for n in members[keep:])
+
+
+def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None = None) -> list[str]:
+    """What retention deletes: committed checkpoints :func:`beyond_keep` (none for ``keep=None``) and
+    directories that no longer count (half deleted, unreadable manifest); never ``current`` (what the
+    pointer names). An uncommitted file stays: the next save of its name replaces it."""
+    sizes = store.sizes(kind.directory)
+    found = committed(store, kind, sizes)
+    doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
+    if kind.directory:
+        doomed += [n for n in kind.names(sizes) if n not in found]
+    return sorted(n for n in doomed if n != current)
+
+
+class Status(enum.Enum):
+    """What checking a checkpoint against its manifest found."""
+
+    VERIFIED = "verified"
+    #: No manifest: saved by plain Lightning; only loading it can tell.
+    NO_MANIFEST = "no manifest"
+    MISSING = "missing"
+    #: Something else than a regular file (a directory, a device) has the checkpoint file's name.
+    NOT_A_FILE = "not a file"
+    UNVERIFIABLE = "unverifiable"
+    TORN = "torn"
+    CORRUPT = "corrupt"
+    #: A checkpoint directory lacks a file its manifest lists.
+    INCOMPLETE = "incomplete"
+
+    @property
+    def usable(self) -> bool:
+        """Whether a load may use the checkpoint (verified, or unverified plain Lightning)."""
+        return self in (Status.VERIFIED, Status.NO_MANIFEST)
+
+
+@dataclass(frozen=True)
+class Verdict(Generic[R]):
+    """The outcome of checking one checkpoint, a file or a directory.
+
+    Attributes:
+        status: What was found.
+        manifest: The version it matches when verified, else its newest version (if readable).
+        detail: Which file and what is wrong with it, for messages.
+        size, checksum: A file's size, and its checksum once computed.
+        newer: Its manifest is of a newer format: not damage, a newer lightning-resume wrote it.
+    """
+
+    status: Status
+    manifest: R | None = None
+    detail: str = ""
+    size: int | None = None
+    checksum: str | None = None
+    newer: bool = False
+
+    @property
+    def reason(self) -> str:
+        """Why it cannot be used, for messages: ``"torn (__0_0.distcp has 12 bytes, manifest says 57)"``."""
+        return self.status.value + (f" ({self.detail})" if self.detail else "")
+
+
+def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, int] = (0, 1)) -> Verdict[R]:
+    """Check a checkpoint (a file, a directory, or a link to one) against its manifest.
+
+    Args:
+        path: The checkpoint.
+        kind: What it is.
+        checksums: Compare checksums too (``False``: presence and sizes only, nothing read).
+        share: ``(rank, world size)``: hash only the files whose index is ``rank`` modulo ``world size``
+            (the ranks of a job verify a directory together); the other checks are made in full.
+    """
+    absent = _absent(path, kind.directory)
+    if absent is not None:
+        return absent
+    folder, name = path.parent, path.name
+    size = None if kind.directory else path.stat().st_size
+    try:
+        raw = (folder / kind.manifest_name(name)).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return Verdict(Status.NO_MANIFEST, size=size)
+    try:
+        versions = kind.decode(raw)
+    except NewerManifest as e:
+        return Verdict(Status.UNVERIFIABLE, detail=newer_detail(e), size=size, newer=True)
+    except ValueError as e:
+        detail = (
+            f"its manifest is unreadable: {e}; delete the manifest to load it unverified, or restore both"
+        )
+        return Verdict(Status.UNVERIFIABLE, detail=detail + " from a copy", size=size)
+    sized, problem = (
+        [],
+        Verdict(Status.TORN, versions[0], f"{size} bytes, matching no entry of its manifest", size),
+    )
+    for record in versions:
+        trouble = _sizes(folder, kind.files(name, record), record)
+        if trouble is None:
+            sized.append(record)
+        elif kind.directory:
+            problem = trouble
+    if not sized:
+        return problem
+    if not checksums:
+        return Verdict(Status.VERIFIED, sized[0], size=size)
+    digests: dict[str, tuple[int, str]] = {}
+    rank, world = share
+    mismatches = []
+    for record in sized:
+        shared = [f for i, f in enumerate(kind.files(name, record)) if i % max(world, 1) == rank]
+        for entry in shared:
+            if entry.name not in digests:
+                digests[entry.name] = checksum_file(folder / entry.name)
+        mismatches = [f.name for f in shared if digests[f.name] != (f.size, f.checksum)]
+        if not mismatches:
+            return Verdict(Status.VERIFIED, record, size=size, checksum=digests.get(name, (0, None))[1])
+    # A directory names its file; a file has up to three versions, and matches none of them.
+    detail = f"{mismatches[0].split('/', 1)[-1]} does not match its checksum" if kind.directory else ""
+    detail = detail or "its checksum matches no entry of its manifest"
+    return Verdict(Status.CORRUPT, sized[0], detail, size, digests.get(name, (0, None))[1])
+
+
+def newer_detail(error: NewerManifest) -> str:
+    """Who wrote a manifest of a newer format, and what to do: both versions, and to upgrade."""
+    writer = (
+        f"lightning-resume {error.writer}"
+        if error.writer
+        else f"a lightning-resume of format {error.version}"
+    )
+    return (
+        f"written by {writer}, newer than this lightning-resume {__version__}: upgrade lightning-resume "
+        "(pip install -U lightning-resume) to load it"
+    )
+
+
+def _absent(path: Path, directory: bool) -> Verdict[Any] | None:
+    """``MISSING`` (or ``NOT_A_FILE``) when nothing of the expected type is at ``path``."""
+    try:
+        mode: int | None = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # also a symbolic link to nothing
+        mode = None
+    if not directory:
+        if mode is None:
+            return Verdict(Status.MISSING)
+        return None if S_ISREG(mode) else Verdict(Status.NOT_A_FILE)
+    if mode is not None and S_ISDIR(mode):
+        return None
+    if path.is_symlink():
+        detail = f"{path.name} points at {os.readlink(path)}, which does not exist"
+    else:
+        detail = "no such directory" if mode is None else "not a directory"
+    return Verdict(Status.MISSING, detail=detail)
+
+
+def _sizes(folder: Path, files: Iterable[FileEntry], record: R) -> Verdict[R] | None:
+    """``INCOMPLETE`` or ``TORN`` for the first file that is missing or of another size."""
+    for entry in files:
+        short = entry.name.split("/", 1)[-1]
+        try:
+            size = (folder / entry.name).stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return Verdict(Status.INCOMPLETE, record, f"{short} is missing")
+        if size != entry.size:
+            return Verdict(Status.TORN, record, f"{short} has {size} bytes, manifest says {entry.size}")
+    return None
+
+
+def check_file(path: Path) -> Verdict[Entry]:
+    """:func:`verify` for a checkpoint file."""
+    return verify(path, FILE)

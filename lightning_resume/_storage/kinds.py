@@ -1,0 +1,294 @@
+"""The two kinds of checkpoint, and only what differs between them.
+
+A **file** (``last.ckpt``, what ``CheckpointIO`` writes) and a **directory** (a sharded checkpoint,
+``.lr-ckpt-<step>-<hex>/``, named by the link ``last.ckpt``) are listed, verified, committed, pruned
+and mirrored by the same functions (``catalog``, ``commit``, ``mirror``). The kind tells them:
+
+- how its manifest lists content: a file's ``<name>.manifest.json`` keeps up to three versions of the
+  one file, a directory's ``.lr-manifest.json`` lists its files (``manifest_name``, ``decode``,
+  ``encode``, ``files``);
+- which checkpoints a listing holds (``names``) and the retention family of a name (``family``:
+  digits ignored for files; the directories of a folder are one family);
+- how it is staged and swapped in. Locally, a file is written to a temporary sibling, its manifest
+  replaced, then it is renamed onto its name; a directory is written into ``.lr-save-<pid>-<hex>``,
+  its manifest written last, renamed to its committed name, and the ``last.ckpt`` link is swapped
+  (``stage``, ``manifest_at``, ``swap``). Remotely, a file is uploaded to a temporary key and moved
+  onto its name; a directory's files go to their final keys and a pointer object
+  ``last.ckpt.pointer.json`` names it (``upload_key``, ``remote_swap``, ``held``).
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, replace_durably, temp_sibling
+from lightning_resume._storage.manifest import (
+    MANIFEST_SUFFIX,
+    DirectoryManifest,
+    Entry,
+    FileEntry,
+    R,
+    decode,
+    encode,
+    manifest_path,
+    sized,
+)
+from lightning_resume._storage.store import SAVE_PREFIX, UPLOAD_PREFIX, Store, put
+
+#: A committed checkpoint directory: ``.lr-ckpt-<step, 8 digits>-<hex>``.
+COMMITTED_PREFIX = ".lr-ckpt-"
+MANIFEST_NAME = ".lr-manifest.json"
+#: ``<url>/<pointer name><POINTER_SUFFIX>`` names the committed remote checkpoint directory.
+POINTER_SUFFIX = ".pointer.json"
+POINTER_FORMAT = "lightning-resume/directory-pointer"
+_COMMITTED_NAME = re.compile(rf"^{re.escape(COMMITTED_PREFIX)}(\d+)-([0-9a-f]+)$")
+_SAVE_NAME = re.compile(rf"^{re.escape(SAVE_PREFIX)}(\d+)-([0-9a-f]+)")
+_NUMBER = re.compile(r"\d+")
+_TOKEN_BYTES = 4
+
+#: Called with the name of each step of a commit as it gets there (an observer for kill tests).
+Step = Callable[[str], None]
+
+
+class Kind(Protocol[R]):
+    """What a checkpoint file and a checkpoint directory do differently (see the module docstring).
+
+    ``directory`` is ``True`` for directories: they are verified as directories, and one that no
+    longer counts is a leftover. ``slot(name)`` is what a newer save of ``name`` replaces (a file's
+    name, a directory's link); ``removal(name)`` is what to delete, in order, first what would let a
+    half-deleted checkpoint count (``(name, is a folder)``).
+    """
+
+    @property
+    def directory(self) -> bool: ...
+    def names(self, sizes: Mapping[str, int]) -> list[str]: ...
+    def manifest_name(self, name: str) -> str: ...
+    def decode(self, raw: bytes) -> list[R]: ...
+    def encode(self, records: Sequence[R]) -> str: ...
+    def files(self, name: str, record: R) -> tuple[FileEntry, ...]: ...
+    def family(self, name: str) -> str: ...
+    def slot(self, name: str) -> str: ...
+    def removal(self, name: str) -> list[tuple[str, bool]]: ...
+    def stage(self, target: Path) -> Path: ...
+    def manifest_at(self, staged: Path, target: Path) -> Path: ...
+    def swap(self, staged: Path, target: Path, record: R, name: str | None, on_step: Step) -> Path: ...
+    def held(self, store: Store, name: str) -> list[R]: ...
+    def upload_key(self, name: str) -> str: ...
+    def remote_swap(self, store: Store, name: str, record: R, staged: Mapping[str, str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """A checkpoint file with the sibling manifest ``<name>.manifest.json``."""
+
+    directory: bool = False
+
+    def names(self, sizes: Mapping[str, int]) -> list[str]:
+        return sorted(
+            n[: -len(MANIFEST_SUFFIX)] for n in sizes if "/" not in n and n.endswith(MANIFEST_SUFFIX)
+        )
+
+    def manifest_name(self, name: str) -> str:
+        return name + MANIFEST_SUFFIX
+
+    def decode(self, raw: bytes) -> list[Entry]:
+        return decode(raw)
+
+    def encode(self, records: Sequence[Entry]) -> str:
+        return encode(records)
+
+    def files(self, name: str, record: Entry) -> tuple[FileEntry, ...]:
+        return (FileEntry(name, record.size, record.checksum),)
+
+    def family(self, name: str) -> str:
+        """Digits replaced by ``#``: ``epoch=3-step=400.ckpt`` -> ``epoch=#-step=#.ckpt``."""
+        return _NUMBER.sub("#", name)
+
+    def slot(self, name: str) -> str:
+        return name
+
+    def removal(self, name: str) -> list[tuple[str, bool]]:
+        # Data first: a data file without its manifest would load as an unverified plain file.
+        return [(name, False), (self.manifest_name(name), False)]
+
+    def stage(self, target: Path) -> Path:
+        fd, staged = temp_sibling(target)
+        os.close(fd)
+        return staged
+
+    def manifest_at(self, staged: Path, target: Path) -> Path:
+        # Replaced before the data file: whichever data file a kill leaves matches an entry.
+        return manifest_path(target)
+
+    def swap(self, staged: Path, target: Path, record: Entry, name: str | None, on_step: Step) -> Path:
+        replace_durably(staged, target)
+        return target
+
+    def held(self, store: Store, name: str) -> list[Entry]:
+        size, raw = store.size(name), store.read(self.manifest_name(name))
+        with contextlib.suppress(ValueError):
+            return sized(decode(raw), size) if size is not None and raw is not None else []
+        return []
+
+    def upload_key(self, name: str) -> str:
+        return f"{UPLOAD_PREFIX}{uuid.uuid4().hex}-{name}"
+
+    def remote_swap(self, store: Store, name: str, record: Entry, staged: Mapping[str, str]) -> None:
+        store.move(staged[name], name)
+
+
+@dataclass(frozen=True)
+class DirectoryKind:
+    """Checkpoint directories ``.lr-ckpt-*`` named by the link ``pointer`` (``last.ckpt``)."""
+
+    pointer: str = "last.ckpt"
+    directory: bool = True
+
+    def names(self, sizes: Mapping[str, int]) -> list[str]:
+        return sorted(
+            {n.split("/", 1)[0] for n in sizes if "/" in n and _COMMITTED_NAME.match(n.split("/")[0])}
+        )
+
+    def manifest_name(self, name: str) -> str:
+        return f"{name}/{MANIFEST_NAME}"
+
+    def decode(self, raw: bytes) -> list[DirectoryManifest]:
+        return [DirectoryManifest.from_json(raw)]
+
+    def encode(self, records: Sequence[DirectoryManifest]) -> str:
+        return records[0].to_json()
+
+    def files(self, name: str, record: DirectoryManifest) -> tuple[FileEntry, ...]:
+        return tuple(FileEntry(f"{name}/{f.name}", f.size, f.checksum) for f in record.files)
+
+    def family(self, name: str) -> str:
+        return COMMITTED_PREFIX
+
+    def slot(self, name: str) -> str:
+        return self.pointer
+
+    def removal(self, name: str) -> list[tuple[str, bool]]:
+        return [(self.manifest_name(name), False), (name, True)]  # without its manifest it never counts
+
+    def stage(self, target: Path) -> Path:
+        return new_save_dir(target.parent)
+
+    def manifest_at(self, staged: Path, target: Path) -> Path:
+        return staged / MANIFEST_NAME  # last, the files being in place
+
+    def swap(
+        self, staged: Path, target: Path, record: DirectoryManifest, name: str | None, on_step: Step
+    ) -> Path:
+        final = target.parent / (name or final_name(staged, record.global_step))
+        os.replace(staged, final)
+        fsync_dir(target.parent)
+        on_step("before_swap")
+        swap_pointer(target, final.name)
+        return final
+
+    def held(self, store: Store, name: str) -> list[DirectoryManifest]:
+        raw = store.read(self.manifest_name(name)) if self.remote_target(store) == name else None
+        with contextlib.suppress(ValueError):
+            return self.decode(raw) if raw is not None else []
+        return []
+
+    def upload_key(self, name: str) -> str:
+        return name  # nothing names the directory before the pointer does
+
+    def remote_swap(
+        self, store: Store, name: str, record: DirectoryManifest, staged: Mapping[str, str]
+    ) -> None:
+        pointer = {"format": POINTER_FORMAT, "directory": name, "global_step": record.global_step}
+        put(store, self.pointer + POINTER_SUFFIX, json.dumps(pointer))
+
+    def remote_target(self, store: Store) -> str | None:
+        """The remote directory the pointer object names, or ``None``."""
+        try:
+            data = json.loads(store.read(self.pointer + POINTER_SUFFIX) or b"null")
+        except ValueError:
+            return None
+        name = (
+            data.get("directory") if isinstance(data, dict) and data.get("format") == POINTER_FORMAT else None
+        )
+        return name if isinstance(name, str) and _COMMITTED_NAME.match(name) else None
+
+
+FILE = FileKind()
+DIRECTORY = DirectoryKind()
+
+
+# -- local names of directories, and the link -----------------------------------------------------
+
+
+def new_save_dir(parent: Path, create: bool = True) -> Path:
+    """A fresh directory name beside the pointer (created unless ``create=False``); it names this process."""
+    parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = parent / f"{SAVE_PREFIX}{os.getpid()}-{secrets.token_hex(_TOKEN_BYTES)}"
+        if not create:
+            if not os.path.lexists(path):
+                return path
+            continue
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+            return path
+
+
+def final_name(save_dir: Path, step: int | None) -> str:
+    """``.lr-ckpt-<step>-<token>`` for a save directory: sorts by step; its token kept, so every rank can
+    tell the name."""
+    found = _SAVE_NAME.match(save_dir.name)
+    token = found.group(2) if found else secrets.token_hex(_TOKEN_BYTES)
+    return f"{COMMITTED_PREFIX}{max(step or 0, 0):08d}-{token}"
+
+
+def resolve_pointer(pointer: Path) -> Path | None:
+    """The directory ``pointer`` names: a symlink's target (even a dangling one), a real directory
+    itself, otherwise ``None``."""
+    if pointer.is_symlink():
+        return pointer.parent / os.readlink(pointer)
+    if pointer.is_dir():
+        return pointer
+    return None
+
+
+def swap_pointer(pointer: Path, target_name: str) -> None:
+    """Point ``pointer`` at its sibling ``target_name`` in one atomic rename, then fsync the folder.
+
+    A real directory at ``pointer`` (a checkpoint written by plain Lightning) is moved aside and
+    deleted once the pointer is in place.
+
+    Raises:
+        OSError: the filesystem has no symbolic links (the message says so).
+    """
+    parent = pointer.parent
+    link = parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(_TOKEN_BYTES)}-{pointer.name}.link"
+    try:
+        os.symlink(target_name, link)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"Cannot create a symbolic link in {str(parent)!r} ({e.strerror}): sharded checkpoints commit by "
+            "swapping the last.ckpt link; put the checkpoint directory on a filesystem with symbolic links.",
+            e.filename,
+        ) from e
+    aside = None
+    if pointer.is_dir() and not pointer.is_symlink():
+        aside = new_save_dir(parent, create=False)
+        os.rename(pointer, aside)
+    os.replace(link, pointer)
+    fsync_dir(parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
