@@ -18,11 +18,11 @@ from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
+from lightning_resume._run.sidecar import SUFFIX as SIDECAR_SUFFIX
 from lightning_resume._run.status import read_status
 from lightning_resume._writer import directory
 from lightning_resume._writer.catalog import Status, check_file, newest_first, scan
 from lightning_resume._writer.manifest import read_entries
-from lightning_resume.trackers._sidecar import SUFFIX as SIDECAR_SUFFIX
 
 LAST = layout.LAST_CKPT
 #: ``result`` of a checkpoint a load may use.

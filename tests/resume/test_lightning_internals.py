@@ -30,7 +30,7 @@ from lightning_resume._resume.lightning_internals import (
     train_loader_states,
     wrapped_sampler,
 )
-from lightning_resume.io._redirect_first_strategy_load import RedirectFirstStrategyLoad
+from lightning_resume._resume.redirect import RedirectFirstStrategyLoad
 
 
 class Recorder(BoringModel):
