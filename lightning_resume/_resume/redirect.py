@@ -31,8 +31,6 @@ from lightning_resume._collectives import broadcast
 from lightning_resume._resume.restart import Restart, decide, record_saved
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
-from lightning_resume.io._protocol import AtomicCheckpointIO
-from lightning_resume.io._verified_load import intact_zip
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,12 @@ class RestartRedirect:
         self._wrapper: RedirectFirstLoad | RedirectFirstStrategyLoad | None = None
 
     def before_fit(
-        self, trainer: pl.Trainer, run: Run, last: Path, verify_directory: Callable[[], int]
+        self,
+        trainer: pl.Trainer,
+        run: Run,
+        last: Path,
+        verify_directory: Callable[[], int],
+        damaged: Callable[[Path], bool],
     ) -> None:
         """Nothing on a first attempt; on a restart start over, raise, or send the first load to ``last``.
 
@@ -65,6 +68,8 @@ class RestartRedirect:
             last: The run's ``last.ckpt``.
             verify_directory: For a sharded ``last.ckpt``: verify it on every rank (falling back and
                 repointing ``last.ckpt`` if it must) and return how many ranks wrote it.
+            damaged: Whether a file that failed to load is damaged, with no verified copy to fall back
+                to (``False`` when the checkpoint plugin explains its own failures).
 
         Raises:
             ResumeError: the run has committed a checkpoint but ``last.ckpt`` is gone.
@@ -100,7 +105,7 @@ class RestartRedirect:
                 strategy, target, on_redirect, saved, trainer.world_size
             )
         else:
-            self._wrapper = RedirectFirstLoad(strategy, strategy.checkpoint_io, target, on_redirect)
+            self._wrapper = RedirectFirstLoad(strategy, strategy.checkpoint_io, target, on_redirect, damaged)
         self._wrapper.install()
         log.info("Restart of run %s: resuming from %s", run.run_id, target)
 
@@ -131,15 +136,23 @@ class RedirectFirstLoad(CheckpointIO):
         inner: The plugin that does the real work.
         target: The path every first load is redirected to.
         on_redirect: Called with the requested path when it differs from ``target``.
+        damaged: Whether a file that failed to load is damaged (a :class:`~lightning_resume.ResumeError`
+            then says what to do) rather than failing for another reason.
     """
 
     def __init__(
-        self, strategy: Strategy, inner: CheckpointIO, target: str, on_redirect: Callable[[str], None]
+        self,
+        strategy: Strategy,
+        inner: CheckpointIO,
+        target: str,
+        on_redirect: Callable[[str], None],
+        damaged: Callable[[Path], bool],
     ) -> None:
         self.strategy = strategy
         self.inner = inner
         self.target = target
         self.on_redirect = on_redirect
+        self.damaged = damaged
 
     def install(self) -> None:
         self.strategy.checkpoint_io = self
@@ -159,8 +172,8 @@ class RedirectFirstLoad(CheckpointIO):
         try:
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except Exception as e:
-            if isinstance(self.inner, AtomicCheckpointIO) or intact_zip(Path(path)):
-                raise  # the plugin explains its own failures; an intact file failed for another reason
+            if not self.damaged(Path(path)):
+                raise
             raise ResumeError(
                 f"The restart cannot load {str(path)!r}: it is damaged (loading raised {type(e).__name__}; "
                 "it is not a complete checkpoint archive). It was "

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from lightning_resume.exceptions import Preempted
 from lightning_resume.io._directory_saver import DirectorySaver
 from lightning_resume.io._protocol import AtomicCheckpointIO
 from lightning_resume.io._sharded import keep_of, prepare_resume
+from lightning_resume.io._verified_load import intact_zip
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +178,16 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         if trainer.is_global_zero:
             with contextlib.suppress(FileNotFoundError):
                 self._partial_path.unlink()
-        self._redirect.before_fit(trainer, self._run_dir, Path(self.ckpt_path), lambda: self._verify(trainer))
+        verify = functools.partial(self._verify, trainer)
+        self._redirect.before_fit(
+            trainer, self._run_dir, Path(self.ckpt_path), verify, self._damaged(trainer)
+        )
+
+    @staticmethod
+    def _damaged(trainer: pl.Trainer) -> Callable[[Path], bool]:
+        """A file that fails to load is damaged, unless the plugin explains its failures or it is intact."""
+        explains = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        return lambda path: not explains and not intact_zip(path)
 
     def _verify(self, trainer: pl.Trainer) -> int:
         """Verify a sharded ``last.ckpt`` on every rank (falling back if it must); how many ranks wrote it."""
