@@ -3,13 +3,9 @@
 Lightning picks the checkpoint to load before any callback hook runs (a ``ckpt_path`` meant for the
 first attempt, its own ``last`` search, an ``hpc_ckpt_N.ckpt`` under SLURM); ``setup`` runs before that
 checkpoint is read. :class:`RestartRedirect` applies the restart rule there (:mod:`.restart`, rank 0
-deciding for all) and puts a one-shot wrapper in the way of the load, which sends it to ``last.ckpt``
-and removes itself:
-
-- :class:`RedirectFirstLoad` replaces the strategy's ``checkpoint_io`` (a public setter);
-- :class:`RedirectFirstStrategyLoad` replaces ``strategy.load_checkpoint`` on the instance, for sharded
-  strategies (``ModelParallelStrategy``, ``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed), which
-  never call a ``CheckpointIO``. Lightning calls it once per ``fit``, after the callbacks' ``setup``.
+deciding for all) and puts :class:`RedirectFirstLoad` in the way of the load: Lightning reads the
+checkpoint through ``strategy.load_checkpoint`` once per ``fit`` (every strategy, also the sharded ones,
+which call no ``CheckpointIO``); the wrapper sends that call to ``last.ckpt`` and removes itself.
 """
 
 from __future__ import annotations
@@ -22,10 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import lightning.pytorch as pl
-from lightning.fabric.plugins import CheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import Strategy
-from typing_extensions import override
 
 from lightning_resume._collectives import broadcast
 from lightning_resume._resume.restart import Restart, decide, record_saved
@@ -50,7 +43,7 @@ class RestartRedirect:
     """Apply the restart rule in ``setup`` and redirect the first load; undo it after ``fit``."""
 
     def __init__(self) -> None:
-        self._wrapper: RedirectFirstLoad | RedirectFirstStrategyLoad | None = None
+        self._wrapper: RedirectFirstLoad | None = None
 
     def before_fit(
         self,
@@ -68,8 +61,8 @@ class RestartRedirect:
             last: The run's ``last.ckpt``.
             verify_directory: For a sharded ``last.ckpt``: verify it on every rank (falling back and
                 repointing ``last.ckpt`` if it must) and return how many ranks wrote it.
-            damaged: Whether a file that failed to load is damaged, with no verified copy to fall back
-                to (``False`` when the checkpoint plugin explains its own failures).
+            damaged: For a ``last.ckpt`` file that fails to load: whether it is damaged, with no
+                verified copy to fall back to (``False`` when the plugin explains its own failures).
 
         Raises:
             ResumeError: the run has committed a checkpoint but ``last.ckpt`` is gone.
@@ -95,19 +88,16 @@ class RestartRedirect:
             )
         if trainer.is_global_zero:
             record_saved(run.path)  # a run dir written before the marker existed gets it now
-        strategy, target = trainer.strategy, str(last)
-        on_redirect = functools.partial(_warn_redirect, target)
-        if broadcast(strategy, last.is_dir()):
-            # A sharded checkpoint: verified here (no CheckpointIO sees its load); the strategy's own
-            # load is redirected.
-            saved = verify_directory()
-            self._wrapper = RedirectFirstStrategyLoad(
-                strategy, target, on_redirect, saved, trainer.world_size
-            )
-        else:
-            self._wrapper = RedirectFirstLoad(strategy, strategy.checkpoint_io, target, on_redirect, damaged)
+        world_size = saved = trainer.world_size
+        if broadcast(trainer.strategy, last.is_dir()):
+            # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
+            saved, damaged = verify_directory(), _never_damaged
+        on_redirect = functools.partial(_warn_redirect, str(last))
+        self._wrapper = RedirectFirstLoad(
+            trainer.strategy, str(last), on_redirect, saved, world_size, damaged
+        )
         self._wrapper.install()
-        log.info("Restart of run %s: resuming from %s", run.run_id, target)
+        log.info("Restart of run %s: resuming from %s", run.run_id, last)
 
     def after_fit(self) -> None:
         """Take the wrapper away if ``fit`` ended before its load (a no-op after the load)."""
@@ -124,82 +114,11 @@ def _warn_redirect(target: str, requested: str) -> None:
     )
 
 
-def _other(requested: Any, target: str) -> bool:
-    return os.path.abspath(str(requested)) != os.path.abspath(target)
+def _never_damaged(path: Path) -> bool:
+    return False
 
 
-class RedirectFirstLoad(CheckpointIO):
-    """Delegate everything to ``inner``; send the first ``load_checkpoint`` to ``target``.
-
-    Args:
-        strategy: The strategy whose ``checkpoint_io`` this wrapper replaces; restored at the load.
-        inner: The plugin that does the real work.
-        target: The path every first load is redirected to.
-        on_redirect: Called with the requested path when it differs from ``target``.
-        damaged: Whether a file that failed to load is damaged (a :class:`~lightning_resume.ResumeError`
-            then says what to do) rather than failing for another reason.
-    """
-
-    def __init__(
-        self,
-        strategy: Strategy,
-        inner: CheckpointIO,
-        target: str,
-        on_redirect: Callable[[str], None],
-        damaged: Callable[[Path], bool],
-    ) -> None:
-        self.strategy = strategy
-        self.inner = inner
-        self.target = target
-        self.on_redirect = on_redirect
-        self.damaged = damaged
-
-    def install(self) -> None:
-        self.strategy.checkpoint_io = self
-
-    def uninstall(self) -> None:
-        if self.strategy.checkpoint_io is self:
-            self.strategy.checkpoint_io = self.inner
-
-    @override
-    def load_checkpoint(
-        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        self.uninstall()
-        if _other(path, self.target):
-            self.on_redirect(str(path))
-            path = self.target
-        try:
-            return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except Exception as e:
-            if not self.damaged(Path(path)):
-                raise
-            raise ResumeError(
-                f"The restart cannot load {str(path)!r}: it is damaged (loading raised {type(e).__name__}; "
-                "it is not a complete checkpoint archive). It was "
-                "written without DurableCheckpointIO, so there is no verified copy to fall back to. Restore "
-                "it from a copy, or remove it and checkpoints/.saved to start the run over (the earlier "
-                "training is then lost). DurableCheckpointIO verifies every checkpoint and keeps the "
-                "previous one loadable.",
-                path,
-            ) from e
-
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
-    ) -> None:
-        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
-
-    @override
-    def remove_checkpoint(self, path: _PATH) -> None:
-        self.inner.remove_checkpoint(path)
-
-    @override
-    def teardown(self) -> None:
-        self.inner.teardown()
-
-
-class RedirectFirstStrategyLoad:
+class RedirectFirstLoad:
     """Send the strategy's first ``load_checkpoint`` to ``target``; then put the method back.
 
     Args:
@@ -209,6 +128,9 @@ class RedirectFirstStrategyLoad:
         saved_world_size: How many ranks wrote ``target``; a load failure on a different number of
             ranks is reported as a :class:`~lightning_resume.ResumeError` naming both.
         world_size: How many ranks this run has.
+        damaged: Whether ``target``, having failed to load, is damaged (a
+            :class:`~lightning_resume.ResumeError` then says what to do) rather than failing for
+            another reason.
     """
 
     def __init__(
@@ -218,12 +140,14 @@ class RedirectFirstStrategyLoad:
         on_redirect: Callable[[str], None],
         saved_world_size: int,
         world_size: int,
+        damaged: Callable[[Path], bool] = _never_damaged,
     ) -> None:
         self.strategy = strategy
         self.target = target
         self.on_redirect = on_redirect
         self.saved_world_size = saved_world_size
         self.world_size = world_size
+        self.damaged = damaged
         self.original = strategy.load_checkpoint
 
     def install(self) -> None:
@@ -235,18 +159,27 @@ class RedirectFirstStrategyLoad:
 
     def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.uninstall()
-        if _other(checkpoint_path, self.target):
+        if os.path.abspath(str(checkpoint_path)) != os.path.abspath(self.target):
             self.on_redirect(str(checkpoint_path))
         try:
             loaded: dict[str, Any] = self.original(self.target, *args, **kwargs)
         except Exception as e:
-            if self.saved_world_size == self.world_size:
+            if self.saved_world_size != self.world_size:
+                raise ResumeError(
+                    f"{self.target!r} was written by {self.saved_world_size} rank(s) and cannot be loaded "
+                    f"on {self.world_size} rank(s) ({type(e).__name__}: {e}). Restart with "
+                    f"{self.saved_world_size} rank(s), or with a layout torch.distributed.checkpoint can "
+                    "reshard into.",
+                    self.target,
+                ) from e
+            if not self.damaged(Path(self.target)):
                 raise
             raise ResumeError(
-                f"{self.target!r} was written by {self.saved_world_size} rank(s) and cannot be loaded on "
-                f"{self.world_size} rank(s) ({type(e).__name__}: {e}). Restart with "
-                f"{self.saved_world_size} rank(s), or with a layout torch.distributed.checkpoint can reshard "
-                "into.",
+                f"The restart cannot load {self.target!r}: it is damaged (loading raised {type(e).__name__}; "
+                "it is not a complete checkpoint archive). It was written without DurableCheckpointIO, so "
+                "there is no verified copy to fall back to. Restore it from a copy, or remove it and "
+                "checkpoints/.saved to start the run over (the earlier training is then lost). "
+                "DurableCheckpointIO verifies every checkpoint and keeps the previous one loadable.",
                 self.target,
             ) from e
         return loaded
