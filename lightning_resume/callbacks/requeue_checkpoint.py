@@ -89,9 +89,12 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch.
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
-            are expanded). For a node-local directory (``"$TMPDIR/ckpt"``) give
-            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: a job relaunched onto
-            empty nodes gets the checkpoints back from the mirror before ``fit`` looks for them.
+            are expanded). For a node-local directory (``"$TMPDIR/ckpt"`` on a multi-node job) give
+            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: checkpoints are
+            written locally and mirrored, and a job relaunched onto empty nodes gets them back from
+            the mirror (once per node) when the plugin is constructed, before ``fit`` looks for
+            ``last.ckpt``. The record that the run has saved (``checkpoints/.saved``) stays in the run
+            dir.
 
     Raises:
         ValueError: for a non-positive interval.
