@@ -28,6 +28,7 @@ from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.paths import expand_dir
 from lightning_resume._writer.atomic import fsync_file, replace_durably, temp_sibling
+from lightning_resume._writer.commit import save_error
 from lightning_resume.callbacks._find import find_one, missing
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import Preempted
@@ -47,12 +48,7 @@ def _lost_save(partial: Path) -> OSError:
     try:
         fd, probe = temp_sibling(partial)
     except OSError as e:
-        error = OSError(
-            e.errno,
-            f"Could not save {str(partial)!r}: {e.strerror}. last.ckpt is intact; make "
-            f"{str(partial.parent)!r} writable (and check its free space).",
-            e.filename,
-        )
+        error = save_error(e.errno, e.strerror or str(e), e.filename, partial)
         error.__cause__ = e
         return error
     os.close(fd)
