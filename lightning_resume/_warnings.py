@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import warnings
 
-from lightning.fabric.utilities.rank_zero import rank_zero_warn
-
 from lightning_resume.exceptions import LightningResumeWarning
 
 
@@ -27,4 +25,7 @@ def warn(message: str, *, all_ranks: bool = False, stacklevel: int = 2) -> None:
     if all_ranks:
         warnings.warn(message, LightningResumeWarning, stacklevel=stacklevel + 1)
     else:
+        # Imported here: the torch-free modules (run-dir resolution) warn through this channel too.
+        from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
         rank_zero_warn(message, category=LightningResumeWarning, stacklevel=stacklevel + 4)

@@ -2,9 +2,9 @@
 
 One function for the callback that acts on it (``RequeueCheckpoint``) and the tool that predicts it
 (``lightning-resume inspect``); ``docs/src/how_resume_works.md`` states it, and a test checks that
-the page says what :data:`RULES` says.
+the page says what :data:`RULES` says. :func:`record_saved` writes the marker the rule reads.
 
-Pure standard library.
+Pure standard library (and the torch-free writer).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import enum
 from pathlib import Path
 
 from lightning_resume._run import layout
+from lightning_resume._storage.atomic import create_text_exclusive
 
 
 class Restart(enum.Enum):
@@ -59,3 +60,14 @@ def decide(run_dir: Path, last: Path | None = None) -> Restart:
     if layout.saved_marker(run_dir).exists():
         return Restart.LOST
     return Restart.START_OVER
+
+
+def record_saved(run_dir: Path) -> None:
+    """Mark that the run has committed a checkpoint (``checkpoints/.saved``; kept once written).
+
+    In the run dir even when ``last.ckpt`` lives elsewhere (node-local): a restart on another node
+    must still know that the run has committed a checkpoint.
+    """
+    marker = layout.saved_marker(run_dir)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    create_text_exclusive(marker, "")

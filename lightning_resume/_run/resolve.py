@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import shutil
 import socket
@@ -23,9 +22,8 @@ from lightning_resume._run import layout
 from lightning_resume._run.scheduler import KeySource, Session
 from lightning_resume._storage.atomic import create_text_exclusive, write_json_atomic
 from lightning_resume._version import __version__
+from lightning_resume._warnings import warn
 from lightning_resume.exceptions import RunDirError
-
-log = logging.getLogger(__name__)
 
 _MISSING = object()
 
@@ -267,11 +265,10 @@ def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolu
                 "path) to resume it, or delete the dir(s) to start fresh.",
                 index_path(root, key),
             )
-        log.warning(
-            "Session %r reports a restart but nothing was recorded for it under %s: the earlier attempt "
-            "was stopped before it wrote anything, so this starts a fresh run.",
-            key,
-            root,
+        warn(
+            f"Session {key!r} reports a restart but nothing was recorded for it under {str(root)!r}: the "
+            "earlier attempt was stopped before it wrote anything, so this starts a fresh run.",
+            all_ranks=True,
         )
     path, run_id = create_run(root, session, now)
     if key is None:

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import yaml
@@ -27,32 +27,30 @@ from lightning_resume._run import hydra, saved_config
 from lightning_resume._storage.atomic import replace_durably, write_text_atomic
 from lightning_resume._warnings import warn
 
-if TYPE_CHECKING:
-    from lightning_resume.callbacks.run_dir import RunDir
-
 log = logging.getLogger(__name__)
 
 #: Hydra's composed configuration, as kept in the run dir.
 HYDRA_CONFIG = "hydra_config.yaml"
 
 
-def on_setup(run_dir: RunDir, trainer: pl.Trainer) -> None:
-    """Keep LightningCLI's and Hydra's configuration in the run dir; check Hydra's output dir."""
+def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str) -> None:
+    """Keep LightningCLI's and Hydra's configuration in ``run_dir`` (of run ``run_id`` under ``root``);
+    check Hydra's output dir."""
     for callback in _save_config_callbacks(trainer):
-        _save_into_run_dir(run_dir, trainer, callback)
+        _save_into_run_dir(run_dir, run_id, trainer, callback)
     launch = hydra.current_launch()
     if launch is None or not trainer.is_global_zero:
         return
-    if hydra.root_lost_on_restart(run_dir.root, launch):
+    if hydra.root_lost_on_restart(root, launch):
         warn(
-            f"RunDir: the runs root {str(run_dir.root)!r} is inside Hydra's output dir of this launch "
+            f"RunDir: the runs root {str(root)!r} is inside Hydra's output dir of this launch "
             f"({str(launch.output_dir)!r}{', the working dir' if launch.chdir else ''}). Hydra gives the "
             "next launch a new output dir, so a restart will not find this run and starts a new one. Use "
             "an absolute root, or root: ${hydra:runtime.cwd}/runs."
         )
     if launch.config_file is not None and launch.config_file.is_file():
-        target = run_dir.path / HYDRA_CONFIG
-        if _compare_with_saved(run_dir, target, "Hydra", launch.config_file.read_text()):
+        target = run_dir / HYDRA_CONFIG
+        if _compare_with_saved(run_id, target, "Hydra", launch.config_file.read_text()):
             write_text_atomic(target, launch.config_file.read_text())
 
 
@@ -65,23 +63,23 @@ def _save_config_callbacks(trainer: pl.Trainer) -> list[Any]:
     return [cb for cb in trainer.callbacks if isinstance(cb, kind)]  # type: ignore[attr-defined]
 
 
-def _save_into_run_dir(run_dir: RunDir, trainer: pl.Trainer, callback: Any) -> None:
+def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback: Any) -> None:
     if callback.already_saved or not callback.save_to_log_dir:
         return
     if os.path.isabs(callback.config_filename):
         return  # the user chose the place
-    target = run_dir.path / callback.config_filename
+    target = run_dir / callback.config_filename
     # SaveConfigCallback saves to os.path.join(trainer.log_dir, config_filename): an absolute name wins.
     callback.config_filename = str(target)
     # On every rank: with overwrite=False the callback broadcasts, and ranks must agree on collectives.
     callback.overwrite = True
     if trainer.is_global_zero:
         _compare_with_saved(
-            run_dir, target, "LightningCLI", callback.parser.dump(callback.config, skip_none=False)
+            run_id, target, "LightningCLI", callback.parser.dump(callback.config, skip_none=False)
         )
 
 
-def _compare_with_saved(run_dir: RunDir, target: Path, launcher: str, now_text: str) -> bool:
+def _compare_with_saved(run_id: str, target: Path, launcher: str, now_text: str) -> bool:
     """Compare ``now_text`` with the configuration saved at ``target``; return whether to save it.
 
     A changed or unusable saved file is kept under the next free ``<name>.<n>.yaml``, with one warning.
@@ -91,7 +89,7 @@ def _compare_with_saved(run_dir: RunDir, target: Path, launcher: str, now_text: 
     except ValueError as e:
         kept = saved_config.kept_name(target)
         warn(
-            f"RunDir: the saved {launcher} configuration of run {run_dir.run_id!r} is unusable ({e}); it is "
+            f"RunDir: the saved {launcher} configuration of run {run_id!r} is unusable ({e}); it is "
             f"kept as {str(kept)!r} and this attempt's configuration is saved as {str(target)!r}."
         )
         replace_durably(target, kept)
@@ -101,14 +99,12 @@ def _compare_with_saved(run_dir: RunDir, target: Path, launcher: str, now_text: 
     now = yaml.safe_load(now_text)
     found = saved_config.changes(before, now if isinstance(now, dict) else {})
     if not found:
-        log.info(
-            "Restart of run %s: the %s configuration is unchanged (%s)", run_dir.run_id, launcher, target
-        )
+        log.info("Restart of run %s: the %s configuration is unchanged (%s)", run_id, launcher, target)
         return False
     kept = saved_config.kept_name(target)
     # Warn first: a filter that turns the warning into an error leaves the saved file where it is.
     warn(
-        f"RunDir: the {launcher} configuration of run {run_dir.run_id!r} changed since its previous "
+        f"RunDir: the {launcher} configuration of run {run_id!r} changed since its previous "
         f"attempt: {saved_config.describe(found)}. The run continues with the new configuration, saved as "
         f"{str(target)!r}; the previous one is kept as {str(kept)!r}."
     )

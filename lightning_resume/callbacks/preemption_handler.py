@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_resume._checks import flag, whole_number
 from lightning_resume._collectives import any_rank
 from lightning_resume._run import slurm
 from lightning_resume._run.scheduler import is_global_zero, slurm_requeue_id, under_submitit
@@ -27,8 +28,9 @@ from lightning_resume._run.signals import (
 )
 from lightning_resume._run.worker_signals import block_in_workers, unblock_in_workers
 from lightning_resume._writer.duty_cycle import WriteStats
+from lightning_resume.callbacks._find import find_one
 from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
-from lightning_resume.exceptions import MissingCallbackError, Preempted
+from lightning_resume.exceptions import Preempted
 from lightning_resume.io._protocol import HurryingCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -113,19 +115,14 @@ class PreemptionHandler(Callback):
         exit_code: int = 143,
         check_every_n_steps: int = 1,
     ) -> None:
-        if isinstance(exit_code, bool) or not isinstance(exit_code, int):
-            raise TypeError(f"exit_code must be a whole number from 1 to 255, got {exit_code!r}.")
+        whole_number("exit_code", exit_code, what="whole number from 1 to 255")
         if not 1 <= exit_code <= 255:
             raise ValueError(
                 f"exit_code must be within 1..255, got {exit_code!r}: 0 tells the scheduler the job "
                 "finished, and a process exit status keeps only its low 8 bits (256 would become 0)."
             )
-        if not isinstance(requeue, bool):
-            raise TypeError(f"requeue must be True or False, got {requeue!r}.")
-        if isinstance(check_every_n_steps, bool) or not isinstance(check_every_n_steps, int):
-            raise TypeError(f"check_every_n_steps must be a whole number, got {check_every_n_steps!r}.")
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps!r}.")
+        flag("requeue", requeue)
+        whole_number("check_every_n_steps", check_every_n_steps, 1)
         if isinstance(signals, str):
             signals = [signals]  # one signal given as a name, not a list of characters
         names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
@@ -245,15 +242,8 @@ class PreemptionHandler(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        found = [cb for cb in trainer.callbacks if isinstance(cb, RequeueCheckpoint)]  # type: ignore[attr-defined]
-        if not found:
-            raise MissingCallbackError(
-                "PreemptionHandler saves through RequeueCheckpoint: add RequeueCheckpoint() (and RunDir()) "
-                "to the Trainer's callbacks.",
-                needed="RequeueCheckpoint",
-                needed_by="PreemptionHandler",
-            )
-        self._requeue_checkpoint = found[0]
+        why = "it saves last.ckpt through it, with a RunDir"
+        self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
         self.install()
 
     def _take_back_handlers(self) -> None:

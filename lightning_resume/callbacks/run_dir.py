@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from lightning_resume._checks import positive_number
 from lightning_resume._run import layout, resolve
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.owner import RunLock
@@ -71,10 +72,7 @@ class RunDir(Callback):
     def __init__(
         self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
     ) -> None:
-        if isinstance(handoff_timeout, bool) or not isinstance(handoff_timeout, (int, float)):
-            raise TypeError(f"handoff_timeout must be a number of seconds, got {handoff_timeout!r}.")
-        if not handoff_timeout > 0:
-            raise ValueError(f"handoff_timeout must be positive, got {handoff_timeout!r}.")
+        positive_number("handoff_timeout", handoff_timeout, "number of seconds")
         if not isinstance(root, (str, Path)) or not str(root).strip():
             raise ValueError(f"root must be a directory path, got {root!r}.")
         if key is not None:
@@ -180,7 +178,8 @@ class RunDir(Callback):
             callback.dirpath = str(self.checkpoint_dir)
         if redirected and trainer.is_global_zero:
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
-        _launcher_config.on_setup(self, trainer)  # LightningCLI's config into the run dir; Hydra's output dir
+        # LightningCLI's configuration into the run dir; Hydra's output dir
+        _launcher_config.on_setup(trainer, self.root, self.path, self.run_id)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

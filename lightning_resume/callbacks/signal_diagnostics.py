@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_resume._run import signals
+from lightning_resume._warnings import warn
 from lightning_resume.callbacks.preemption_handler import PreemptionHandler, StopReport
 from lightning_resume.exceptions import Preempted
 
@@ -43,7 +44,7 @@ class SignalDiagnostics(Callback):
         handled = trainer is not None and any(isinstance(cb, PreemptionHandler) for cb in trainer.callbacks)  # type: ignore[attr-defined]
         problems = signals.known_problems(table, os.environ, preemption_handler=handled)
         for problem in problems:
-            log.warning("%s", problem)
+            warn(problem, all_ranks=True)
         return problems
 
     @override

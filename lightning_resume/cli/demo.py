@@ -35,11 +35,11 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 
 from lightning_resume._run import layout
 from lightning_resume._run.resolve import read_index
 from lightning_resume._run.scheduler import ENV
+from lightning_resume.cli import render
 
 JOB_MODULE = "lightning_resume.cli.demo_job"
 EPOCHS = 3
@@ -55,6 +55,8 @@ ATTEMPT_TIMEOUT = 300.0  # seconds; an attempt normally takes a few
 # SIGKILL, or (with --trackers) the status PreemptionHandler exits with after a SIGTERM.
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL, 128 + signal.SIGTERM)
 LOG_TAIL_LINES = 25
+#: The per-attempt table's columns.
+COLUMNS = ("attempt", "restart count", "killed at step", "resumed from step", "steps lost", "wall time (s)")
 # Launcher and scheduler variables of the shell the demo runs in must not leak into its jobs.
 _STRIPPED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LIGHTNING_RESUME_")
 _STRIPPED_NAMES = frozenset({*ENV.values(), "GROUP_RANK", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"})
@@ -273,22 +275,10 @@ def _dash(value: object) -> str:
     return "—" if value is None else str(value)
 
 
-def attempts_table(attempts: Sequence[Attempt]) -> Table:
-    """The per-attempt table."""
-    table = Table(
-        title="Preempted run, attempt by attempt",
-        title_justify="left",
-        caption="restart count: the SLURM_RESTART_COUNT the attempt was launched with",
-        caption_justify="left",
-    )
-    table.add_column("attempt", justify="right")
-    table.add_column("restart count", justify="right")
-    table.add_column("killed at step", justify="right")
-    table.add_column("resumed from step", justify="right")
-    table.add_column("steps lost", justify="right")
-    table.add_column("wall time (s)", justify="right")
-    for attempt in attempts:
-        table.add_row(
+def attempt_rows(attempts: Sequence[Attempt]) -> list[tuple[str, ...]]:
+    """The per-attempt table's rows (columns: :data:`COLUMNS`)."""
+    return [
+        (
             str(attempt.number),
             _dash(attempt.number - 1 or None),
             "finished" if attempt.kill_at is None else str(attempt.kill_at),
@@ -296,7 +286,8 @@ def attempts_table(attempts: Sequence[Attempt]) -> Table:
             _dash(attempt.steps_lost),
             f"{attempt.wall_time:.1f}",
         )
-    return table
+        for attempt in attempts
+    ]
 
 
 def summary_lines(outcome: Outcome) -> list[str]:
@@ -490,7 +481,14 @@ def run_demo(
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     console.print()
-    console.print(attempts_table(outcome.attempts))
+    render.table(
+        "Preempted run, attempt by attempt",
+        COLUMNS,
+        attempt_rows(outcome.attempts),
+        caption="restart count: the SLURM_RESTART_COUNT the attempt was launched with",
+        justify="right",
+        console=console,
+    )
     for line in summary_lines(outcome):
         console.print(line, highlight=False, soft_wrap=True)
     if trackers:

@@ -17,6 +17,7 @@ from lightning_resume._resume.restart import Restart, decide
 from lightning_resume._run import layout
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
+from lightning_resume._run.sidecar import SUFFIX as SIDECAR_SUFFIX
 from lightning_resume._run.status import read_status
 from lightning_resume._sharded.parts import LIGHTNING_META, read_manifest
 from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
@@ -25,7 +26,6 @@ from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.manifest import read_entries
 from lightning_resume._storage.store import LocalStore
-from lightning_resume.trackers._sidecar import SUFFIX as SIDECAR_SUFFIX
 
 LAST = layout.LAST_CKPT
 #: ``result`` of a checkpoint a load may use.

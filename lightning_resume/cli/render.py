@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -14,14 +14,21 @@ from lightning_resume.cli.gc import Removal
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """Print one table."""
-    out = Table(title=title, title_justify="left")
+def table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    caption: str | None = None,
+    justify: Literal["left", "right"] = "left",
+    console: Console | None = None,
+) -> None:
+    """Print one table (with ``caption`` under it, every column justified as ``justify``)."""
+    out = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in columns:
-        out.add_column(column, overflow="fold")
+        out.add_column(column, overflow="fold", justify=justify)
     for row in rows:
         out.add_row(*row)
-    Console().print(out)
+    (console or Console()).print(out)
 
 
 def findings(items: list[Finding]) -> None:

@@ -12,8 +12,8 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from lightning_resume._resume.lightning_internals import mlflow_target, set_mlflow_run
 from lightning_resume._run.binding import PROCESS
+from lightning_resume._run.sidecar import Recorded, check_recorded
 from lightning_resume._warnings import warn
-from lightning_resume.trackers._sidecar import Recorded, check_recorded
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_resume._run.binding import PROCESS
+from lightning_resume._run.sidecar import Recorded, check_recorded
 from lightning_resume._warnings import warn
-from lightning_resume.trackers._sidecar import Recorded, check_recorded
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,10 @@ import math
 import os
 import re
 import socket
-import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
+from lightning_resume._resume.quiet_lightning import Quieted
 from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
 
 METRICS = "metrics.csv"
@@ -133,28 +132,8 @@ def write_purge_event(writer: Any, step: int) -> None:
     writer.flush()
 
 
-class QuietDeletionWarning:
-    """Silence ``CSVLogger``'s "Previous log files ... will be deleted" for one dir whose rows are kept.
-
-    The filter goes when ``owner`` is garbage-collected or :meth:`remove` is called.
-    """
-
-    def __init__(self, owner: object, log_dir: Path) -> None:
-        # The message names the dir as the logger was configured (maybe relative): match its last parts.
-        tail = re.escape(os.sep.join(log_dir.parts[-2:]))
-        before = list(warnings.filters)
-        message = rf"Experiment logs directory (.*{re.escape(os.sep)})?{tail} exists"
-        warnings.filterwarnings("ignore", message=message)
-        added = [item for item in warnings.filters if item not in before]
-        self._finalizer = weakref.finalize(owner, _remove_filters, added)
-
-    def remove(self) -> None:
-        """Remove the filter now."""
-        self._finalizer()
-
-
-def _remove_filters(filters: list[Any]) -> None:
-    installed: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
-    for item in filters:
-        with contextlib.suppress(ValueError):
-            installed.remove(item)
+def deletion_warning(log_dir: Path) -> Quieted:
+    """``CSVLogger``'s "Previous log files ... will be deleted" for ``log_dir``, whose rows are kept."""
+    # The message names the dir as the logger was configured (maybe relative): match its last parts.
+    tail = re.escape(os.sep.join(log_dir.parts[-2:]))
+    return "", (rf"Experiment logs directory (.*{re.escape(os.sep)})?{tail} exists",)

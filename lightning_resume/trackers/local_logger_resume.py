@@ -15,15 +15,16 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
 from lightning_resume._resume.lightning_internals import logging_step, point_logger_at_version
+from lightning_resume._resume.quiet_lightning import QuietLightning
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import Resolution
 from lightning_resume._run.scheduler import is_global_zero
+from lightning_resume._run.sidecar import Sidecar, describe, place_conflicts, read_sidecar, sidecar_path
+from lightning_resume._run.sidecar import write_sidecar as _write_sidecar
 from lightning_resume._warnings import warn
-from lightning_resume.exceptions import MissingCallbackError
+from lightning_resume.callbacks._find import missing
 from lightning_resume.trackers import _local_logs
-from lightning_resume.trackers._sidecar import Sidecar, describe, place_conflicts, read_sidecar, sidecar_path
-from lightning_resume.trackers._sidecar import write_sidecar as _write_sidecar
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class LocalLoggerResume(Callback):
         self._recorded: dict[str, dict[str, Any]] = {}
         self._kept: set[str] = set()  # kinds whose metrics.csv was set aside by this process
         self._continued: dict[str, Any] = {}  # kind -> logger to trim at the first resumed batch
-        self._quiet: list[_local_logs.QuietDeletionWarning] = []
+        self._quiet: list[QuietLightning] = []
         PROCESS.when_ready(self._on_run_dir)
 
     # -- binding: before fit, before the loggers create their writers --------------------------------
@@ -119,7 +120,7 @@ class LocalLoggerResume(Callback):
             log_dir = Path(recorded.identity["id"])
             if kind == CSV and is_global_zero(os.environ) and _local_logs.set_aside_metrics(log_dir):
                 self._kept.add(kind)
-                self._quiet.append(_local_logs.QuietDeletionWarning(self, log_dir))
+                self._quiet.append(QuietLightning(self, _local_logs.deletion_warning(log_dir)))
 
     # -- hooks ----------------------------------------------------------------------------------------
 
@@ -128,12 +129,7 @@ class LocalLoggerResume(Callback):
         if stage != "fit":
             return
         if self._run_dir is None:
-            raise MissingCallbackError(
-                "LocalLoggerResume needs a RunDir callback in the same Trainer (the record of the log dir "
-                "lives in the run dir): add RunDir(root=...) to the callbacks.",
-                needed="RunDir",
-                needed_by="LocalLoggerResume",
-            )
+            raise missing("RunDir", "LocalLoggerResume", "the record of the log dir lives in the run dir")
         handled: set[str] = set()
         for logger in trainer.loggers:
             kind = kind_of(logger)

@@ -18,10 +18,7 @@ from typing_extensions import override
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.environment import EnvOverlay
 from lightning_resume._run.resolve import Resolution
-from lightning_resume._warnings import warn
-from lightning_resume.callbacks.run_dir import RunDir
-from lightning_resume.exceptions import MissingCallbackError
-from lightning_resume.trackers._sidecar import (
+from lightning_resume._run.sidecar import (
     Recorded,
     Sidecar,
     check_recorded,
@@ -30,6 +27,9 @@ from lightning_resume.trackers._sidecar import (
     sidecar_path,
     write_sidecar,
 )
+from lightning_resume._warnings import warn
+from lightning_resume.callbacks._find import missing, the_one
+from lightning_resume.callbacks.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -248,28 +248,19 @@ class TrackerResume(Callback):
         self._write(trainer.global_step)
 
     def _use_trainers_run_dir(self, trainer: pl.Trainer) -> None:
-        run_dirs = [cb for cb in trainer.callbacks if isinstance(cb, RunDir)]  # type: ignore[attr-defined]
+        run_dir = the_one(trainer, RunDir)
         bound = (self._run_dir, self._restart)
-        if (
-            len(run_dirs) == 1
-            and bound[0] is not None
-            and (run_dirs[0].path, run_dirs[0].is_resumed) != bound
-        ):
+        if run_dir is not None and bound[0] is not None and (run_dir.path, run_dir.is_resumed) != bound:
             # Bound at construction to the RunDir of an earlier Trainer in this process.
             self._warn(
                 f"was bound to an earlier RunDir of this process ({str(self._run_dir)!r}), not to the "
-                f"Trainer's ({str(run_dirs[0].path)!r}), so the tracker run was chosen for the wrong one. "
+                f"Trainer's ({str(run_dir.path)!r}), so the tracker run was chosen for the wrong one. "
                 "When a process builds several Trainers, construct each RunDir before the tracker resume "
                 "callback. The sidecar goes to the Trainer's run dir."
             )
-            self._run_dir = run_dirs[0].path
+            self._run_dir = run_dir.path
         if self._run_dir is None:
-            raise MissingCallbackError(
-                f"{type(self).__name__} needs a RunDir callback in the same Trainer (the sidecar lives in "
-                "the run dir): add RunDir(root=...) to the callbacks.",
-                needed="RunDir",
-                needed_by=type(self).__name__,
-            )
+            raise missing("RunDir", type(self).__name__, "the sidecar lives in the run dir")
 
     def _check_continued(self, identity: Mapping[str, Any]) -> None:
         assert self._recorded is not None

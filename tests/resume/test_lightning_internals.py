@@ -30,7 +30,7 @@ from lightning_resume._resume.lightning_internals import (
     train_loader_states,
     wrapped_sampler,
 )
-from lightning_resume.io._redirect_first_strategy_load import RedirectFirstStrategyLoad
+from lightning_resume._resume.redirect import RedirectFirstLoad
 
 
 class Recorder(BoringModel):
@@ -337,7 +337,7 @@ def test_capture_checkpoint_returns_what_the_strategy_would_write_and_writes_not
 
 
 def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp_path: Path) -> None:
-    # The seam of RedirectFirstStrategyLoad: fit(ckpt_path=...) calls strategy.load_checkpoint once.
+    # The seam of RedirectFirstLoad: fit(ckpt_path=...) calls strategy.load_checkpoint once.
     trainer = tiny_fit(tmp_path, 2)
     trainer.save_checkpoint(tmp_path / "two.ckpt")
     trainer = tiny_fit(tmp_path, 4)
@@ -346,7 +346,7 @@ def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp
 
     class Install(pl.Callback):
         def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-            redirect = RedirectFirstStrategyLoad(
+            redirect = RedirectFirstLoad(
                 trainer.strategy, str(tmp_path / "four.ckpt"), redirected.append, 1, 1
             )
             redirect.install()

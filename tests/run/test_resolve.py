@@ -18,7 +18,7 @@ from lightning_resume._run.resolve import (
     wait_for_handoff,
 )
 from lightning_resume._run.scheduler import read_session
-from lightning_resume.exceptions import RunDirError
+from lightning_resume.exceptions import LightningResumeWarning, RunDirError
 
 FIRST = read_session({"SLURM_JOB_ID": "42"})
 RESTART = read_session({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})
@@ -53,13 +53,11 @@ def test_interactive_rerun_in_one_allocation_gets_a_new_dir_and_keeps_the_index(
     assert first.owns_index and not rerun.owns_index
 
 
-def test_restart_with_nothing_recorded_starts_fresh_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    res = resolve(tmp_path, RESTART)
+def test_restart_with_nothing_recorded_starts_fresh_with_a_warning(tmp_path: Path) -> None:
+    with pytest.warns(LightningResumeWarning, match="stopped before it wrote anything"):
+        res = resolve(tmp_path, RESTART)
     assert not res.is_resumed
     assert read_index(tmp_path, "42") == res.path
-    assert "stopped before it wrote anything" in caplog.text
 
 
 def test_restart_with_missing_index_but_stamped_orphan_is_an_error(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _tracker_data import only_run_dir, read_sidecar_file, run_tracker_job
 
+from lightning_resume._resume.quiet_lightning import QuietLightning
 from lightning_resume.trackers import _local_logs
 
 pytest.importorskip("tensorboard")
@@ -130,7 +131,7 @@ def test_quiet_deletion_warning_matches_only_its_dir_until_removed(tmp_path: Pat
     message = "Experiment logs directory lightning_logs/version_{} exists and is not empty."
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        quiet = _local_logs.QuietDeletionWarning(owner, tmp_path / "lightning_logs" / "version_0")
+        quiet = QuietLightning(owner, _local_logs.deletion_warning(tmp_path / "lightning_logs" / "version_0"))
         warnings.warn(message.format(0), stacklevel=1)
         warnings.warn(message.format(1), stacklevel=1)
         quiet.remove()

@@ -31,7 +31,7 @@ from conftest import job_env
 
 from lightning_resume import RunDir, WandbResume
 from lightning_resume._run.binding import PROCESS
-from lightning_resume.trackers._sidecar import Sidecar, sidecar_path, write_sidecar
+from lightning_resume._run.sidecar import Sidecar, sidecar_path, write_sidecar
 
 wandb = pytest.importorskip("wandb")
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
