@@ -29,16 +29,19 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
     lock = RunLock(tmp_path)
     lock.acquire()
     assert not free(tmp_path / LOCK)
-    ready, go = os.pipe()
+    started_r, started_w = os.pipe()
+    go_r, go_w = os.pipe()
     child = os.fork()
     if child == 0:  # a data-loader worker, say: it lives on while the parent lets go
-        os.read(ready, 1)
+        os.write(started_w, b"s")  # fork's hooks have run by now
+        os.read(go_r, 1)
         os._exit(0 if not lock.held else 1)
     try:
+        os.read(started_r, 1)
         lock.release()
         assert free(tmp_path / LOCK)  # the live child holds nothing
     finally:
-        os.write(go, b"x")
+        os.write(go_w, b"x")
         _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
