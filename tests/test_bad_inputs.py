@@ -1115,7 +1115,7 @@ def lock_held_by_a_leftover(tmp_path: Path) -> None:
         with LogLines() as lines:
             again, started = relaunch(tmp_path, tmp_path / "root")
         assert (again.path, started) == (run, 2)
-        assert len([line for line in lines if "held by leftovers of a dead attempt" in line]) == 1, lines
+        assert len([line for line in lines if "held by a leftover of a dead attempt" in line]) == 1, lines
     finally:
         os.kill(leftover, signal.SIGKILL)
 

@@ -78,7 +78,7 @@ class RunLock:
                 taken = self._try_acquire()
             if taken:
                 return
-        raise RunDirError(  # pragma: no cover - needs a stale lock to reappear twice within microseconds
+        raise RunDirError(  # a stale lock file replaced three times over
             f"Could not take the lock {str(self.path)!r}: it was replaced repeatedly while trying. Retry; "
             "if it persists, check which processes open it (lsof).",
             self.path.parent,
@@ -96,8 +96,8 @@ class RunLock:
                 return True
             if is_gone(owner):
                 log.warning(
-                    "The lock of run dir %s is held by leftovers of a dead attempt (%s, e.g. its data-loader "
-                    "workers); taking the run dir over.",
+                    "The lock of run dir %s is held by a leftover of a dead attempt (%s, no longer running on "
+                    "this machine) that inherited its descriptor; taking the run dir over.",
                     self.path.parent,
                     describe(owner),
                 )

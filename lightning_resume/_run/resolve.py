@@ -376,7 +376,7 @@ def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
         fresh = _fresh(root, session, now, continues)
         if fresh is not None:
             return fresh
-    raise RunDirError(  # pragma: no cover - needs five lost races in a row
+    raise RunDirError(  # five lost races in a row: launches keep arriving
         f"Session {key!r} kept changing under {str(root)!r} while this launch looked for its run dir: other "
         "launches of this key are starting right now. Launch it once.",
         index_path(root, key),
@@ -457,7 +457,7 @@ def _adopt(root: Path, key: str) -> Claim | _Again | None:
     except OSError as e:
         lock.release()
         raise _root_error(root, f"record session {key!r} in the index", e) from e
-    if not recorded:  # pragma: no cover - a racing launch recorded the key meanwhile
+    if not recorded:  # a racing launch recorded the key meanwhile
         lock.release()
         return _AGAIN
     log.warning(
