@@ -96,8 +96,8 @@ class RunLock:
                 return True
             if is_gone(owner):
                 log.warning(
-                    "The lock of run dir %s is held by a leftover of a dead attempt (%s, no longer running on "
-                    "this machine) that inherited its descriptor; taking the run dir over.",
+                    "The lock of run dir %s is held by a leftover of a dead attempt (%s, no longer running "
+                    "on this machine) that inherited its descriptor; taking the run dir over.",
                     self.path.parent,
                     describe(owner),
                 )
