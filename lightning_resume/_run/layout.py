@@ -14,7 +14,7 @@
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
             hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
-        .index/<session key>               the run dir a session key belongs to
+        .index/<session key>               the run dir a session key belongs to, relative to the root
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
 
 Pure standard library.
@@ -23,7 +23,7 @@ Pure standard library.
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePath
 
 RUNS = "runs"
 INDEX_DIR = ".index"
@@ -70,6 +70,17 @@ def is_root(path: Path) -> bool:
 def root_of(run_dir: Path) -> Path:
     """The root a run dir was created under (``root/runs/YYYYMMDD/HHMMSS/<id>``)."""
     return run_dir.parents[RUN_DEPTH - 1]
+
+
+def run_tail(path: PurePath) -> PurePath | None:
+    """The ``runs/YYYYMMDD/HHMMSS/<run id>`` end of ``path``, or ``None`` when it does not end so."""
+    parts = path.parts[-RUN_DEPTH:]
+    if len(parts) < RUN_DEPTH or parts[0] != RUNS:
+        return None
+    day, time = parts[1:3]
+    if not (len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit()):
+        return None
+    return PurePath(*parts)
 
 
 def is_under_runs(root: Path, path: Path) -> bool:

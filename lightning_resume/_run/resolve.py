@@ -8,24 +8,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
-import shutil
 import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning_resume._run import layout
+from lightning_resume._run.owner import RunLock, in_use_error, live_holder
 from lightning_resume._run.scheduler import KeySource, Session
 from lightning_resume._storage.atomic import create_text_exclusive, write_json_atomic
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import RunDirError
 
-_MISSING = object()
+log = logging.getLogger(__name__)
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -108,8 +109,49 @@ def index_path(root: Path, key: str) -> Path:
     return root / layout.INDEX_DIR / key_filename(key)
 
 
+def entry_text(root: Path, run_dir: Path) -> str:
+    """What the index records for ``run_dir``: its path relative to ``root`` (so that a root moved or
+    mounted elsewhere keeps working), or the absolute path of a dir outside it."""
+    try:
+        return run_dir.relative_to(root).as_posix()
+    except ValueError:
+        return str(run_dir)
+
+
+def entry_target(root: Path, text: str) -> Path:
+    """The run dir an index entry names.
+
+    Entries are relative to the root. Earlier versions wrote absolute paths: one whose tail is a run
+    dir's place (``runs/YYYYMMDD/HHMMSS/<id>``) names the dir at that place under ``root`` when there
+    is one there (the root was moved, copied or mounted elsewhere), else the path as written.
+    """
+    path = Path(text)
+    if not path.is_absolute():
+        return root / path
+    tail = layout.run_tail(path)
+    if tail is not None and (root / tail).is_dir():
+        return root / tail
+    return path
+
+
+#: What deleting an index entry does, for the messages that suggest it.
+_DELETE = (
+    "delete the entry to start a fresh run (a run dir stamped with this key, if there is exactly one, is "
+    "resumed instead)"
+)
+
+_ENTRY_HINTS = {
+    errno.ENOTDIR: "{index} is not a folder: move that file away",
+    errno.EISDIR: "the entry is a folder, not a file: remove it",
+}
+
+
 def read_index(root: Path, key: str) -> Path | None:
-    """The run dir recorded for ``key``, or ``None`` when there is no entry."""
+    """The run dir recorded for ``key``, or ``None`` when there is no entry.
+
+    Raises:
+        RunDirError: the entry cannot be read, is not UTF-8 text, or is empty.
+    """
     entry = index_path(root, key)
     try:
         text = entry.read_bytes().decode().strip()
@@ -118,41 +160,61 @@ def read_index(root: Path, key: str) -> Path | None:
     except UnicodeDecodeError as e:
         raise RunDirError(
             f"The session index entry {str(entry)!r} is not UTF-8 text ({e}): it should hold one line, the "
-            "path of the run dir. Write that path into it, or delete it to start a fresh run.",
+            f"path of the run dir (relative to the root). Write that path into it, or {_DELETE}.",
             entry,
         ) from e
     except OSError as e:
+        hint = _ENTRY_HINTS.get(e.errno or 0, "check its permissions").format(index=repr(str(entry.parent)))
         raise RunDirError(
-            f"Cannot read the session index entry {str(entry)!r}: {e}. Check its permissions.", entry
+            f"Cannot read the session index entry {str(entry)!r} ({e.strerror or e}): {hint}.", entry
         ) from e
     if not text:
         raise RunDirError(
             f"The session index entry {str(entry)!r} is empty. Write the run directory it belongs to into "
-            "it, or delete it to start a fresh run.",
+            f"it (relative to the root), or {_DELETE}.",
             entry,
         )
-    return Path(text)
+    return entry_target(root, text)
 
 
 def write_index(root: Path, key: str, run_dir: Path) -> bool:
     """Record ``key -> run_dir`` unless an entry exists; an existing entry is never overwritten."""
     entry = index_path(root, key)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    return create_text_exclusive(entry, f"{run_dir}\n")
+    return create_text_exclusive(entry, f"{entry_text(root, run_dir)}\n")
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
     """The ``run_meta.json`` of a run dir (an empty dict if it is missing or unreadable)."""
+    meta = _read_meta_strict(run_dir)
+    return meta if isinstance(meta, dict) else {}
+
+
+def _read_meta_strict(run_dir: Path) -> dict[str, Any] | str:
+    """The ``run_meta.json`` of a run dir, or why it cannot be read."""
     try:
-        data = json.loads((run_dir / layout.RUN_META).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        data = json.loads((run_dir / layout.RUN_META).read_bytes())
+    except OSError as e:
+        return str(e.strerror or e)
+    except ValueError as e:
+        return f"not JSON ({e})"
+    if not isinstance(data, dict) or "session_key" not in data:
+        return "not a run_meta object (no session_key)"
+    return data
 
 
-def find_orphans(root: Path, key: str) -> list[Path]:
-    """Run dirs under ``root`` whose ``run_meta.json`` is stamped with session ``key``."""
-    return [run_dir for run_dir in layout.run_dirs(root) if read_meta(run_dir).get("session_key") == key]
+def own_run_dirs(root: Path, key: str) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The run dirs under ``root`` stamped with session ``key`` in their ``run_meta.json``, and the
+    run dirs whose ``run_meta.json`` cannot be read (``(dir, why)``): they might be ``key``'s too."""
+    stamped, unreadable = [], []
+    for run_dir in layout.run_dirs(root):
+        meta = _read_meta_strict(run_dir)
+        if isinstance(meta, dict):
+            if meta["session_key"] == key:
+                stamped.append(run_dir)
+        elif (run_dir / layout.RUN_META).exists():  # not a racing launch's dir that is going away
+            unreadable.append((run_dir, meta))
+    return stamped, unreadable
 
 
 _ROOT_HINTS = {
@@ -191,8 +253,11 @@ def prepare_root(root: Path) -> None:
         raise _root_error(root, "create the folder", e) from e
 
 
-def create_run(root: Path, session: Session, now: datetime | None = None) -> tuple[Path, str]:
-    """Create a new, unique run dir with its ``run_meta.json``; return ``(path, run_id)``.
+def create_run(root: Path, session: Session, now: datetime | None = None) -> tuple[Path, str, RunLock]:
+    """Create a new, unique run dir with its ``run_meta.json``; return ``(path, run_id, lock)``.
+
+    The dir is locked before ``run_meta.json`` makes it a run dir, so that a launch racing this one
+    never finds it unlocked.
 
     Raises:
         RunDirError: the filesystem refused (full, read-only, no permission); no empty or half-made
@@ -201,17 +266,43 @@ def create_run(root: Path, session: Session, now: datetime | None = None) -> tup
     now = now or datetime.now()
     run_id = uuid.uuid4().hex[:12]
     path = layout.new_run_dir(root, now, run_id)
-    missing = [p for p in (path, *path.parents) if not p.exists() and root in p.parents]
+    created: list[Path] = []
+    lock = RunLock(path)
     try:
-        path.mkdir(parents=True, exist_ok=False)
+        created = _make_run_dir(root, path)
+        lock.acquire()
         _write_meta(path, run_id, session, now)
-    except OSError as e:
-        (path / layout.RUN_META).unlink(missing_ok=True)
-        for folder in missing:  # deepest first: only folders this call created, and only when empty
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+    except (OSError, RunDirError) as e:
+        _remove(path, lock, created)
+        if isinstance(e, RunDirError):
+            raise
         raise _root_error(root, "create a run dir", e) from e
-    return path, run_id
+    return path, run_id, lock
+
+
+def _make_run_dir(root: Path, path: Path) -> list[Path]:
+    """Create ``path`` and its missing parents below ``root``; return those created, deepest first."""
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(10):
+        missing = [p for p in (path, *path.parents) if root in p.parents and not p.is_dir()]
+        try:
+            for folder in reversed(missing):
+                folder.mkdir(exist_ok=folder != path)
+        except FileNotFoundError:  # a racing launch removed the empty parent it had made: again
+            continue
+        return missing
+    raise FileNotFoundError(errno.ENOENT, "parent folders keep disappearing", str(path))
+
+
+def _remove(path: Path, lock: RunLock, created: list[Path]) -> None:
+    """Remove a run dir this launch created and nobody else knows of (a lost race, a failed write)."""
+    (path / layout.RUN_META).unlink(missing_ok=True)  # first: no longer a run dir for a scan
+    with contextlib.suppress(OSError):
+        (path / layout.LOCK).unlink(missing_ok=True)
+    lock.release()
+    for folder in created or [path]:  # deepest first, and only when empty
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _write_meta(path: Path, run_id: str, session: Session, now: datetime) -> None:
@@ -228,91 +319,227 @@ def _write_meta(path: Path, run_id: str, session: Session, now: datetime) -> Non
     write_json_atomic(path / layout.RUN_META, meta)
 
 
-def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolution:
-    """Choose the run dir for the global-zero process of a launch.
+class Claim(NamedTuple):
+    """The run dir of a launch, and the lock that makes this launch its one live attempt.
 
-    A restart (the scheduler says so, or an explicit key already has an index entry) reuses the
-    indexed dir. Anything else creates a fresh dir and records it for the key if the key has no entry.
+    Attributes:
+        resolution: Which run dir, and why.
+        lock: Held on ``resolution.path``; release it when the attempt stops using the run dir.
+    """
+
+    resolution: Resolution
+    lock: RunLock
+
+
+#: How often a launch looks again after losing a race for the index entry (each loss means another
+#: launch recorded the key meanwhile, so the next look finds its entry).
+_TRIES = 5
+
+
+def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
+    """Choose and lock the run dir for the global-zero process of a launch.
+
+    An explicit key, or a restart the scheduler reports, continues the key's run: the dir its index
+    entry names, or, without an entry, the one run dir stamped with the key (the entry is recreated),
+    or a fresh run when there is none. Launches of one explicit key at the same moment: one trains,
+    the others get :class:`RunDirError`. A SLURM or TorchElastic key without a restart (a rerun inside
+    one allocation) gets a fresh run dir; the index keeps naming the first.
 
     Raises:
-        RunDirError: a restart whose index entry is missing while a dir stamped with the key exists,
-            or whose entry points at a directory that no longer exists.
+        RunDirError: the key's run is in use by a live attempt, cannot be told apart (several dirs
+            stamped with the key, an unreadable ``run_meta.json``), or its entry is wrong (missing
+            dir, not a run dir of this key); or the root cannot be written.
     """
     key = session.key
-    indexed = read_index(root, key) if key is not None else None
-    restart = session.scheduler_restart or (session.source is KeySource.EXPLICIT and indexed is not None)
-    if key is not None and restart:
-        if indexed is not None:
-            if not indexed.is_dir():
-                raise RunDirError(
-                    f"The session index {str(index_path(root, key))!r} points at {str(indexed)!r}, which "
-                    "does not exist (moved or deleted?). Restore that directory, or delete the index "
-                    "entry to start a fresh run.",
-                    index_path(root, key),
-                )
-            check_run_dir(root, key, indexed)
-            run_id = str(read_meta(indexed).get("run_id") or indexed.name)
-            return Resolution(
-                indexed, run_id, True, f"restart of session {key!r}: reusing the indexed run dir", True
-            )
-        orphans = find_orphans(root, key)
-        if orphans:
-            listed = ", ".join(repr(str(p)) for p in orphans)
-            raise RunDirError(
-                f"This is a restart of session {key!r}, but {str(index_path(root, key))!r} is missing while "
-                f"run dir(s) stamped with this key exist: {listed}. An earlier attempt created its run dir "
-                "and died before recording it. Write the right run dir into the index entry (one line: the "
-                "path) to resume it, or delete the dir(s) to start fresh.",
-                index_path(root, key),
-            )
-        warn(
-            f"Session {key!r} reports a restart but nothing was recorded for it under {str(root)!r}: the "
-            "earlier attempt was stopped before it wrote anything, so this starts a fresh run.",
-            all_ranks=True,
-        )
-    path, run_id = create_run(root, session, now)
     if key is None:
-        return Resolution(path, run_id, False, "fresh run")
-    try:
-        recorded = write_index(root, key, path)
-    except OSError as e:
-        shutil.rmtree(path, ignore_errors=True)  # unrecorded, it would be an orphan
-        raise _root_error(root, f"record session {key!r} in the index", e) from e
-    if recorded:
-        return Resolution(path, run_id, False, f"fresh run, recorded for session {key!r}", True)
-    owner = read_index(root, key)
-    return Resolution(
-        path, run_id, False, f"fresh run; session {key!r} already belongs to {str(owner)!r} (kept)"
+        path, run_id, lock = create_run(root, session, now)
+        return Claim(Resolution(path, run_id, False, "fresh run"), lock)
+    continues = session.source is KeySource.EXPLICIT or session.scheduler_restart
+    for _ in range(_TRIES):
+        indexed = read_index(root, key)
+        if indexed is not None:
+            if continues:
+                return _continue(root, key, indexed)
+            return _beside(root, session, now, indexed)
+        if continues:
+            found = _adopt(root, key)
+            if found is _AGAIN:
+                continue
+            if isinstance(found, Claim):
+                return found
+            if session.scheduler_restart:
+                warn(
+                    f"Session {key!r} reports a restart but nothing was recorded for it under {str(root)!r}: "
+                    "the earlier attempt was stopped before it wrote anything, so this starts a fresh run.",
+                    all_ranks=True,
+                )
+        fresh = _fresh(root, session, now, continues)
+        if fresh is not None:
+            return fresh
+    raise RunDirError(  # five lost races in a row: launches keep arriving
+        f"Session {key!r} kept changing under {str(root)!r} while this launch looked for its run dir: other "
+        "launches of this key are starting right now. Launch it once.",
+        index_path(root, key),
     )
 
 
-def check_run_dir(root: Path, key: str, run_dir: Path) -> None:
-    """Refuse an index entry that names anything but a run dir of ``key`` under ``root/runs``.
+def resolve(root: Path, session: Session, now: datetime | None = None) -> Resolution:
+    """:func:`claim` for a caller that only needs the decision: the lock is released at once."""
+    found = claim(root, session, now)
+    found.lock.release()
+    return found.resolution
+
+
+def _continue(root: Path, key: str, indexed: Path) -> Claim:
+    """The run dir the index names for ``key``, locked for this attempt."""
+    if not indexed.is_dir():
+        raise RunDirError(
+            f"The session index {str(index_path(root, key))!r} points at {str(indexed)!r}, which does not "
+            f"exist (deleted, or moved to another place under the root?). Restore that directory, or write "
+            f"the run dir's path into the entry, or {_DELETE}.",
+            index_path(root, key),
+        )
+    check_run_dir(root, key, indexed)
+    lock = RunLock(indexed)
+    lock.acquire()
+    reason = f"restart of session {key!r}: reusing the indexed run dir"
+    return Claim(Resolution(indexed, indexed.name, True, reason, True), lock)
+
+
+class _Again:
+    """A race was lost: look at the index again."""
+
+
+_AGAIN = _Again()
+
+
+def _adopt(root: Path, key: str) -> Claim | _Again | None:
+    """Without an index entry: the one run dir stamped with ``key``, locked and recorded again.
+
+    ``None`` when no dir is stamped with the key.
+
+    Raises:
+        RunDirError: several dirs are stamped with the key, a ``run_meta.json`` cannot be read, or
+            the stamped dir is in use by a live attempt.
+    """
+    stamped, unreadable = own_run_dirs(root, key)
+    if not stamped and not unreadable:
+        return None
+    entry = index_path(root, key)
+    if len(stamped) > 1 or unreadable:
+        if entry.exists():
+            return _AGAIN  # a racing launch recorded the key meanwhile
+        for run_dir in stamped:  # a racing launch that has not recorded the key yet: it is the one
+            holder = live_holder(run_dir)
+            if holder is not None:
+                raise in_use_error(run_dir, holder)
+        if unreadable:
+            listed = ", ".join(f"{str(p)!r} ({why})" for p, why in unreadable)
+            raise RunDirError(
+                f"Session {key!r} has no index entry {str(entry)!r}, and the run_meta.json of {listed} "
+                "cannot be read: that run dir may be this session's own run. Restore its run_meta.json, or "
+                f"move it out of {str(root / layout.RUNS)!r}, then relaunch.",
+                entry,
+            )
+        listed = ", ".join(repr(str(p)) for p in stamped)
+        raise RunDirError(
+            f"Session {key!r} has no index entry {str(entry)!r}, and {len(stamped)} run dirs are stamped "
+            f"with this key: {listed}. Write the path of the one to resume into the entry (one line, "
+            "relative to the root), or move the others out of the root, then relaunch.",
+            entry,
+        )
+    (run_dir,) = stamped
+    check_run_dir(root, key, run_dir, found_by_key=True)
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        recorded = write_index(root, key, run_dir)
+    except OSError as e:
+        lock.release()
+        raise _root_error(root, f"record session {key!r} in the index", e) from e
+    if not recorded:  # a racing launch recorded the key meanwhile
+        lock.release()
+        return _AGAIN
+    log.warning(
+        "Session %r had no index entry: resuming the one run dir stamped with this key, %s, and recording "
+        "it again in %s.",
+        key,
+        run_dir,
+        entry,
+    )
+    reason = f"restart of session {key!r}: its run dir was found by its key, the index entry recreated"
+    return Claim(Resolution(run_dir, run_dir.name, True, reason, True), lock)
+
+
+def _fresh(root: Path, session: Session, now: datetime | None, continues: bool) -> Claim | None:
+    """A fresh run dir recorded for the session key; ``None`` when a racing launch of the same
+    continuing key recorded its own first (then this launch's dir is removed again)."""
+    key = str(session.key)
+    path, run_id, lock = create_run(root, session, now)
+    try:
+        recorded = write_index(root, key, path)
+    except OSError as e:
+        _remove(path, lock, [])  # unrecorded, it would be an orphan
+        raise _root_error(root, f"record session {key!r} in the index", e) from e
+    if recorded:
+        return Claim(Resolution(path, run_id, False, f"fresh run, recorded for session {key!r}", True), lock)
+    if continues:
+        _remove(path, lock, [path, path.parent, path.parent.parent])
+        return None
+    owner = read_index(root, key)
+    reason = f"fresh run; session {key!r} already belongs to {str(owner)!r} (kept)"
+    return Claim(Resolution(path, run_id, False, reason), lock)
+
+
+def _beside(root: Path, session: Session, now: datetime | None, indexed: Path) -> Claim:
+    """A rerun under a scheduler key without a restart (inside one allocation): a fresh run dir of its
+    own; the index keeps naming the first."""
+    path, run_id, lock = create_run(root, session, now)
+    reason = f"fresh run; session {session.key!r} already belongs to {str(indexed)!r} (kept)"
+    return Claim(Resolution(path, run_id, False, reason), lock)
+
+
+def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = False) -> None:
+    """Refuse anything but a run dir of ``key`` under ``root/runs`` as the run dir of ``key``.
+
+    ``found_by_key``: ``run_dir`` was found by the key stamped in it, not through the index entry.
 
     Raises:
         RunDirError: the target is outside ``root/runs/YYYYMMDD/HHMMSS/``, has no readable
-            ``run_meta.json``, or was created for another session key.
+            ``run_meta.json``, was created for another session key, or holds the ``run_meta.json``
+            of another run.
     """
     entry = index_path(root, key)
-    where = f"The session index entry {str(entry)!r} points at {str(run_dir)!r}"
+    where = (
+        f"The run dir {str(run_dir)!r} stamped with session {key!r}"
+        if found_by_key
+        else f"The session index entry {str(entry)!r} points at {str(run_dir)!r}"
+    )
     if not layout.is_under_runs(root, run_dir):
         raise RunDirError(
             f"{where}, which is not a run dir under {str(root / layout.RUNS)!r}: training would write into "
-            "it. Write the path of this session's run dir into the entry, or delete the entry to start a "
-            "fresh run.",
+            f"it. Write the path of this session's run dir into the entry, or {_DELETE}.",
             entry,
         )
-    recorded = read_meta(run_dir).get("session_key", _MISSING)
-    if recorded is _MISSING:
+    meta = _read_meta_strict(run_dir)
+    if not isinstance(meta, dict):
         raise RunDirError(
-            f"{where}, which has no readable {layout.RUN_META}: it is not a run dir (or it was damaged). "
-            "Restore run_meta.json, or delete the entry to start a fresh run.",
+            f"{where}, whose {layout.RUN_META} cannot be read ({meta}): it is not a run dir, or it was "
+            f"damaged. Restore run_meta.json, or {_DELETE}.",
             entry,
         )
-    if recorded != key:
+    if meta["session_key"] != key:
         raise RunDirError(
-            f"{where}, a run dir of session {recorded!r}, not {key!r}: resuming it would mix two jobs. Write "
-            "the path of this session's run dir into the entry, or delete the entry to start a fresh run.",
+            f"{where}, a run dir of session {meta['session_key']!r}, not {key!r}: resuming it would mix two "
+            f"jobs. Write the path of this session's run dir into the entry, or {_DELETE}.",
+            entry,
+        )
+    recorded_id = meta.get("run_id", run_dir.name)
+    if recorded_id != run_dir.name:
+        raise RunDirError(
+            f"{where}, whose {layout.RUN_META} belongs to run {recorded_id!r}, not to {run_dir.name!r} (the "
+            "dir's name is its run id): it was copied from another run dir, or the dir was renamed. Rename "
+            "the dir back, or restore its own run_meta.json.",
             entry,
         )
 
@@ -343,10 +570,22 @@ def handoff_path(root: Path, launch: str) -> Path:
 
 
 def publish_handoff(root: Path, launch: str, resolution: Resolution) -> None:
-    """Publish rank 0's choice for the other ranks of the same launch (atomic)."""
+    """Publish rank 0's choice for the other ranks of the same launch (atomic).
+
+    Raises:
+        RunDirError: the handoff file cannot be written (``.handoff`` is a file, the root is full).
+    """
     path = handoff_path(root, launch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {**json.loads(resolution.to_json()), "written": time.time()})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {**json.loads(resolution.to_json()), "written": time.time()})
+    except OSError as e:
+        raise RunDirError(
+            f"Cannot publish this launch's run dir for its other ranks in {str(path)!r} ({e.strerror or e}): "
+            f"they would wait for it in vain. {str(path.parent)!r} must be a writable folder: move away what "
+            "is there, or free space.",
+            path,
+        ) from e
 
 
 def wait_for_handoff(
@@ -425,5 +664,5 @@ def index_entries(root: Path) -> list[IndexEntry]:
         except OSError as e:
             found.append(IndexEntry(path, None, str(e)))
             continue
-        found.append(IndexEntry(path, Path(text) if text else None, "" if text else "empty"))
+        found.append(IndexEntry(path, entry_target(root, text) if text else None, "" if text else "empty"))
     return found

@@ -132,9 +132,7 @@ class RunDir(Callback):
                     self.root, launch, self.handoff_timeout, not_before=resolve.process_start_time() - 60
                 )
         resolve.prepare_root(self.root)
-        resolution = resolve.resolve(self.root, self._session)
-        self._lock = RunLock(resolution.path)
-        self._lock.acquire()
+        resolution, self._lock = resolve.claim(self.root, self._session)  # decided and locked at once
         weakref.finalize(self, self._lock.release)
         launch = launch_key(os.environ)
         if launch is not None and expects_peers(os.environ):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from lightning_resume._run.layout import RUN_META
 from lightning_resume._run.resolve import (
     check_index,
     create_run,
+    entry_target,
     index_path,
     key_filename,
     publish_handoff,
@@ -60,26 +62,79 @@ def test_restart_with_nothing_recorded_starts_fresh_with_a_warning(tmp_path: Pat
     assert read_index(tmp_path, "42") == res.path
 
 
-def test_restart_with_missing_index_but_stamped_orphan_is_an_error(tmp_path: Path) -> None:
-    orphan, _ = create_run(tmp_path, FIRST)
-    with pytest.raises(RunDirError, match="died before recording it") as err:
+def test_restart_with_missing_index_resumes_the_one_stamped_dir_and_records_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    orphan, _, lock = create_run(tmp_path, FIRST)
+    lock.release()
+    res = resolve(tmp_path, RESTART)
+    assert res.is_resumed and res.path == orphan and res.owns_index
+    assert index_path(tmp_path, "42").read_text() == f"{orphan.relative_to(tmp_path).as_posix()}\n"
+    assert [r.message for r in caplog.records if "no index entry" in r.message] != []
+
+
+def test_missing_index_with_several_stamped_dirs_is_an_error(tmp_path: Path) -> None:
+    dirs = [create_run(tmp_path, FIRST) for _ in range(2)]
+    for _, _, lock in dirs:
+        lock.release()
+    with pytest.raises(RunDirError, match="2 run dirs are stamped with this key") as err:
         resolve(tmp_path, RESTART)
-    assert str(orphan) in str(err.value)
-    assert "Write the right run dir into the index entry" in str(err.value)
+    assert all(str(path) in str(err.value) for path, _, _ in dirs)
+    assert not index_path(tmp_path, "42").exists()
+
+
+def test_missing_index_with_an_unreadable_run_meta_is_an_error(tmp_path: Path) -> None:
+    damaged, _, lock = create_run(tmp_path, read_session({"SLURM_JOB_ID": "7"}))
+    lock.release()
+    (damaged / RUN_META).write_text("{trunc")
+    with pytest.raises(RunDirError, match="cannot be read: that run dir may be this session's own run"):
+        resolve(tmp_path, RESTART)
+
+
+def test_entries_are_relative_and_absolute_ones_still_work(tmp_path: Path) -> None:
+    first = resolve(tmp_path, FIRST)
+    entry = index_path(tmp_path, "42")
+    assert not Path(entry.read_text().strip()).is_absolute()
+    entry.write_text(f"{first.path}\n")  # as earlier versions wrote it
+    assert resolve(tmp_path, RESTART).path == first.path
+
+
+def test_an_absolute_entry_follows_a_moved_root(tmp_path: Path) -> None:
+    first = resolve(tmp_path / "old", FIRST)
+    index_path(tmp_path / "old", "42").write_text(f"{first.path}\n")  # as earlier versions wrote it
+    (tmp_path / "old").rename(tmp_path / "new")
+    again = resolve(tmp_path / "new", RESTART)
+    assert again.is_resumed and again.path == tmp_path / "new" / first.path.relative_to(tmp_path / "old")
+
+
+def test_entry_target_reads_relative_and_maps_only_run_dir_shaped_absolute_paths(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "20260101" / "120000" / "abc"
+    run.mkdir(parents=True)
+    assert entry_target(tmp_path, "runs/20260101/120000/abc") == run
+    assert entry_target(tmp_path, "/elsewhere/runs/20260101/120000/abc") == run
+    assert entry_target(tmp_path, "/elsewhere/runs/x/120000/abc") == Path("/elsewhere/runs/x/120000/abc")
+    assert entry_target(tmp_path, "/etc") == Path("/etc")
+
+
+def test_a_run_meta_of_another_run_is_refused(tmp_path: Path) -> None:
+    first = resolve(tmp_path, FIRST)
+    meta = json.loads((first.path / RUN_META).read_text())
+    (first.path / RUN_META).write_text(json.dumps({**meta, "run_id": "0123456789ab"}))
+    with pytest.raises(RunDirError, match="belongs to run '0123456789ab'"):
+        resolve(tmp_path, RESTART)
 
 
 def test_orphans_of_other_keys_do_not_count(tmp_path: Path) -> None:
-    create_run(tmp_path, read_session({"SLURM_JOB_ID": "7"}))
+    create_run(tmp_path, read_session({"SLURM_JOB_ID": "7"}))[2].release()
     assert not resolve(tmp_path, RESTART).is_resumed
 
 
 def test_index_pointing_at_a_missing_dir_is_an_error(tmp_path: Path) -> None:
     first = resolve(tmp_path, FIRST)
-    (first.path / RUN_META).unlink()
-    first.path.rmdir()
+    shutil.rmtree(first.path)
     with pytest.raises(RunDirError, match="does not exist") as err:
         resolve(tmp_path, RESTART)
-    assert "delete the index entry to start a fresh run" in str(err.value)
+    assert "delete the entry to start a fresh run" in str(err.value)
 
 
 def test_empty_index_entry_is_an_error(tmp_path: Path) -> None:
