@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_resume._run import layout, resolve
@@ -27,7 +26,8 @@ from lightning_resume._run.scheduler import (
 from lightning_resume._run.status import RunStatus, write_status
 from lightning_resume._warnings import warn
 from lightning_resume.callbacks import _launcher_config
-from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
+from lightning_resume.callbacks._attempt_recorder import AttemptRecorder
+from lightning_resume.exceptions import ResumeError, RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class RunDir(Callback):
             twin._resolution if twin is not None else self._resolve_for_this_rank()
         )
         _LIVE.add(self)
+        self._attempts = AttemptRecorder(self.path)
         # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
         # the variable lets them adopt this choice instead of resolving again.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
@@ -168,6 +169,11 @@ class RunDir(Callback):
         """The session key this run is recorded under, if any."""
         return self._session.key
 
+    @property
+    def attempts(self) -> AttemptRecorder:
+        """The record of this attempt in ``attempts.json`` (written by global rank 0)."""
+        return self._attempts
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._used = True
@@ -181,29 +187,37 @@ class RunDir(Callback):
         if redirected and trainer.is_global_zero:
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
         _launcher_config.on_setup(self, trainer)  # LightningCLI's config into the run dir; Hydra's output dir
+        self._attempts.begin(trainer, stage)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and self._session.key is not None and self._resolution.owns_index:
             resolve.check_index(self.root, self._session.key, self.path)
         self._record_status(trainer, RunStatus.RUNNING)
+        self._attempts.train_started(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._attempts.step(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._record_status(trainer, RunStatus.FINISHED)
+        self._attempts.finished(trainer)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        stopped = isinstance(exception, (Preempted, SIGTERMException))
-        status = RunStatus.PREEMPTED if stopped else RunStatus.FAILED
-        self._record_status(trainer, status, type(exception).__name__)
+        self._record_status(trainer, *self._attempts.stopped(trainer, exception))
         self._release()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self._attempts.refresh(trainer)
             self._release()
 
     def _release(self) -> None:
@@ -220,7 +234,7 @@ class RunDir(Callback):
         if not trainer.is_global_zero:
             return
         try:
-            write_status(self.path, status, trainer.global_step, detail)
+            write_status(self.path, status, self._attempts.known_step(trainer), detail)
         except OSError as e:
             log.warning("could not record status %r in %s: %s", status.value, self.path, e)
 
