@@ -130,7 +130,7 @@ class Watchdog:
     def report(self, progress: Progress | None) -> None:
         """Replace the progress the thread watches (``None``: watch nothing until the next report)."""
         self._progress = progress
-        if progress is not None and self._backstop is not None:
+        if progress is not None and self._backstop is not None and self.alive:
             self._backstop.keep_after(progress.deadline)
 
     def start(self) -> None:
@@ -139,6 +139,7 @@ class Watchdog:
             return
         self._thread = threading.Thread(target=self._run, name="lightning-resume-watchdog", daemon=True)
         self._thread.start()
+        self.report(self._progress)  # arms the backstop for what was reported before
 
     def stop(self) -> None:
         """Stop watching and end the thread (it is not waited for if it is acting on a hang)."""
@@ -152,7 +153,13 @@ class Watchdog:
 
     @property
     def alive(self) -> bool:
+        """Whether the thread runs."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (the thread may have ended since)."""
+        return self._thread is not None
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -19,7 +19,7 @@ from lightning_resume._run import attempts
 from lightning_resume._run import watchdog_timeouts as learned
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.resolve import Resolution
-from lightning_resume._run.scheduler import ENV
+from lightning_resume._run.scheduler import ENV, expects_peers
 from lightning_resume._run.watchdog import Progress, Watchdog
 from lightning_resume._run.watchdog_action import CRASH_LOOP_EXIT_CODE, HANG_EXIT_CODE, Who, act_on_hang
 from lightning_resume._run.watchdog_timeouts import Section, Settings, Timeouts
@@ -83,14 +83,17 @@ class ProgressWatchdog(Callback):
     :class:`~lightning_resume.CrashLoopStopped`, which exits with :attr:`CRASH_LOOP_EXIT_CODE`. Once
     the cause is fixed, ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train.
 
-    Needs a :class:`~lightning_resume.RunDir` in the same Trainer. The start-up clock starts when the
-    callback is constructed, so that process-group set-up and data loading are covered: construct it
-    just before the Trainer.
+    Needs a :class:`~lightning_resume.RunDir` in the same Trainer. In a process that is one rank of
+    several (torchrun, ``srun`` with several tasks, the ranks Lightning's launcher starts), the
+    start-up clock starts when the callback is constructed, so that the process-group set-up is
+    covered: construct it just before the Trainer. A lone process (a notebook, say) is watched from
+    ``setup`` on.
 
     Args:
         step_timeout: Seconds a training step (with fetching its batch) may take. ``None``: learned.
-        first_step_timeout: Seconds from construction to the end of the first training step, less the
-            checkpoint load and the sanity check (compilation, data warm-up). ``None``: learned.
+        first_step_timeout: Seconds from construction (or ``setup``) to the end of the first training
+            step, less the checkpoint load and the sanity check (compilation, data warm-up).
+            ``None``: learned.
         validation_timeout: Seconds one validation batch may take. ``None``: learned.
         epoch_end_timeout: Seconds from an epoch's last step to the next epoch's first, its
             validation and saves excepted (epoch-end hooks, new data iterators). ``None``: learned.
@@ -177,11 +180,14 @@ class ProgressWatchdog(Callback):
         self._persisted = time.monotonic()
         self._dog = self._new_watchdog()
         self._report()
+        if expects_peers(os.environ) or os.environ.get(ENV["elastic_run"]):
+            # One rank of several: watch from now, so that the process-group set-up is covered. A
+            # lone process (a notebook, say) may wait long before fit: it is watched from setup.
+            self._dog.start()
         PROCESS.when_ready(self._bind)
 
     def _new_watchdog(self) -> Watchdog:
         dog = Watchdog(functools.partial(_on_hang, weakref.ref(self)))
-        dog.start()
         weakref.finalize(self, dog.stop)
         return dog
 
@@ -263,10 +269,14 @@ class ProgressWatchdog(Callback):
                 needed_by="ProgressWatchdog",
             )
         self._run_dir = run_dir = found[0]
-        if not self._dog.alive:  # a second fit with this callback
-            self._dog = self._new_watchdog()
+        if self._dog.fired is None and not self._dog.alive:
+            if self._dog.started:  # a second fit with this callback
+                self._dog = self._new_watchdog()
+            # A lone process is watched from here (and a second fit from its own start).
             self._section, self._since, self._outer = Section.STARTUP, time.monotonic(), None
             self._first_batch = None
+            self._report()
+            self._dog.start()
         stop: str | None = None
         number = run_dir.attempts.begin(trainer, stage)
         if trainer.is_global_zero:

@@ -50,7 +50,9 @@ class RunDir(Callback):
     run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
     Under LightningCLI the configuration is saved in the run dir, and a restart with a changed
     configuration warns with the changed keys; under Hydra, a root inside the launch's output dir is
-    warned about (the next launch gets another one).
+    warned about (the next launch gets another one). Global rank 0 records every attempt (its start,
+    resumed step, steps reached, newest durable checkpoint and how it ended) in ``attempts.json``,
+    which ``lightning-resume inspect`` and :class:`~lightning_resume.ProgressWatchdog` read.
 
     Args:
         root: Folder that holds all runs and the session index.

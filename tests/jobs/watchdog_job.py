@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--samples", type=int, default=96)
     p.add_argument("--val", action="store_true", help="validate at every epoch end")
+    p.add_argument("--val-batches", type=int, default=2)
     p.add_argument("--val-sleep", type=float, default=0.0)
     p.add_argument("--hang", choices=["step", "save"], default=None, help="step: at --hang-at (0: the first)")
     p.add_argument("--hang-at", type=int, default=0, help="global step of the hang")
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         deterministic=True,
         default_root_dir=args.root,
         num_sanity_val_steps=0,
-        limit_val_batches=2 if args.val else 0,
+        limit_val_batches=args.val_batches if args.val else 0,
     )
     train = Noisy(args.samples)
     validation: DataLoader = loader("stateful", Noisy(32), 16, False)
