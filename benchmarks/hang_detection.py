@@ -85,7 +85,7 @@ class Marks(pl.Callback):
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.first = True
 
-    def setup(self, trainer: pl.Trainer, *args: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         (self.folder / f"pid-{self.attempt}-{trainer.global_rank}").write_text(str(os.getpid()))
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -115,7 +115,6 @@ def worker(args: argparse.Namespace) -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=folder,
     )
     trainer.fit(Tiny(args.hang_at + 10, 0.02))
@@ -124,13 +123,17 @@ def worker(args: argparse.Namespace) -> None:
 # -- detection: the launcher ---------------------------------------------------------------------------
 
 
-def _read_time(path: Path, timeout: float) -> float:
+def _read_time(path: Path, timeout: float, proc: subprocess.Popen[bytes]) -> float:
+    """The time written to ``path``, once it is (the job must still run)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if path.exists() and path.read_text():
             return float(path.read_text())
+        if proc.poll() is not None:
+            break
         time.sleep(0.01)
-    raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
+    log = (path.parent / "log").read_text()[-3000:]
+    raise RuntimeError(f"{path.name} was not written (job status {proc.poll()}):\n{log}")
 
 
 def _all_exited(pids: list[int], timeout: float) -> float:
@@ -163,10 +166,10 @@ def detect(watchdog: bool, args: argparse.Namespace) -> tuple[float, float]:
         with open(folder / "log", "w") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                hang = _read_time(folder / "hang", limit)
-                pids = [int(_read_time(folder / f"pid-0-{rank}", 10)) for rank in (0, 1)]
+                hang = _read_time(folder / "hang", limit, proc)
+                pids = [int(_read_time(folder / f"pid-0-{rank}", 10, proc)) for rank in (0, 1)]
                 exited = _all_exited(pids, limit)
-                resumed = _read_time(folder / "first-1", limit)
+                resumed = _read_time(folder / "first-1", limit, proc)
                 if proc.wait(timeout=limit) != 0:
                     raise RuntimeError(f"the job failed: {(folder / 'log').read_text()[-3000:]}")
             finally:

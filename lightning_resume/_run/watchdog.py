@@ -130,7 +130,7 @@ class Watchdog:
     def report(self, progress: Progress | None) -> None:
         """Replace the progress the thread watches (``None``: watch nothing until the next report)."""
         self._progress = progress
-        if progress is not None and self._backstop is not None and self.alive:
+        if progress is not None and self._backstop is not None and self._watching:
             self._backstop.keep_after(progress.deadline)
 
     def start(self) -> None:
@@ -152,6 +152,11 @@ class Watchdog:
             thread.join(timeout=5)
 
     @property
+    def _watching(self) -> bool:
+        """Started and not stopped (cheaper than asking the thread: this runs at every report)."""
+        return self._thread is not None and not self._stop.is_set()
+
+    @property
     def alive(self) -> bool:
         """Whether the thread runs."""
         return self._thread is not None and self._thread.is_alive()
@@ -170,6 +175,7 @@ class Watchdog:
             if progress.until is not None and progress.until():
                 if self._progress is progress:  # nothing left to watch: the thread ends
                     self._progress = None
+                    self._stop.set()
                     if self._backstop is not None:
                         with contextlib.suppress(Exception):
                             self._backstop.cancel()
