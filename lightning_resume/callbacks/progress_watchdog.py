@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -178,6 +179,7 @@ class ProgressWatchdog(Callback):
         self._first_batch: float | None = None  # when the first step's batch arrived
         self._dirty = False
         self._persisted = time.monotonic()
+        self._persist_failed = False
         self._dog = self._new_watchdog()
         self._report()
         if expects_peers(os.environ) or os.environ.get(ENV["elastic_run"]):
@@ -193,7 +195,7 @@ class ProgressWatchdog(Callback):
 
     # -- where the rank is ------------------------------------------------------------------------------
 
-    def _report(self, until: Any = None) -> None:
+    def _report(self, until: Callable[[], bool] | None = None) -> None:
         section = self._section
         self._dog.report(Progress(section, self._step, self._since, self._timeouts.timeout(section), until))
 
@@ -245,7 +247,9 @@ class ProgressWatchdog(Callback):
         try:
             learned.write(path, self._timeouts, self.max_attempts_without_progress)
         except OSError as e:
-            log.warning("could not record the watchdog's timeouts in %s: %s", path, e)
+            if not self._persist_failed:  # once: it is retried every minute
+                self._persist_failed = True
+                log.warning("could not record the watchdog's timeouts in %s: %s", path, e)
 
     def _bind(self, resolution: Resolution) -> None:
         """The run dir is known: start from the section times earlier attempts saw."""

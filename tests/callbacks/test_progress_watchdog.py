@@ -200,16 +200,17 @@ def test_a_job_that_fails_at_the_same_step_stops_after_n_attempts_until_reset(tm
 
 
 def test_a_slow_but_healthy_job_is_never_killed(tmp_path: Path) -> None:
-    # Each step sleeps 1.25 x longer than the one before (0.1 s to 2.7 s), and a validation batch takes
-    # 2.5 s: more than a step's learned timeout when it runs. Fixed 1 s timeouts would kill both.
-    args = ("--step-sleep", "0.1", "--step-growth", "1.25", "--samples", "64", "--val", "--val-batches", "1")
-    slow = (*args, "--val-sleep", "2.5", "--min-timeout", "1", "--first-step-timeout", "120")
+    # Each step sleeps 1.3 x longer than the one before (0.1 s to 1.8 s over 2 epochs of 6), and a
+    # validation batch takes 3 s, more than a step's learned timeout after the first epoch (1.9 s).
+    # A fixed 1 s timeout would end the steps; one timeout for every section, the validation.
+    args = ("--step-sleep", "0.1", "--step-growth", "1.3", "--samples", "48", "--val", "--val-batches", "1")
+    slow = (*args, "--val-sleep", "3", "--min-timeout", "1", "--first-step-timeout", "120")
     proc = run(tmp_path / "runs", tmp_path / "out.pt", *slow)
     assert proc.returncode == 0, output(proc)
     run_dir = only_run_dir(tmp_path / "runs")
     assert not layout.hangs_dir(run_dir).exists()
     slowest = read_slowest(run_dir)
-    assert slowest["step"] > 2.0 and slowest["validation"] >= 2.5
+    assert slowest["step"] > 1.5 and slowest["validation"] >= 3.0
 
 
 # -- in one process ---------------------------------------------------------------------------------
