@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_resume._version import __version__
 from lightning_resume.exceptions import (
     CheckpointVerificationError,
+    CrashLoopStopped,
     LightningResumeError,
     LightningResumeWarning,
     MissingCallbackError,
@@ -27,7 +28,13 @@ from lightning_resume.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from lightning_resume.callbacks import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
+    from lightning_resume.callbacks import (
+        PreemptionHandler,
+        ProgressWatchdog,
+        RequeueCheckpoint,
+        RunDir,
+        SignalDiagnostics,
+    )
     from lightning_resume.io import DurableCheckpointIO
     from lightning_resume.trackers import (
         CometResume,
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
 #: The public names that need Lightning, and the subpackage each comes from (imported on first use).
 _LAZY = {
     "PreemptionHandler": "lightning_resume.callbacks",
+    "ProgressWatchdog": "lightning_resume.callbacks",
     "RequeueCheckpoint": "lightning_resume.callbacks",
     "RunDir": "lightning_resume.callbacks",
     "SignalDiagnostics": "lightning_resume.callbacks",
@@ -72,6 +80,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CheckpointVerificationError",
     "CometResume",
+    "CrashLoopStopped",
     "DurableCheckpointIO",
     "LightningResumeError",
     "LightningResumeWarning",
@@ -80,6 +89,7 @@ __all__ = [
     "MissingCallbackError",
     "Preempted",
     "PreemptionHandler",
+    "ProgressWatchdog",
     "RequeueCheckpoint",
     "ResumeError",
     "RunDir",

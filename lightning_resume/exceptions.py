@@ -72,5 +72,27 @@ class Preempted(SystemExit):
     """
 
 
+class CrashLoopStopped(SystemExit):
+    """Raised by ``ProgressWatchdog`` before training when the run keeps ending at the same place.
+
+    The last attempts (three by default) all ended failed, hung or killed without a new durable
+    checkpoint: another attempt would do the same. It is a ``SystemExit`` with a status of its own
+    (93 by default) that launchers and job scripts can tell from a failure worth retrying;
+    ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train again.
+
+    Attributes:
+        message: What happened, in one line (the steps reached, the last error or hang, the stacks).
+        attempts: How many attempts in a row ended without a new checkpoint.
+    """
+
+    def __init__(self, message: str, code: int = 93, attempts: int = 0) -> None:
+        super().__init__(code)
+        self.message = message
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class LightningResumeWarning(UserWarning):
     """The category of every warning lightning_resume gives (filter it with ``warnings.filterwarnings``)."""

@@ -6,6 +6,9 @@
         runs/YYYYMMDD/HHMMSS/<run id>/     one folder per run (a "run dir")
             run_meta.json                  who created the run, under which session key
             status.json                    how the latest attempt stands
+            attempts.json                  every attempt: start, resumed step, checkpoints, end (RunDir)
+            watchdog.json                  ProgressWatchdog's settings and the slowest time seen per section
+            hangs/attempt-N-rank-R.txt     a hung rank's Python stacks (.json beside it: where, how long)
             .lock                          locked by the live attempt that trains here
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
@@ -30,6 +33,12 @@ INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 RUN_META = "run_meta.json"
 STATUS = "status.json"
+#: One record per attempt of the run (``lightning_resume._run.attempts``).
+ATTEMPTS = "attempts.json"
+#: ``ProgressWatchdog``'s settings and learned section times, for the next attempt and the tools.
+WATCHDOG = "watchdog.json"
+#: Stacks and notes of hung ranks: ``hangs/attempt-<N>-rank-<R>.txt`` and ``.json``.
+HANGS = "hangs"
 #: Held (advisory lock) by the live attempt that trains in a run dir.
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
@@ -110,6 +119,11 @@ def saved_marker(run_dir: Path) -> Path:
 def validated_after(run_dir: Path) -> Path:
     """``<run dir>/checkpoints/.validated-after``: the step of the last save a validation followed."""
     return checkpoint_dir(run_dir) / VALIDATED_AFTER
+
+
+def hangs_dir(run_dir: Path) -> Path:
+    """``<run dir>/hangs``: stacks and notes of hung ranks."""
+    return run_dir / HANGS
 
 
 def logs_link(run_dir: Path, kind: str) -> Path:

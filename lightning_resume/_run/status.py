@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,27 @@ class RunStatus(str, enum.Enum):
     FINISHED = "finished"
     PREEMPTED = "preempted"
     FAILED = "failed"
+    #: ``ProgressWatchdog`` found a rank without progress and ended the attempt.
+    HUNG = "hung"
+    #: ``ProgressWatchdog`` stopped a run whose attempts keep ending without a new checkpoint.
+    CRASH_LOOP = "crash-loop"
     #: Nothing readable was recorded.
     UNKNOWN = "unknown"
 
 
-def write_status(run_dir: Path, status: RunStatus, step: int, detail: str | None = None) -> None:
-    """Record ``status`` at ``step`` (atomically), with this process's id and the time."""
-    record: dict[str, Any] = {
+def write_status(
+    run_dir: Path,
+    status: RunStatus,
+    step: int | None,
+    detail: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Record ``status`` at ``step`` (atomically), with this process's id and the time.
+
+    ``extra`` adds fields (a hang's ``{"hang": {...}}``); it cannot replace the standard ones.
+    """
+    record: dict[str, Any] = {**(extra or {})}
+    record |= {
         "status": status.value,
         "step": step,
         "time": datetime.now().isoformat(timespec="seconds"),

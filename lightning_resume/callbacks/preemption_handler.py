@@ -17,8 +17,8 @@ from typing_extensions import override
 
 from lightning_resume._checks import flag, whole_number
 from lightning_resume._collectives import any_rank
-from lightning_resume._run import slurm
-from lightning_resume._run.scheduler import is_global_zero, slurm_requeue_id, under_submitit
+from lightning_resume._run.requeue import requeue_job
+from lightning_resume._run.scheduler import is_global_zero, under_submitit
 from lightning_resume._run.signals import (
     PREEMPT_SIGNALS,
     catchable_signal,
@@ -220,25 +220,8 @@ class PreemptionHandler(Callback):
         if not self.requeue:
             return "disabled"
         submitit = self._submitit_requeue()
-        if submitit is not None:
-            try:
-                # submitit requeues (or decides not to) and exits with its own status.
-                submitit(int(sig), None)
-            except SystemExit:
-                raise
-            except Exception as e:  # reported; the SLURM fallback below runs
-                log.warning("submitit's requeue failed (%r); falling back to scontrol", e)
-        job = slurm_requeue_id(os.environ)
-        if job is None:
-            return "none (not a SLURM job)"
-        state = slurm.slurm_job_state(job)
-        if state is not None and state != "RUNNING":
-            return f"none: job {job} is already {state} (the scheduler is requeueing it)"
-        try:
-            return slurm.scontrol_requeue(job)
-        except RuntimeError as e:
-            log.warning("%s", e)
-            return f"failed: {e}"
+        via_submitit = (lambda: submitit(int(sig), None)) if submitit is not None else None
+        return requeue_job(os.environ, via_submitit, warn=log.warning)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_resume._checks import positive_number
@@ -28,7 +27,8 @@ from lightning_resume._run.scheduler import (
 from lightning_resume._run.status import RunStatus, write_status
 from lightning_resume._warnings import warn
 from lightning_resume.callbacks import _launcher_config
-from lightning_resume.exceptions import Preempted, ResumeError, RunDirError
+from lightning_resume.callbacks._attempt_recorder import AttemptRecorder
+from lightning_resume.exceptions import ResumeError, RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ class RunDir(Callback):
     run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
     Under LightningCLI the configuration is saved in the run dir, and a restart with a changed
     configuration warns with the changed keys; under Hydra, a root inside the launch's output dir is
-    warned about (the next launch gets another one).
+    warned about (the next launch gets another one). Global rank 0 records every attempt (its start,
+    resumed step, steps reached, newest durable checkpoint and how it ended) in ``attempts.json``,
+    which ``lightning-resume inspect`` and :class:`~lightning_resume.ProgressWatchdog` read.
 
     Args:
         root: Folder that holds all runs and the session index.
@@ -93,6 +95,7 @@ class RunDir(Callback):
             twin._resolution if twin is not None else self._resolve_for_this_rank()
         )
         _LIVE.add(self)
+        self._attempts = AttemptRecorder(self.path)
         # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
         # the variable lets them adopt this choice instead of resolving again.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
@@ -164,6 +167,11 @@ class RunDir(Callback):
         """The session key this run is recorded under, if any."""
         return self._session.key
 
+    @property
+    def attempts(self) -> AttemptRecorder:
+        """The record of this attempt in ``attempts.json`` (written by global rank 0)."""
+        return self._attempts
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._used = True
@@ -178,29 +186,37 @@ class RunDir(Callback):
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
         # LightningCLI's configuration into the run dir; Hydra's output dir
         _launcher_config.on_setup(trainer, self.root, self.path, self.run_id)
+        self._attempts.begin(trainer, stage)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and self._session.key is not None and self._resolution.owns_index:
             resolve.check_index(self.root, self._session.key, self.path)
         self._record_status(trainer, RunStatus.RUNNING)
+        self._attempts.train_started(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._attempts.step(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._record_status(trainer, RunStatus.FINISHED)
+        self._attempts.finished(trainer)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        stopped = isinstance(exception, (Preempted, SIGTERMException))
-        status = RunStatus.PREEMPTED if stopped else RunStatus.FAILED
-        self._record_status(trainer, status, type(exception).__name__)
+        self._record_status(trainer, *self._attempts.stopped(trainer, exception))
         self._release()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self._attempts.refresh(trainer)
             self._release()
 
     def _release(self) -> None:
@@ -217,7 +233,7 @@ class RunDir(Callback):
         if not trainer.is_global_zero:
             return
         try:
-            write_status(self.path, status, trainer.global_step, detail)
+            write_status(self.path, status, self._attempts.known_step(trainer), detail)
         except OSError as e:
             log.warning("could not record status %r in %s: %s", status.value, self.path, e)
 

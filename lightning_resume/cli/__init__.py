@@ -208,6 +208,34 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- reset-crash-loop (ProgressWatchdog) ----------------------------------------------------------------
+
+
+def _add_reset_crash_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir (it holds run_meta.json)")
+
+
+def _run_reset_crash_loop(args: argparse.Namespace) -> int:
+    from lightning_resume._run import attempts, layout
+
+    run_dir = args.run_dir.expanduser().resolve()
+    if not layout.is_run_dir(run_dir):
+        what = f"{str(args.run_dir)!r} is not a run dir (no run_meta.json)"
+        raise UsageError(f"{PROG} reset-crash-loop: {what}")
+    history = attempts.read(run_dir)
+    streak = attempts.without_progress(history)
+    try:
+        attempts.write(run_dir, attempts.reset(history))
+    except OSError as e:
+        print(f"{PROG} reset-crash-loop: could not write {run_dir / layout.ATTEMPTS}: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"{run_dir}: crash-loop count reset (it was {len(streak)} attempt(s) in a row without a new durable "
+        "checkpoint); the next attempt trains"
+    )
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "demo": Command(
         help="preempt a small training job a few times and check it resumes exactly",
@@ -245,6 +273,17 @@ COMMANDS: dict[str, Command] = {
         ),
         add_arguments=_add_doctor_arguments,
         run=_run_doctor,
+    ),
+    "reset-crash-loop": Command(
+        help="let the next attempt of a run stopped by ProgressWatchdog's crash-loop rule train again",
+        description=(
+            "ProgressWatchdog stops an attempt before training when the run's last attempts all ended "
+            "failed, hung or killed without a new durable checkpoint (exit status 93). Once the cause is "
+            "fixed, this resets the count in the run dir's attempts.json, so that the next attempt trains; "
+            "the attempts stay in the history."
+        ),
+        add_arguments=_add_reset_crash_loop_arguments,
+        run=_run_reset_crash_loop,
     ),
     "gc": Command(
         help="remove index entries of long-finished runs, stale handoff files and save leftovers",

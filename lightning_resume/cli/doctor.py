@@ -10,8 +10,9 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from lightning_resume._run import grace, layout, signals
+from lightning_resume._run import grace, layout, signals, watchdog_timeouts
 from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
 from lightning_resume._run.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
@@ -426,6 +427,86 @@ def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
     return found
 
 
+#: Lightning's process-group timeout for gloo and NCCL (``default_pg_timeout``), unless the strategy
+#: is given another (``DDPStrategy(timeout=...)``, which doctor cannot see).
+COLLECTIVE_TIMEOUT = 1800.0
+#: A collective timeout this many times the watchdog's step timeout counts as far longer.
+FAR_LONGER = 4.0
+
+
+def _newest_watchdog(root: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The run dir under ``root`` whose ``watchdog.json`` was written last, and its content."""
+    if not root.is_dir():
+        return None
+    found = []
+    for path in root.glob(f"{layout.RUN_GLOB}/{layout.WATCHDOG}"):
+        try:
+            found.append((path.stat().st_mtime, path.parent))
+        except OSError:
+            continue
+    if not found:
+        return None
+    run_dir = max(found)[1]
+    return run_dir, watchdog_timeouts.read(run_dir)
+
+
+def _collective_timeout(environ: Mapping[str, str]) -> tuple[float, str]:
+    """Seconds a collective waits for a stuck peer before it fails, and where that comes from."""
+    no_abort = environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "").strip() == "0"
+    blocking = environ.get("TORCH_NCCL_BLOCKING_WAIT", "").strip().lower() in ("1", "true")
+    if no_abort and not blocking:
+        return float("inf"), "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: NCCL never aborts a timed-out collective"
+    return COLLECTIVE_TIMEOUT, "Lightning's default process-group timeout for gloo and NCCL"
+
+
+def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
+    """How long a rank stuck in a collective holds the others, against ``ProgressWatchdog``'s timeouts.
+
+    The watchdog's step timeout is the one its newest ``watchdog.json`` under ``root`` holds, or its
+    default floor when no run under the root used it.
+    """
+    collective, origin = _collective_timeout(environ)
+    seconds = "never" if collective == float("inf") else f"{collective:.0f} s"
+    newest = _newest_watchdog(root)
+    if newest is None:
+        floor = watchdog_timeouts.Settings().min_timeout
+        if collective < FAR_LONGER * floor:
+            return [Finding(Level.OK, "hang detection", f"collectives fail after {seconds} ({origin})")]
+        return [
+            Finding(
+                Level.WARN,
+                "hang detection",
+                f"a rank stuck in a collective holds every rank for {seconds} ({origin}), far longer than "
+                f"ProgressWatchdog's {floor:.0f} s, and no run under {root} used ProgressWatchdog",
+                "add ProgressWatchdog() to the callbacks: a hung rank then exits with its stacks and the job "
+                "restarts (or lower DDPStrategy(timeout=...))",
+            )
+        ]
+    run_dir, data = newest
+    try:
+        step = float((data.get("timeouts") or {})["step"])
+    except (KeyError, TypeError, ValueError):
+        return [Finding(Level.WARN, "hang detection", f"{run_dir / layout.WATCHDOG} cannot be read")]
+    if collective < step:
+        return [
+            Finding(
+                Level.WARN,
+                "hang detection",
+                f"collectives fail after {seconds} ({origin}), before ProgressWatchdog's step timeout "
+                f"({step:.0f} s in {run_dir.name}): a hang ends as a collective error, without the stacks",
+                "lower ProgressWatchdog(step_timeout=...) or raise DDPStrategy(timeout=...)",
+            )
+        ]
+    return [
+        Finding(
+            Level.OK,
+            "hang detection",
+            f"ProgressWatchdog ends a hang after ~{step:.0f} s (step timeout in {run_dir.name}); collectives "
+            f"fail after {seconds} ({origin})",
+        )
+    ]
+
+
 def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAULT_BYTES) -> list[Finding]:
     """All checks, in the order they are shown (``write_bytes=0`` skips the timed write)."""
     speed = measure_root(root, write_bytes)  # once, for the write speed and the grace windows
@@ -435,5 +516,6 @@ def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAUL
         *storage_checks(root, environ),
         *write_speed_checks(root, speed),
         *grace_checks(root, environ, speed),
+        *hang_checks(root, environ),
         *tracker_checks(environ),
     ]

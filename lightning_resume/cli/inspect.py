@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._resume.restart import Restart, decide
-from lightning_resume._run import layout
+from lightning_resume._run import attempts, hangs, layout, watchdog_timeouts
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
 from lightning_resume._run.sidecar import SUFFIX as SIDECAR_SUFFIX
@@ -224,6 +224,44 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
         "next_restart_loads": next_load(run_dir, checkpoints),
         "index_entries": pointing,
         "sidecars": _sidecars(run_dir),
+        "attempts": attempts_report(run_dir),
+    }
+
+
+def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
+    """The run's attempts (``attempts.json`` with the hang notes), its last hangs and its crash-loop count.
+
+    ``crash_loop.attempts_without_progress`` counts the latest closed attempts in a row that ended
+    without a new durable checkpoint; ``ProgressWatchdog`` stops the next attempt at ``limit``.
+    """
+    history = attempts.with_notes(attempts.read(run_dir), hangs.read_notes(run_dir))
+    last = history.last
+    live = last.number if last is not None and last.end is None else None  # running, or killed
+    streak = attempts.without_progress(history, before=live)
+    settings = watchdog_timeouts.read(run_dir)
+    hung = [a for a in history.attempts if a.end is not None and a.end.cause is attempts.Cause.HUNG]
+    return {
+        "count": history.earlier.attempts + len(history.attempts),
+        "attempts": [attempts.attempt_to_dict(a) for a in history.attempts],
+        "hangs": [
+            {
+                "attempt": a.number,
+                "section": watchdog_timeouts.section_label(a.end.section),
+                "step": a.end.step,
+                "seconds": a.end.seconds,
+                "timeout": a.end.timeout,
+                "rank": a.end.rank,
+                "stacks": [str(run_dir / p) for p in a.end.stacks],
+            }
+            for a in hung[-hangs_shown:]
+            if a.end is not None
+        ],
+        "crash_loop": {
+            "attempts_without_progress": len(streak),
+            "limit": settings.get("max_attempts_without_progress"),
+            "reset_after": history.reset_after,
+        },
+        "watchdog_timeouts": settings.get("timeouts"),
     }
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 
+from lightning_resume._run import layout
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
 
@@ -127,3 +129,28 @@ def run(report: dict[str, Any]) -> None:
     ]
     if sidecars:
         table("tracker sidecars (the runs a restart continues)", ("tracker", "identity"), sidecars)
+    _attempts(console, report.get("attempts"))
+
+
+def _attempts(console: Console, report: dict[str, Any] | None) -> None:
+    """The attempt count, the crash-loop count and the last hangs of a run."""
+    if not report or not report["count"]:
+        return
+    loop = report["crash_loop"]
+    limit = f" (ProgressWatchdog stops at {loop['limit']})" if loop.get("limit") else ""
+    console.print(
+        f"attempts: {report['count']}; crash loop: {loop['attempts_without_progress']} in a row without a "
+        f"new durable checkpoint{limit}"
+    )
+    rows = [
+        (
+            str(h["attempt"]),
+            h["section"],
+            "" if h["step"] is None else str(h["step"]),
+            "" if h["seconds"] is None else f"{h['seconds']:.0f} s (timeout {h['timeout']:.0f} s)",
+            "\n".join(f"{layout.HANGS}/{Path(p).name}" for p in h["stacks"]),
+        )
+        for h in report["hangs"]
+    ]
+    if rows:
+        table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)

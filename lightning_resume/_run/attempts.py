@@ -1,0 +1,526 @@
+"""``attempts.json``: one record per attempt of a run, for the tools and the crash-loop rule.
+
+``RunDir`` records (rank 0, atomically) when each attempt started, which step it resumed from, when
+its first step ended, the last step it reached, the newest durable checkpoint it saw and how it
+ended: ``finished``, ``preempted`` (the signal), ``failed`` (the error in one line), ``hung`` (the
+section, step, seconds and stacks files from the ranks' hang notes, see
+``lightning_resume._run.hangs``), ``killed`` (a record nobody closed: the next attempt deduces it) or
+``crash-loop-stop``. ``ProgressWatchdog`` adds the time its saves took.
+
+The file, version 1 (times are wall clock, seconds since the epoch)::
+
+    {"version": 1,
+     "reset_after": 0,                      # the crash-loop count starts after this attempt
+     "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
+     "attempts": [
+       {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r2",
+        "started": 1717000000.0,            # the process start of rank 0
+        "resumed_from": 400,                # null: a fresh start (or ended before training)
+        "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
+        "first_step": 1717000031.2,         # when its first step ended
+        "last_step": 655, "last_step_time": 1717000390.0,
+        "checkpoint": {"step": 600, "time": 1717000350.0},   # newest durable one it saw
+        "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
+        "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step",
+                "step": 655, "seconds": 300.2, "timeout": 300.0, "rank": 1,
+                "stacks": ["hangs/attempt-3-rank-0.txt", "hangs/attempt-3-rank-1.txt"]}}]}
+
+Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the ones dropped, so
+:func:`exposure` (the run's time and interruptions, what a checkpoint cadence needs) still counts
+them. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._run import layout
+from lightning_resume._run.hangs import HangNote
+from lightning_resume._run.watchdog_timeouts import section_label
+from lightning_resume._storage.atomic import write_json_atomic
+
+VERSION = 1
+#: How many attempts the file keeps (older ones are summed up in ``earlier``).
+KEEP = 100
+
+
+class Cause(str, enum.Enum):
+    """How an attempt ended."""
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    HUNG = "hung"
+    #: Nobody closed the record (SIGKILL, OOM killer, node loss): deduced by the next attempt.
+    KILLED = "killed"
+    CRASH_LOOP_STOP = "crash-loop-stop"
+
+
+#: Endings that interrupt training and lose the work since the last checkpoint.
+INTERRUPTIONS = frozenset({Cause.PREEMPTED, Cause.FAILED, Cause.HUNG, Cause.KILLED})
+#: Endings that break a crash loop: the job did nothing wrong.
+STREAK_BREAKERS = frozenset({Cause.FINISHED, Cause.PREEMPTED})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A durable checkpoint: its global step and when it was committed."""
+
+    step: int
+    time: float
+
+
+@dataclass(frozen=True)
+class End:
+    """How and when an attempt ended.
+
+    Attributes:
+        time: When it ended (for ``killed``: the last sign of life).
+        cause: How.
+        detail: One line for people.
+        signal: ``preempted``: the signal's name.
+        error: ``failed``: the exception type and the first line of its message.
+        section: ``hung``: where the first rank to report was.
+        step: ``hung``: the step it had reached.
+        seconds: ``hung``: how long it had made no progress.
+        timeout: ``hung``: the timeout it exceeded.
+        rank: ``hung``: the first rank to report.
+        stacks: ``hung``: every reporting rank's stacks file, relative to the run dir.
+    """
+
+    time: float
+    cause: Cause
+    detail: str = ""
+    signal: str | None = None
+    error: str | None = None
+    section: str | None = None
+    step: int | None = None
+    seconds: float | None = None
+    timeout: float | None = None
+    rank: int | None = None
+    stacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Saves:
+    """Checkpoint saves of an attempt, timed on the training thread (``ProgressWatchdog``)."""
+
+    count: int = 0
+    seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, seconds: float) -> Saves:
+        return Saves(self.count + 1, self.seconds + seconds, max(self.max_seconds, seconds))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of the run (one launch of the job), as rank 0 recorded it.
+
+    Attributes:
+        number: 1 for the first attempt, then 2, 3, ...
+        host: Rank 0's host.
+        pid: Rank 0's process id.
+        launch: What the scheduler calls this launch (``None`` outside one).
+        started: When rank 0's process started.
+        resumed_from: The step training resumed from (``None``: a fresh start, or not reached).
+        checkpoint_at_start: The newest durable checkpoint when the attempt began.
+        first_step: When its first training step ended.
+        last_step: The last global step it was seen at.
+        last_step_time: When it was seen there.
+        checkpoint: The newest durable checkpoint it saw (when it ended, once it has).
+        saves: Its checkpoint saves (when ``ProgressWatchdog`` timed them).
+        end: How it ended (``None``: running, or ended without a word, until the next attempt).
+    """
+
+    number: int
+    host: str
+    pid: int
+    launch: str | None
+    started: float
+    resumed_from: int | None = None
+    checkpoint_at_start: Checkpoint | None = None
+    first_step: float | None = None
+    last_step: int | None = None
+    last_step_time: float | None = None
+    checkpoint: Checkpoint | None = None
+    saves: Saves = field(default_factory=Saves)
+    end: End | None = None
+
+    @property
+    def made_progress(self) -> bool:
+        """Whether a newer durable checkpoint exists at its end than at its start."""
+        if self.checkpoint is None:
+            return False
+        start = self.checkpoint_at_start
+        return start is None or self.checkpoint.step > start.step
+
+    @property
+    def last_seen(self) -> float:
+        """The last time the attempt is known to have been alive."""
+        return max(t for t in (self.started, self.first_step, self.last_step_time) if t is not None)
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """The attempts dropped from the file, summed up (see :func:`exposure`)."""
+
+    attempts: int = 0
+    causes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    interruptions: int = 0
+
+
+@dataclass(frozen=True)
+class History:
+    """The attempts of a run.
+
+    Attributes:
+        attempts: The last :data:`KEEP` attempts, oldest first.
+        earlier: The attempts dropped before them.
+        reset_after: Attempts up to this number do not count towards a crash loop
+            (``lightning-resume reset-crash-loop``).
+    """
+
+    attempts: tuple[Attempt, ...] = ()
+    earlier: Earlier = field(default_factory=Earlier)
+    reset_after: int = 0
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def next_number(self, notes: Iterable[HangNote] = ()) -> int:
+        """The number the next attempt gets (hang notes count: an attempt may have hung unrecorded)."""
+        numbers = [a.number for a in self.attempts] + [n.attempt for n in notes]
+        return max(numbers, default=self.earlier.attempts) + 1
+
+    def get(self, number: int) -> Attempt | None:
+        return next((a for a in self.attempts if a.number == number), None)
+
+    def with_attempt(self, attempt: Attempt) -> History:
+        """This history with ``attempt`` replacing the one of the same number, or appended."""
+        kept = [a for a in self.attempts if a.number != attempt.number]
+        return replace(self, attempts=tuple(sorted([*kept, attempt], key=lambda a: a.number)))
+
+
+# -- reading and writing ------------------------------------------------------------------------------
+
+
+def _checkpoint(data: Any) -> Checkpoint | None:
+    if not isinstance(data, dict) or data.get("step") is None:
+        return None
+    return Checkpoint(int(data["step"]), float(data.get("time") or 0.0))
+
+
+def _end(data: Any) -> End | None:
+    if not isinstance(data, dict) or "cause" not in data:
+        return None
+    return End(
+        time=float(data.get("time") or 0.0),
+        cause=Cause(data["cause"]),
+        detail=str(data.get("detail") or ""),
+        signal=data.get("signal"),
+        error=data.get("error"),
+        section=data.get("section"),
+        step=data.get("step"),
+        seconds=data.get("seconds"),
+        timeout=data.get("timeout"),
+        rank=data.get("rank"),
+        stacks=tuple(data.get("stacks") or ()),
+    )
+
+
+def attempt_from_dict(data: dict[str, Any]) -> Attempt:
+    """An :class:`Attempt` from its JSON object."""
+    saves = data.get("saves") or {}
+    return Attempt(
+        number=int(data["attempt"]),
+        host=str(data.get("host", "")),
+        pid=int(data.get("pid", 0)),
+        launch=data.get("launch"),
+        started=float(data.get("started") or 0.0),
+        resumed_from=data.get("resumed_from"),
+        checkpoint_at_start=_checkpoint(data.get("checkpoint_at_start")),
+        first_step=data.get("first_step"),
+        last_step=data.get("last_step"),
+        last_step_time=data.get("last_step_time"),
+        checkpoint=_checkpoint(data.get("checkpoint")),
+        saves=Saves(
+            int(saves.get("count", 0)), float(saves.get("seconds", 0.0)), float(saves.get("max_seconds", 0.0))
+        ),
+        end=_end(data.get("end")),
+    )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
+    """The JSON object of an :class:`Attempt` (the format in the module docstring)."""
+
+    def checkpoint(c: Checkpoint | None) -> dict[str, Any] | None:
+        return None if c is None else {"step": c.step, "time": _rounded(c.time)}
+
+    end = attempt.end
+    end_data: dict[str, Any] | None = None
+    if end is not None:
+        end_data = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
+        optional = {
+            "signal": end.signal,
+            "error": end.error,
+            "section": end.section,
+            "step": end.step,
+            "seconds": _rounded(end.seconds),
+            "timeout": _rounded(end.timeout),
+            "rank": end.rank,
+        }
+        end_data.update({k: v for k, v in optional.items() if v is not None})
+        if end.stacks:
+            end_data["stacks"] = list(end.stacks)
+    return {
+        "attempt": attempt.number,
+        "host": attempt.host,
+        "pid": attempt.pid,
+        "launch": attempt.launch,
+        "started": _rounded(attempt.started),
+        "resumed_from": attempt.resumed_from,
+        "checkpoint_at_start": checkpoint(attempt.checkpoint_at_start),
+        "first_step": _rounded(attempt.first_step),
+        "last_step": attempt.last_step,
+        "last_step_time": _rounded(attempt.last_step_time),
+        "checkpoint": checkpoint(attempt.checkpoint),
+        "saves": {
+            "count": attempt.saves.count,
+            "seconds": round(attempt.saves.seconds, 3),
+            "max_seconds": round(attempt.saves.max_seconds, 3),
+        },
+        "end": end_data,
+    }
+
+
+def to_dict(history: History) -> dict[str, Any]:
+    """The JSON object of a :class:`History`."""
+    earlier = history.earlier
+    return {
+        "version": VERSION,
+        "reset_after": history.reset_after,
+        "earlier": {
+            "attempts": earlier.attempts,
+            "causes": dict(earlier.causes),
+            "seconds": round(earlier.seconds, 3),
+            "interruptions": earlier.interruptions,
+        },
+        "attempts": [attempt_to_dict(a) for a in history.attempts],
+    }
+
+
+def from_dict(data: dict[str, Any]) -> History:
+    """A :class:`History` from its JSON object.
+
+    Raises:
+        ValueError: not an attempt history this version reads.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("attempts"), list):
+        raise ValueError("not an attempt history: no 'attempts' list")
+    earlier = data.get("earlier") or {}
+    try:
+        return History(
+            attempts=tuple(attempt_from_dict(a) for a in data["attempts"]),
+            earlier=Earlier(
+                attempts=int(earlier.get("attempts", 0)),
+                causes={str(k): int(v) for k, v in (earlier.get("causes") or {}).items()},
+                seconds=float(earlier.get("seconds", 0.0)),
+                interruptions=int(earlier.get("interruptions", 0)),
+            ),
+            reset_after=int(data.get("reset_after", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"not an attempt history: {e}") from e
+
+
+def read(run_dir: Path) -> History:
+    """The attempt history of a run dir (empty when there is none or it cannot be read)."""
+    try:
+        return from_dict(json.loads((run_dir / layout.ATTEMPTS).read_text()))
+    except (OSError, ValueError):
+        return History()
+
+
+def trimmed(history: History, keep: int = KEEP) -> History:
+    """``history`` with at most ``keep`` attempts; the dropped ones are added to ``earlier``."""
+    if len(history.attempts) <= keep:
+        return history
+    dropped, kept = history.attempts[:-keep], history.attempts[-keep:]
+    causes = dict(history.earlier.causes)
+    seconds, interruptions = exposure(History(attempts=dropped))
+    for attempt in dropped:
+        cause = attempt.end.cause.value if attempt.end is not None else "unknown"
+        causes[cause] = causes.get(cause, 0) + 1
+    earlier = Earlier(
+        attempts=history.earlier.attempts + len(dropped),
+        causes=causes,
+        seconds=history.earlier.seconds + seconds,
+        interruptions=history.earlier.interruptions + interruptions,
+    )
+    return replace(history, attempts=kept, earlier=earlier)
+
+
+def write(run_dir: Path, history: History) -> None:
+    """Write the history (the last :data:`KEEP` attempts) to ``attempts.json`` atomically."""
+    write_json_atomic(run_dir / layout.ATTEMPTS, to_dict(trimmed(history)))
+
+
+# -- what happened ------------------------------------------------------------------------------------
+
+
+def hung_end(notes: Sequence[HangNote]) -> End:
+    """The end of an attempt whose ranks left hang ``notes`` (the first one to report tells)."""
+    first = min(notes, key=lambda n: n.time)
+    stacks = tuple(sorted({n.stacks for n in notes}))
+    step = "before training" if first.step is None else f"at step {first.step}"
+    detail = (
+        f"hung in {section_label(first.section)} {step}: rank {first.rank} made no progress for "
+        f"{first.seconds:.0f} s (timeout {first.timeout:.0f} s); stacks in {', '.join(stacks)}"
+    )
+    return End(
+        time=first.time,
+        cause=Cause.HUNG,
+        detail=detail,
+        section=first.section,
+        step=first.step,
+        seconds=first.seconds,
+        timeout=first.timeout,
+        rank=first.rank,
+        stacks=stacks,
+    )
+
+
+def with_notes(history: History, notes: Sequence[HangNote]) -> History:
+    """``history`` with the attempts its hang notes tell about marked ``hung``.
+
+    A hang is the root cause of whatever else ended the attempt (the peers of a hung rank fail when
+    it exits), so it replaces an open record or a ``failed``/``killed`` ending; an attempt that hung
+    before rank 0 recorded it gets a record of its own.
+    """
+    by_attempt: dict[int, list[HangNote]] = {}
+    for note in notes:
+        by_attempt.setdefault(note.attempt, []).append(note)
+    for number, found in sorted(by_attempt.items()):
+        attempt = history.get(number)
+        end = hung_end(found)
+        if attempt is None:
+            if number <= history.earlier.attempts:
+                continue  # already summed up
+            first = min(found, key=lambda n: n.time)
+            prior = [a for a in history.attempts if a.number < number]
+            start = prior[-1].checkpoint if prior else None  # it started from the previous one's
+            attempt = Attempt(
+                number,
+                first.host,
+                first.pid,
+                None,
+                started=first.time - first.seconds,
+                checkpoint_at_start=start,
+                checkpoint=start,
+            )
+        elif attempt.end is not None and attempt.end.cause not in (Cause.FAILED, Cause.KILLED, Cause.HUNG):
+            continue
+        reached = [s for s in (attempt.last_step, end.step) if s is not None]
+        history = history.with_attempt(replace(attempt, end=end, last_step=max(reached, default=None)))
+    return history
+
+
+def begin(
+    history: History,
+    attempt: Attempt,
+    checkpoint: Checkpoint | None,
+    notes: Sequence[HangNote] = (),
+) -> History:
+    """``history`` with ``attempt`` added, and every earlier attempt closed.
+
+    An earlier attempt without an end was killed (or hung, when its ranks left hang notes); it ended
+    with ``checkpoint`` as the newest durable checkpoint, which is what this attempt starts from.
+
+    Args:
+        history: The history read from the run dir.
+        attempt: This attempt (its number from :meth:`History.next_number`).
+        checkpoint: The newest durable checkpoint now.
+        notes: The run dir's hang notes.
+    """
+    history = with_notes(history, notes)
+    for earlier in history.attempts:
+        if earlier.end is None:
+            ended = End(earlier.last_seen, Cause.KILLED, "ended without a word (killed?)")
+            history = history.with_attempt(replace(earlier, end=ended))
+    last = history.last
+    # Nothing writes checkpoints between two attempts: the newest one now is the last one's.
+    if (
+        last is not None
+        and checkpoint is not None
+        and (last.checkpoint is None or checkpoint.step >= last.checkpoint.step)
+    ):
+        history = history.with_attempt(replace(last, checkpoint=checkpoint))
+    started = replace(attempt, checkpoint_at_start=checkpoint, checkpoint=checkpoint)
+    return history.with_attempt(started)
+
+
+def without_progress(history: History, before: int | None = None) -> list[Attempt]:
+    """The latest attempts in a row (before attempt ``before``) that ended badly without a new checkpoint.
+
+    The run goes back to where it was each time: ``failed``, ``hung``, ``killed`` or
+    ``crash-loop-stop`` with no newer durable checkpoint than it started from. A ``finished`` or
+    ``preempted`` attempt, one that made a new checkpoint, or a reset (``reset_after``) ends the run
+    of them. Open records count only when they are not ``before`` (they were killed).
+    """
+    streak: list[Attempt] = []
+    for attempt in reversed(history.attempts):
+        if before is not None and attempt.number >= before:
+            continue
+        if attempt.number <= history.reset_after:
+            break
+        cause = attempt.end.cause if attempt.end is not None else Cause.KILLED
+        if cause in STREAK_BREAKERS or attempt.made_progress:
+            break
+        streak.append(attempt)
+    return streak[::-1]
+
+
+def describe_streak(streak: Sequence[Attempt]) -> str:
+    """The steps the attempts reached and how the last one ended, in one line."""
+    first, last = streak[0], streak[-1]
+    start = first.checkpoint_at_start.step if first.checkpoint_at_start else None
+    reached = ", ".join("?" if a.last_step is None else str(a.last_step) for a in streak)
+    where = "from the start" if start is None else f"from step {start}"
+    how = last.end.detail if last.end is not None and last.end.detail else "ended without a word (killed?)"
+    return (
+        f"attempts {first.number}-{last.number} started {where} and reached step(s) {reached} without a "
+        f"new durable checkpoint; the last one {how}"
+    )
+
+
+def reset(history: History) -> History:
+    """``history`` with the crash-loop count starting after its last attempt."""
+    last = history.last
+    return replace(history, reset_after=last.number if last is not None else history.earlier.attempts)
+
+
+def exposure(history: History) -> tuple[float, int]:
+    """Seconds the closed attempts ran (start to end) and how many of them were interrupted.
+
+    With the attempts' ends that :data:`INTERRUPTIONS` lists, the mean time between interruptions
+    of the run is ``seconds / interruptions``; dropped attempts are included through ``earlier``.
+    """
+    seconds, interruptions = history.earlier.seconds, history.earlier.interruptions
+    for attempt in history.attempts:
+        if attempt.end is None:
+            continue
+        seconds += max(attempt.end.time - attempt.started, 0.0)
+        interruptions += attempt.end.cause in INTERRUPTIONS
+    return seconds, interruptions
