@@ -371,7 +371,9 @@ class PreemptionHandler(Callback):
     def _agree(self, trainer: pl.Trainer) -> Act:
         """What every rank does at this batch (all ranks call this at the same batch)."""
         io = trainer.strategy.checkpoint_io
-        self._wanted = (Act.SIGNAL, None) if self._received else self._notices.wanted(written_seconds(io))
+        self._wanted = (
+            (Act.SIGNAL, None) if self._received else self._notices.wanted(lambda: written_seconds(io))
+        )
         self._agreed = agree(trainer.strategy, self._wanted[0])
         return self._agreed
 

@@ -14,13 +14,16 @@ from lightning_resume.notices._notice_source import NoticeSource
 
 log = logging.getLogger(__name__)
 
+#: Failed polls in a row before the warning: one lost answer is no reason to alarm anyone.
+FAILURES_TO_WARN = 3
+
 
 class NoticePoller:
     """Polls each source every ``source.interval`` seconds, off the training thread.
 
     Keeps the newest notice of each source (a notice, once given, stands: a later empty answer does
-    not take it back), with the time it was first seen. A source whose poll fails is warned about
-    once; training never waits for a poll.
+    not take it back), with the time it was first seen. A source whose polls fail
+    :data:`FAILURES_TO_WARN` times in a row is warned about, once; training never waits for a poll.
     """
 
     def __init__(self, sources: Sequence[NoticeSource]) -> None:
@@ -28,7 +31,7 @@ class NoticePoller:
         self._notices: dict[int, Notice] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._warned: set[int] = set()
+        self._failures = [0] * len(self.sources)  # failed polls in a row, by source
         self._thread = threading.Thread(target=self._run, name="lightning-resume-notices", daemon=True)
 
     def start(self) -> None:
@@ -60,12 +63,12 @@ class NoticePoller:
 
     def _poll(self, index: int, source: NoticeSource) -> None:
         notice = source.poll()
-        if source.last_error is not None and index not in self._warned and not self._stop.is_set():
-            self._warned.add(index)
+        self._failures[index] = self._failures[index] + 1 if source.last_error is not None else 0
+        if self._failures[index] == FAILURES_TO_WARN and not self._stop.is_set():
             warn(
-                f"Preemption notices from {source.describe()}: {source.last_error}. Training goes on; this "
-                "source's notices are missed while this lasts (warned once). Fix it, or leave the source out "
-                "with PreemptionHandler(notices=[...]).",
+                f"Preemption notices from {source.describe()}: {source.last_error} ({FAILURES_TO_WARN} polls "
+                "in a row). Training goes on; this source's notices are missed while this lasts (warned "
+                "once). Fix it, or leave the source out with PreemptionHandler(notices=[...]).",
                 all_ranks=True,
             )
         elif source.last_error is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +149,8 @@ class NoticeWatch:
         and each only where it applies (no network call to tell).
         """
         self.stop()
+        self.record, self.measured, self._last_check = None, None, None  # a new fit
+        self._periods.clear()
         mine = [
             source
             for source in self.sources
@@ -169,10 +171,10 @@ class NoticeWatch:
             self.poller.stop(wait)
             self.poller = None
 
-    def wanted(self, written: float | None) -> tuple[Act, Notice | None]:
+    def wanted(self, written: Callable[[], float | None]) -> tuple[Act, Notice | None]:
         """What the notices seen by this process ask for now (``written``: the plugin's last write time)."""
         if self.poller is None:
-            return Act.NONE, None
+            return Act.NONE, None  # the common case, once per batch: nothing to compute
         self._tick()
         notices = self.poller.notices()
         if not notices:
@@ -180,7 +182,7 @@ class NoticeWatch:
         return decide(
             notices,
             now=time.time(),
-            seconds_to_durable=self.seconds_to_durable(written),
+            seconds_to_durable=self.seconds_to_durable(written()),
             margin=self.margin,
             period=max(self._periods, default=0.0),
             on_notice=self.on_notice,
