@@ -56,10 +56,10 @@ def resolve_sources(notices: Any) -> list[NoticeSource]:
     if isinstance(notices, NoticeSource):
         return [notices]  # one source given alone, not in a list
     if not isinstance(notices, Sequence) or not all(isinstance(n, NoticeSource) for n in notices):
+        package = __name__.rsplit(".", 1)[0]  # this package, or its pytorch_lightning mirror
         raise TypeError(
-            f"notices must be 'auto', None or a list of notice sources (lightning_resume.notices: "
-            "AwsSpotNotice(), GceNotice(), ...; from lightning_resume.pytorch_lightning.notices with "
-            f"pytorch_lightning), got {notices!r}."
+            f"notices must be 'auto', None or a list of notice sources from {package} (AwsSpotNotice(), "
+            f"GceNotice(), ...), got {notices!r}."
         )
     return list(notices)
 

@@ -331,6 +331,57 @@ def test_file_notice_with_a_deadline_trains_on_and_stops_before_it_then_resumes_
     assert same_weights(out, baseline["stateful"])
 
 
+@pytest.mark.slow
+def test_a_deadline_too_close_for_two_saves_stops_at_once(
+    tmp_path: Path, metadata: list[FakeMetadata], baseline: dict[str, Path]
+) -> None:
+    """20 s of warning and no save measured yet (30 s assumed): no room to save and train on."""
+    aws = FakeMetadata("aws", deadline_in=20)
+    metadata.append(aws)
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    first = run_job(
+        root,
+        out,
+        *("--preemption", "--notice", f"aws={aws.url}", "--announce-at", "5"),
+        *("--announce-url", f"{aws.url}/announce", "--step-sleep", "0.1"),
+        LIGHTNING_RESUME_KEY="close",
+    )
+    assert first.returncode == EXIT, first.output
+    assert "Preemption notice from" not in first.output  # no save to train on after
+    assert re.search(
+        r"Preempted by the aws-spot notice at step \d+: .*, 0 steps gained after it", first.output
+    )
+    again = run_job(root, out, "--preemption", LIGHTNING_RESUME_KEY="close")
+    assert again.returncode == 0, again.output
+    assert same_weights(out, baseline["stateful"])
+
+
+# Validation after step 6 and at the epoch end, 200 batches of 0.05 s each (as test_validation_signals).
+SLOW_VALIDATION = (
+    *("--loader", "plain", "--epochs", "1", "--every", "4", "--preemption", "--sanity", "0"),
+    *("--val-samples", "200", "--val-batch-size", "1", "--val-sleep", "0.05", "--val-check-interval", "6"),
+)
+
+
+@pytest.mark.slow
+def test_a_notice_to_stop_during_validation_stops_it_and_the_restart_redoes_it_exactly(
+    tmp_path: Path,
+) -> None:
+    ref = run_job(tmp_path / "ref", tmp_path / "ref.pt", *SLOW_VALIDATION, timeout=600)
+    assert ref.returncode == 0, ref.output
+    root, out, flag = tmp_path / "runs", tmp_path / "out.pt", tmp_path / "preempted"
+    notice = ("--notice", f"file={flag}", "--on-notice", "stop", "--announce-file", str(flag))
+    notice += ("--announce-at", "6", "--announce-val-batch", "50")  # in the validation after step 6
+    first = run_job(root, out, *SLOW_VALIDATION, *notice, LIGHTNING_RESUME_KEY="val", timeout=600)
+    assert first.returncode == EXIT, first.output
+    assert "Preempted by the file notice at step 6" in first.output, first.output
+    assert "VAL_DONE sanity=False step=6" not in first.output  # validation was cut short
+    again = run_job(root, out, *SLOW_VALIDATION, LIGHTNING_RESUME_KEY="val", timeout=600)
+    assert again.returncode == 0, again.output
+    assert "VAL_DONE sanity=False step=6 batches=200" in again.output  # and done again in full
+    assert same_weights(out, tmp_path / "ref.pt")
+
+
 # -- broken endpoints ------------------------------------------------------------------------------
 
 
@@ -702,3 +753,14 @@ def test_the_act_agreement_is_a_max_reduce_on_the_strategy_device() -> None:
     strategy = MetaStrategy()
     assert _collectives.max_over_ranks(strategy, 1) == 3
     assert strategy.seen == [(torch.device("meta"), "max")]
+
+
+def test_pytorch_lightning_projects_take_the_sources_from_the_mirror() -> None:
+    pytest.importorskip("pytorch_lightning")
+    from lightning_resume.pytorch_lightning import PreemptionHandler as MirroredHandler
+    from lightning_resume.pytorch_lightning import notices as mirrored
+
+    handler = MirroredHandler(notices=[mirrored.FileNotice("/tmp/x")])
+    handler.uninstall()
+    with pytest.raises(TypeError, match=r"notice sources from lightning_resume\.pytorch_lightning\.notices"):
+        MirroredHandler(notices=[FileNotice("/tmp/x")])

@@ -214,6 +214,7 @@ def add_notice_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--announce-url", default=None, help="... by a POST to this URL (a fake metadata server)")
     p.add_argument("--announce-file", default=None, help="... by writing this file")
     p.add_argument("--announce-deadline", type=float, default=None, help="seconds to the file's deadline")
+    p.add_argument("--announce-val-batch", type=int, default=None, help="... in validation, at this batch")
     p.add_argument("--print-saves", action="store_true", help="print SAVED rank=R step=S at every save")
 
 
@@ -241,6 +242,14 @@ class Announce(pl.Callback):
         self.args, self.done = args, False
 
     def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if self.args.announce_val_batch is None:
+            self._announce(trainer)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:  # type: ignore[no-untyped-def]
+        if batch_idx == self.args.announce_val_batch and not trainer.sanity_checking:
+            self._announce(trainer)
+
+    def _announce(self, trainer) -> None:  # type: ignore[no-untyped-def]
         if self.done or trainer.global_step != self.args.announce_at or trainer.global_rank != 0:
             return
         self.done = True
