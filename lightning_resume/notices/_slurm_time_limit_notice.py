@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
 
+from lightning_resume._run.grace import SlurmSignal, slurm_signal
 from lightning_resume._run.scheduler import ENV
 from lightning_resume._run.slurm import slurm_output
 from lightning_resume.notices._notice import TIME_LIMIT, Notice, format_time, parse_local_time
 from lightning_resume.notices._notice_source import NoticeSource
+
+log = logging.getLogger(__name__)
 
 
 def parse_end_time_variable(value: str) -> float | None:
@@ -47,7 +51,8 @@ class SlurmTimeLimitNotice(NoticeSource):
     stops when the end time less the measured time to a durable checkpoint, a margin and one step
     comes, saves ``last.ckpt``, requeues the job (``scontrol requeue``) and exits, before SLURM
     kills the job at its limit. Applies in a SLURM job (``$SLURM_JOB_ID`` set); job-wide, so only
-    global rank 0 polls it.
+    global rank 0 polls it. A job submitted with ``--signal`` (SLURM's own warning before the time
+    limit, as submitit's jobs are) gets no notice: that signal is its warning, as before.
 
     Args:
         interval: Seconds between two reads of the end time.
@@ -67,6 +72,7 @@ class SlurmTimeLimitNotice(NoticeSource):
 
     def __init__(self, interval: float = 60.0, timeout: float = 5.0) -> None:
         super().__init__(interval=interval, timeout=timeout)
+        self._signal: SlurmSignal | bool | None = False  # the job's --signal, once read (False: not yet)
 
     def applies(self) -> bool:
         """In a SLURM job."""
@@ -90,8 +96,29 @@ class SlurmTimeLimitNotice(NoticeSource):
             raise ValueError(f"'scontrol show job {job}' failed, is missing from PATH or gave no answer")
         return parse_scontrol_end_time(answer)
 
+    def warning_signal(self) -> SlurmSignal | None:
+        """The job's ``--signal``, read once (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the script)."""
+        if self._signal is False:
+            job = os.environ.get(ENV["slurm_job"], "").strip()
+            submit = slurm_output(
+                ["sacct", "-X", "-j", job, "-o", "SubmitLine%1000", "-P", "-n"], self.timeout
+            )
+            script = slurm_output(["scontrol", "write", "batch_script", job, "-"], self.timeout)
+            try:
+                self._signal = slurm_signal(os.environ, submit, script) if job else None
+            except ValueError:  # an $SBATCH_SIGNAL sbatch would refuse: no signal was set up
+                self._signal = None
+            if self._signal is not None:
+                log.info(
+                    "job %s warns itself with --signal=%s@%g: no time-limit notice",
+                    job,
+                    self._signal.name.removeprefix("SIG"),
+                    self._signal.lead,
+                )
+        return self._signal if isinstance(self._signal, SlurmSignal) else None
+
     def _poll(self, now: float) -> Notice | None:
         end = self.end_time()
-        if end is None:
+        if end is None or self.warning_signal() is not None:
             return None
         return Notice(self.name, TIME_LIMIT, end, detail=f"the job ends at {format_time(end)}", received=now)

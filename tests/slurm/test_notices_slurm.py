@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import sys
@@ -30,6 +31,37 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert attempt.returncode == 0, attempt.output
 
     return built_once(tmp_path_factory, "notices-slurm-reference", build) / "ref.pt"
+
+
+PROBE = """
+from lightning_resume.notices import SlurmTimeLimitNotice
+source = SlurmTimeLimitNotice()
+notice = source.poll()
+signal = source.warning_signal()
+signal = (signal.name, signal.lead) if signal else None
+print("PROBE", repr((source.applies(), signal, source.last_error, notice and notice.deadline)))
+"""
+
+
+def test_the_time_limit_is_read_and_a_job_with_its_own_warning_signal_gets_no_notice(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    jobs = {}
+    for name, options in (("plain", ()), ("signal", ("--signal=USR1@50",))):
+        script = tmp_path / f"{name}.sh"
+        script.write_text(f"#!/bin/bash\nexec {shlex.quote(sys.executable)} {tmp_path / 'probe.py'}\n")
+        log = tmp_path / f"{name}.log"
+        jobs[name] = (slurm.sbatch(f"--output={log}", "--time=2", *options, script), log)
+    for name, (job, log) in jobs.items():
+        slurm.wait_sacct_state(job, "COMPLETED", timeout=60)
+        (line,) = [line for line in log.read_text().splitlines() if line.startswith("PROBE ")]
+        applies, warning, error, deadline = ast.literal_eval(line.removeprefix("PROBE "))
+        assert applies and error is None, line
+        if name == "plain":
+            assert warning is None and deadline > 0, line  # the end time: a notice
+        else:
+            assert warning == ("SIGUSR1", 50.0) and deadline is None, line  # SLURM's own warning instead
 
 
 def test_a_job_at_its_time_limit_saves_requeues_itself_before_it_and_completes_exactly(
