@@ -386,7 +386,8 @@ class PreemptionHandler(Callback):
     def _cause(self, trainer: pl.Trainer) -> tuple[str, float]:
         """What stops ``fit`` (a signal, or a notice) and its ``time.monotonic()``."""
         if self._agreed == Act.STOP:
-            notice = self._notices.acting_on(shared_notice(trainer.strategy, self._wanted, Act.STOP)).notice
+            notice = shared_notice(trainer.strategy, self._wanted, Act.STOP)
+            self._notices.acting_on(notice)
             return f"the {notice.source} notice", time.monotonic()
         return self._signal_name(), self._received[1] if self._received else time.monotonic()
 

@@ -194,8 +194,8 @@ class NoticeWatch:
         return expected_seconds_to_durable(self.measured, written)
 
     def acting_on(self, notice: Notice) -> NoticeRecord:
-        """The record of ``notice``, begun when the ranks first act on it."""
-        if self.record is None or self.record.notice.source != notice.source:
+        """The record of the first notice the ranks act on (begun now for ``notice`` if none is)."""
+        if self.record is None:
             self.record = NoticeRecord(notice, decided=time.time())
         return self.record
 
