@@ -74,6 +74,10 @@ class NoticeSource:
         """Ask the source once (``now``: ``time.time()`` of this poll). May raise."""
         raise NotImplementedError(f"{type(self).__name__} must implement _poll(now)")
 
+    def _next_poll_in(self) -> float:
+        """Seconds until the next poll (:attr:`interval`; a source may ask for sooner)."""
+        return self.interval
+
     def _complain(self, message: str) -> None:
         """Report a problem with an answer that still gave a result (the handler warns once)."""
         self.last_error = message

@@ -58,7 +58,7 @@ class NoticePoller:
             for index, source in enumerate(self.sources):
                 if time.monotonic() >= due[index] and not self._stop.is_set():
                     self._poll(index, source)
-                    due[index] = time.monotonic() + source.interval
+                    due[index] = time.monotonic() + source._next_poll_in()
             self._stop.wait(max(0.0, min(due) - time.monotonic()))
 
     def _poll(self, index: int, source: NoticeSource) -> None:

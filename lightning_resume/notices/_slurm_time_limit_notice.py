@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 
 from lightning_resume._run.grace import SlurmSignal, slurm_signal
@@ -14,6 +15,11 @@ from lightning_resume.notices._notice import TIME_LIMIT, Notice, format_time, pa
 from lightning_resume.notices._notice_source import NoticeSource
 
 log = logging.getLogger(__name__)
+
+#: Seconds an empty accounting record is read again, before the job counts as without ``--signal``.
+SIGNAL_READ_SECONDS = 60.0
+#: Seconds between polls until the job's ``--signal`` is known.
+UNSETTLED_POLL_SECONDS = 5.0
 
 
 def parse_end_time_variable(value: str) -> float | None:
@@ -72,7 +78,8 @@ class SlurmTimeLimitNotice(NoticeSource):
 
     def __init__(self, interval: float = 60.0, timeout: float = 5.0) -> None:
         super().__init__(interval=interval, timeout=timeout)
-        self._signal: SlurmSignal | bool | None = False  # the job's --signal, once read (False: not yet)
+        self._signal: SlurmSignal | bool | None = False  # the job's --signal, once settled (False: not yet)
+        self._first_read = 0.0
 
     def applies(self) -> bool:
         """In a SLURM job."""
@@ -97,28 +104,40 @@ class SlurmTimeLimitNotice(NoticeSource):
         return parse_scontrol_end_time(answer)
 
     def warning_signal(self) -> SlurmSignal | None:
-        """The job's ``--signal``, read once (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the script)."""
-        if self._signal is False:
-            job = os.environ.get(ENV["slurm_job"], "").strip()
-            submit = slurm_output(
-                ["sacct", "-X", "-j", job, "-o", "SubmitLine%1000", "-P", "-n"], self.timeout
-            )
-            script = slurm_output(["scontrol", "write", "batch_script", job, "-"], self.timeout)
-            try:
-                self._signal = slurm_signal(os.environ, submit, script) if job else None
-            except ValueError:  # an $SBATCH_SIGNAL sbatch would refuse: no signal was set up
-                self._signal = None
-            if self._signal is not None:
+        """The job's ``--signal`` (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the batch script).
+
+        Read until it is settled: the accounting record of a job that just started can still be
+        empty, and is read again (for up to :data:`SIGNAL_READ_SECONDS`).
+        """
+        if self._signal is not False:
+            return self._signal if isinstance(self._signal, SlurmSignal) else None
+        job = os.environ.get(ENV["slurm_job"], "").strip()
+        accounting = ["sacct", "-X", "-j", job, "-o", "SubmitLine%1000", "-P", "-n"]
+        submit = slurm_output(accounting, self.timeout) if job else None
+        script = slurm_output(["scontrol", "write", "batch_script", job, "-"], self.timeout) if job else None
+        try:
+            found = slurm_signal(os.environ, submit, script)
+        except ValueError:  # an $SBATCH_SIGNAL sbatch would refuse: no signal was set up
+            found = None
+        self._first_read = self._first_read or time.monotonic()
+        recorded = submit is None or bool(submit.strip())  # no accounting at all, or the job's record
+        if found is not None or recorded or time.monotonic() - self._first_read > SIGNAL_READ_SECONDS:
+            self._signal = found
+            if found is not None:
                 log.info(
                     "job %s warns itself with --signal=%s@%g: no time-limit notice",
                     job,
-                    self._signal.name.removeprefix("SIG"),
-                    self._signal.lead,
+                    found.name.removeprefix("SIG"),
+                    found.lead,
                 )
-        return self._signal if isinstance(self._signal, SlurmSignal) else None
+        return found
+
+    def _next_poll_in(self) -> float:
+        # Until the job's --signal is known, soon again: the accounting record comes within seconds.
+        return min(self.interval, UNSETTLED_POLL_SECONDS) if self._signal is False else self.interval
 
     def _poll(self, now: float) -> Notice | None:
         end = self.end_time()
-        if end is None or self.warning_signal() is not None:
-            return None
+        if end is None or self.warning_signal() is not None or self._signal is False:
+            return None  # no limit, SLURM's own warning, or not known yet whether there is one
         return Notice(self.name, TIME_LIMIT, end, detail=f"the job ends at {format_time(end)}", received=now)

@@ -34,9 +34,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 PROBE = """
+import time
 from lightning_resume.notices import SlurmTimeLimitNotice
 source = SlurmTimeLimitNotice()
-notice = source.poll()
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:  # a job that just started may not be in the accounting yet
+    notice = source.poll()
+    if notice is not None or source.warning_signal() is not None:
+        break
+    time.sleep(0.5)
 signal = source.warning_signal()
 signal = (signal.name, signal.lead) if signal else None
 print("PROBE", repr((source.applies(), signal, source.last_error, notice and notice.deadline)))
