@@ -47,8 +47,8 @@ class StopReport:
         signal: The signal's name (or ``"a signal on another rank"``), or the notice that stopped
             ``fit`` (``"the aws-spot notice"``).
         step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
-        started: ``time.monotonic()`` when the signal arrived.
-        seconds_to_durable: From the signal until ``last.ckpt`` was durable.
+        started: ``time.monotonic()`` when the signal arrived (for a notice: when the ranks decided to stop).
+        seconds_to_durable: From then until ``last.ckpt`` was durable.
         requeue: What was done to requeue the job (``None`` until it is decided).
         seconds_to_exit: From the signal until ``fit`` ended.
         write: How ``last.ckpt`` was written (size, seconds, speed), when the checkpoint plugin reports
