@@ -1,9 +1,10 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
 The package is organised as its architecture: ``callbacks`` (run dir, ``last.ckpt`` and resume,
-preemption, diagnostics), ``trackers`` (tracker resume), ``loggers``, ``io`` (the checkpoint plugin),
-``cli``; the private ``_run``, ``_resume`` and ``_writer`` hold the logic they share. Every public name
-is importable from here.
+preemption, diagnostics), ``notices`` (preemption notices), ``trackers`` (tracker resume),
+``loggers``, ``io`` (the checkpoint plugin), ``cli``; the private ``_run``, ``_resume`` and
+``_writer`` hold the logic they share. Every public name is importable from here (the notice sources
+from ``lightning_resume.notices``).
 
 Importing this package has no side effects: it touches no signals, environment or logging, and
 imports no tracker. Nor does it import Lightning or torch until a name that needs them is used: the
@@ -28,6 +29,7 @@ from lightning_resume.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from lightning_resume import notices
     from lightning_resume.callbacks import (
         PreemptionHandler,
         ProgressWatchdog,
@@ -64,7 +66,15 @@ _LAZY = {
 }
 
 
+#: Subpackages reachable as attributes (``lightning_resume.notices.AwsSpotNotice``), imported on first use.
+_SUBPACKAGES = ("notices",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        subpackage = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = subpackage
+        return subpackage
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -74,7 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *_SUBPACKAGES})
 
 
 __all__ = [
@@ -100,4 +110,5 @@ __all__ = [
     "TrackioResume",
     "WandbResume",
     "__version__",
+    "notices",
 ]

@@ -30,6 +30,14 @@ def any_rank(strategy: Strategy, flag: bool) -> bool:
     return bool(strategy.reduce_boolean_decision(flag, all=False))
 
 
+def max_over_ranks(strategy: Strategy, value: int) -> int:
+    """The largest ``value`` of any rank (one small all-reduce), so that every rank acts on the same one."""
+    if not _distributed(strategy):
+        return value
+    tensor = torch.tensor(value, dtype=torch.int64, device=strategy.root_device)
+    return int(strategy.reduce(tensor, reduce_op="max").item())
+
+
 def broadcast(strategy: Strategy, obj: T) -> T:
     """Global rank 0's ``obj``, on every rank."""
     return strategy.broadcast(obj, src=0) if _distributed(strategy) else obj

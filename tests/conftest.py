@@ -54,6 +54,9 @@ SCHEDULER_VARS = (
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
     "TORCHELASTIC_SIGNALS_TO_HANDLE",
     "KUBERNETES_SERVICE_HOST",
+    # What the notice sources read (lightning_resume.notices).
+    "SLURM_JOB_END_TIME",
+    "LIGHTNING_RESUME_NOTICE",
 )
 
 

@@ -1489,6 +1489,68 @@ def uncatchable_signal(tmp_path: Path) -> None:
 
 
 @case(
+    '`PreemptionHandler(notices="aws")`, `on_notice="save"`, `notice_margin=0`, `AwsSpotNotice(endpoint="")`',
+    "`ValueError` / `TypeError` naming the value",
+)
+def bad_notice_arguments(tmp_path: Path) -> None:
+    from lightning_resume.notices import AwsSpotNotice
+
+    with pytest.raises(
+        ValueError, match="notices must be 'auto', None or a list of notice sources, got 'aws'"
+    ):
+        PreemptionHandler(notices="aws")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got \\[1\\]"):
+        PreemptionHandler(notices=[1])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="on_notice must be one of 'save_and_continue', 'stop', got 'save'"):
+        PreemptionHandler(on_notice="save")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="notice_margin must be > 0, got 0"):
+        PreemptionHandler(notice_margin=0)
+    with pytest.raises(ValueError, match=r"endpoint must be a base URL .* got ''"):
+        AwsSpotNotice(endpoint="")
+
+
+@case(
+    "a notice file left by an earlier attempt (older than the process)",
+    "ignored with one warning: the restart trains on",
+)
+def stale_notice_file(tmp_path: Path) -> None:
+    import time
+    import warnings
+
+    import lightning.pytorch as pl
+
+    from lightning_resume.notices import FileNotice
+
+    flag = tmp_path / "preempted"
+    flag.write_text("")
+    os.utime(flag, (1.0, 1.0))
+    source = FileNotice(flag, interval=0.01)
+    handler = PreemptionHandler(notices=[source], on_notice="stop")
+
+    class WaitForTheWarning(pl.Callback):
+        def on_train_batch_end(self, *args: object) -> None:
+            deadline = time.monotonic() + 10
+            while (
+                not [w for w in caught if "older than this process" in str(w.message)]
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(
+            tmp_path,
+            RunDir(root=tmp_path / "root"),
+            RequeueCheckpoint(),
+            WaitForTheWarning(),
+            handler,
+            steps=3,
+        )
+    assert handler.stop_report is None  # trained to the end
+    assert len([w for w in caught if "older than this process" in str(w.message)]) == 1
+
+
+@case(
     "`$SUBMITIT_PREEMPT_SIGNAL` inherited outside submitit",
     "ignored: a SIGTERM preemption still saves and exits 143; `doctor` warns",
 )

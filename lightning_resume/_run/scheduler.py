@@ -42,6 +42,8 @@ ENV = {
     "elastic_shutdown": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
     "elastic_signals": "TORCHELASTIC_SIGNALS_TO_HANDLE",
     "kubernetes": "KUBERNETES_SERVICE_HOST",
+    "slurm_end_time": "SLURM_JOB_END_TIME",
+    "notice_file": "LIGHTNING_RESUME_NOTICE",
 }
 
 

@@ -9,14 +9,13 @@ import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_resume._checks import flag, whole_number
-from lightning_resume._collectives import any_rank
 from lightning_resume._run.requeue import requeue_job
 from lightning_resume._run.scheduler import is_global_zero, under_submitit
 from lightning_resume._run.signals import (
@@ -32,6 +31,10 @@ from lightning_resume.callbacks._find import find_one
 from lightning_resume.callbacks.requeue_checkpoint import RequeueCheckpoint
 from lightning_resume.exceptions import Preempted
 from lightning_resume.io._protocol import HurryingCheckpointIO
+from lightning_resume.notices import Notice, NoticeSource
+from lightning_resume.notices._agreement import Wanted, agree, shared_notice, written_seconds
+from lightning_resume.notices._policy import Act
+from lightning_resume.notices._watch import NoticeWatch
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +46,19 @@ class StopReport:
     """How ``fit`` was stopped by a preemption signal.
 
     Attributes:
-        signal: The signal's name (or ``"a signal on another rank"``).
+        signal: The signal's name (or ``"a signal on another rank"``), or the notice that stopped
+            ``fit`` (``"the aws-spot notice"``).
         step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
-        started: ``time.monotonic()`` when the signal arrived.
-        seconds_to_durable: From the signal until ``last.ckpt`` was durable.
+        started: ``time.monotonic()`` when the signal arrived (for a notice: when the ranks decided to stop).
+        seconds_to_durable: From then until ``last.ckpt`` was durable.
         requeue: What was done to requeue the job (``None`` until it is decided).
         seconds_to_exit: From the signal until ``fit`` ended.
         write: How ``last.ckpt`` was written (size, seconds, speed), when the checkpoint plugin reports
             it (:attr:`DurableCheckpointIO.last_write <lightning_resume.DurableCheckpointIO.last_write>`).
+        notice: The preemption notice acted on before the stop, if any.
+        notice_to_durable: Seconds from that notice until the first ``last.ckpt`` after it was durable.
+        steps_after_notice: Steps trained after the notice's save and kept by the last save (0 when
+            ``fit`` stopped at the notice).
     """
 
     signal: str
@@ -60,6 +68,9 @@ class StopReport:
     requeue: str | None = None
     seconds_to_exit: float | None = None
     write: WriteStats | None = None
+    notice: Notice | None = None
+    notice_to_durable: float | None = None
+    steps_after_notice: int | None = None
 
 
 class PreemptionHandler(Callback):
@@ -88,6 +99,12 @@ class PreemptionHandler(Callback):
     hang DDP) and, because a SIGUSR1 handler exists, ``SLURMEnvironment(auto_requeue=True)`` installs
     none: no second requeue and no ``hpc_ckpt_N.ckpt`` files.
 
+    Preemption notices (:mod:`lightning_resume.notices`: a cloud's interruption notice, the SLURM
+    time limit, a file) are polled off the training thread and acted on through the same agreement.
+    With ``on_notice="save_and_continue"``, ``last.ckpt`` is saved at once and training goes on until
+    the deadline less the measured time to durable, ``notice_margin`` and one step, or the signal,
+    then stops as for a signal; with no room for that, or ``"stop"``, it stops at once.
+
     Args:
         signals: Signal names that mean "preempted" (a list, or one name). Default: SIGTERM, SIGUSR1,
             SIGUSR2 (and submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
@@ -96,10 +113,17 @@ class PreemptionHandler(Callback):
         check_every_n_steps: Agree on the flag every this many training (and validation) batches
             instead of every one: one small all-reduce per check under DDP (about 2 ms on 2 CPU
             ranks, negligible against a GPU step). The stop then comes up to this many batches later.
+        notices: Preemption notice sources to poll: ``"auto"`` (default: every source of
+            :mod:`lightning_resume.notices` that applies on the machine, told without a network call),
+            ``None`` or ``[]`` for none, or a list such as ``[AwsSpotNotice(), FileNotice("/tmp/x")]``.
+        on_notice: What a notice does: ``"save_and_continue"`` (default) saves now and trains on until
+            the deadline (or the signal); ``"stop"`` saves, requeues and exits now.
+        notice_margin: Seconds kept free before a notice's deadline, beyond the measured time to
+            durable and one step (time to requeue and exit, clocks that differ).
 
     Raises:
-        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), or an exit code outside
-            1..255.
+        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), an exit code outside
+            1..255, an unknown ``on_notice`` or ``notices`` string, or a non-positive ``notice_margin``.
         TypeError: for arguments of the wrong type.
 
     Example::
@@ -114,6 +138,9 @@ class PreemptionHandler(Callback):
         requeue: bool = True,
         exit_code: int = 143,
         check_every_n_steps: int = 1,
+        notices: Literal["auto"] | list[NoticeSource] | None = "auto",
+        on_notice: Literal["save_and_continue", "stop"] = "save_and_continue",
+        notice_margin: float = 15.0,
     ) -> None:
         whole_number("exit_code", exit_code, what="whole number from 1 to 255")
         if not 1 <= exit_code <= 255:
@@ -132,6 +159,10 @@ class PreemptionHandler(Callback):
         self.requeue = requeue
         self.exit_code = exit_code
         self.check_every_n_steps = check_every_n_steps
+        self._notices = NoticeWatch(notices, on_notice, notice_margin)
+        self.notices, self.on_notice, self.notice_margin = notices, on_notice, notice_margin
+        self._agreed = Act.NONE
+        self._wanted: Wanted = (Act.NONE, None)  # this rank's, at the latest check
         self._batches_seen = 0
         self._pid = os.getpid()
         self._previous: dict[signal.Signals, _Handler] = {}
@@ -228,6 +259,8 @@ class PreemptionHandler(Callback):
         why = "it saves last.ckpt through it, with a RunDir"
         self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
         self.install()
+        if stage == "fit":
+            self._notices.start(trainer.local_rank, trainer.global_rank)
 
     def _take_back_handlers(self) -> None:
         # Lightning puts its own SIGTERM handling in front of ours just before the sanity check (and
@@ -265,8 +298,8 @@ class PreemptionHandler(Callback):
     ) -> None:
         # The last batch of an epoch is not a resume point: the epoch end (or, with a stateful
         # loader, the next epoch's first batch) is, so the check waits for it.
-        if self._check_due() and not trainer.is_last_batch and self._agreed(trainer):
-            self._save(trainer)
+        if self._check_due() and not trainer.is_last_batch:
+            self._act(trainer, self._agree(trainer))
 
     @override
     def on_validation_batch_end(
@@ -280,14 +313,13 @@ class PreemptionHandler(Callback):
     ) -> None:
         if trainer.state.fn != "fit" or self._stopped is not None or not self._in_training:
             return
-        if not (self._check_due() and self._agreed(trainer)):
+        # A notice's save while training goes on waits for the next training batch.
+        if not (self._check_due() and self._agree(trainer) >= Act.STOP):
             return
         if trainer.sanity_checking:
             # No training step has run: nothing to save; the restart runs the sanity check again.
-            start = self._received[1] if self._received else time.monotonic()
-            self._stopped = StopReport(
-                self._signal_name(), trainer.global_step, started=start, seconds_to_durable=0.0
-            )
+            cause, start = self._cause(trainer)
+            self._stopped = StopReport(cause, trainer.global_step, started=start, seconds_to_durable=0.0)
         else:
             # Validation changes no training state: save the last step's, to redo this validation.
             self._save(trainer, in_validation=True)
@@ -304,27 +336,46 @@ class PreemptionHandler(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._requeue_checkpoint is not None
-        if (
-            self._stopped is None
-            and not self._requeue_checkpoint.saves_epoch_start_instead
-            and self._agreed(trainer)
-        ):
-            self._save(trainer)
+        if self._stopped is None and not self._requeue_checkpoint.saves_epoch_start_instead:
+            self._act(trainer, self._agree(trainer))
         if self._stopped is not None:
             self._exit(trainer)
 
-    def _agreed(self, trainer: pl.Trainer) -> bool:
-        """Whether any rank received a preemption signal (all ranks call this at the same batch)."""
-        return any_rank(trainer.strategy, self._received is not None)
-
-    def _signal_name(self) -> str:
-        return self._received[0].name if self._received else "a signal on another rank"
-
-    def _save(self, trainer: pl.Trainer, in_validation: bool = False) -> None:
-        """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
-        assert self._requeue_checkpoint is not None
-        start = self._received[1] if self._received else time.monotonic()
+    def _agree(self, trainer: pl.Trainer) -> Act:
+        """What every rank does at this batch (all ranks call this at the same batch)."""
         io = trainer.strategy.checkpoint_io
+        self._wanted = (
+            (Act.SIGNAL, None) if self._received else self._notices.wanted(lambda: written_seconds(io))
+        )
+        self._agreed = agree(trainer.strategy, self._wanted[0])
+        return self._agreed
+
+    def _act(self, trainer: pl.Trainer, act: Act) -> None:
+        if act == Act.SAVE:
+            self._save_for_notice(trainer)
+        elif act >= Act.STOP:
+            self._save(trainer)
+
+    def _cause(self, trainer: pl.Trainer) -> tuple[str, float]:
+        """What stops ``fit`` (a signal, or a notice) and its ``time.monotonic()``."""
+        if self._agreed == Act.STOP:
+            notice = shared_notice(trainer.strategy, self._wanted, Act.STOP)
+            self._notices.acting_on(notice)
+            return f"the {notice.source} notice", time.monotonic()
+        return self._signal_name(), self._received[1] if self._received else time.monotonic()
+
+    def _save_for_notice(self, trainer: pl.Trainer) -> None:
+        """Make ``last.ckpt`` durable now, for a notice, and train on."""
+        notice = shared_notice(trainer.strategy, self._wanted, Act.SAVE)
+        record = self._notices.saved(notice, trainer.global_step, self._save_durably(trainer))
+        if trainer.is_global_zero:
+            written = written_seconds(trainer.strategy.checkpoint_io)
+            log.warning("%s", self._notices.describe_save(record, written))
+
+    def _save_durably(self, trainer: pl.Trainer, in_validation: bool = False) -> float:
+        """Write ``last.ckpt`` at once and wait until it is durable; return the seconds it took."""
+        assert self._requeue_checkpoint is not None
+        start, io = time.monotonic(), trainer.strategy.checkpoint_io
         if isinstance(io, HurryingCheckpointIO):
             io.hurry()  # a wait follows at once: full speed, and this save written straight away
         if in_validation:
@@ -332,13 +383,28 @@ class PreemptionHandler(Callback):
         else:
             self._requeue_checkpoint.save(trainer)
         self._requeue_checkpoint.wait_until_durable(trainer)
+        return time.monotonic() - start
+
+    def _signal_name(self) -> str:
+        return self._received[0].name if self._received else "a signal on another rank"
+
+    def _save(self, trainer: pl.Trainer, in_validation: bool = False) -> None:
+        """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
+        cause, start = self._cause(trainer)
+        self._save_durably(trainer, in_validation)
+        io = trainer.strategy.checkpoint_io
         self._stopped = StopReport(
-            self._signal_name(),
+            cause,
             trainer.global_step,
             started=start,
             seconds_to_durable=time.monotonic() - start,
             write=io.last_write if isinstance(io, HurryingCheckpointIO) else None,
         )
+        record = self._notices.record
+        if record is not None:  # a notice came first: what it led to
+            record.durable_after(time.time(), self._stopped.seconds_to_durable or 0.0)
+            self._stopped.notice, self._stopped.notice_to_durable = record.notice, record.notice_to_durable
+            self._stopped.steps_after_notice = record.steps_gained(trainer.global_step)
 
     def _exit(self, trainer: pl.Trainer) -> None:
         """Requeue (rank 0) and end ``fit`` with :class:`~lightning_resume.Preempted`."""
@@ -357,19 +423,21 @@ class PreemptionHandler(Callback):
 
     def _log_stop(self, trainer: pl.Trainer, requeued: str, total: float | None) -> None:
         assert self._stopped is not None
+        since = "the stop" if self._agreed == Act.STOP else "the signal"
         exit_text = (
-            f"exiting with status {self.exit_code} {total:.3f} s after the signal"
-            if total is not None
-            else ""
+            f"exiting with status {self.exit_code} {total:.3f} s after {since}" if total is not None else ""
         )
+        record = self._notices.record
         log.warning(
-            "Preempted by %s at step %s: last.ckpt durable %.3f s after the signal%s; requeue: %s%s",
+            "Preempted by %s at step %s: last.ckpt durable %.3f s after %s%s; requeue: %s%s%s",
             self._stopped.signal,
             self._stopped.step,
             self._stopped.seconds_to_durable,
+            since,
             f" ({self._stopped.write.describe()})" if self._stopped.write is not None else "",
             requeued,
             f"; {exit_text}" if exit_text else "",
+            f"; {record.describe(self._stopped.step)}" if record is not None else "",
         )
 
     def _submitit_requeue(self) -> Any:
@@ -382,6 +450,7 @@ class PreemptionHandler(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._in_training = False
+        self._notices.stop()
         self.uninstall()
 
     @override
@@ -390,4 +459,5 @@ class PreemptionHandler(Callback):
     ) -> None:
         # Lightning runs no teardown hook after an exception.
         self._in_training = False
+        self._notices.stop()
         self.uninstall()

@@ -202,6 +202,84 @@ def _append(path: str, text: str) -> None:
         f.write(text)
 
 
+# -- preemption notices (tests/callbacks/test_notices.py) ------------------------------------------
+
+
+def add_notice_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--notice", action="append", default=[], help="aws=URL, gce=URL, azure=URL or file=PATH")
+    p.add_argument("--on-notice", default="save_and_continue")
+    p.add_argument("--notice-margin", type=float, default=15.0)
+    p.add_argument("--notice-interval", type=float, default=0.05, help="seconds between two polls")
+    p.add_argument("--announce-at", type=int, default=None, help="rank 0 announces a notice after this step")
+    p.add_argument("--announce-url", default=None, help="... by a POST to this URL (a fake metadata server)")
+    p.add_argument("--announce-file", default=None, help="... by writing this file")
+    p.add_argument("--announce-deadline", type=float, default=None, help="seconds to the file's deadline")
+    p.add_argument("--announce-val-batch", type=int, default=None, help="... in validation, at this batch")
+    p.add_argument("--print-saves", action="store_true", help="print SAVED rank=R step=S at every save")
+
+
+def notice_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``PreemptionHandler`` arguments for the notice knobs (none given: its defaults)."""
+    from lightning_resume.notices import AwsSpotNotice, AzureNotice, FileNotice, GceNotice
+
+    kinds = {"aws": AwsSpotNotice, "gce": GceNotice, "azure": AzureNotice}
+    sources: list[Any] = []
+    for spec in args.notice:
+        kind, _, where = spec.partition("=")
+        if kind == "file":
+            sources.append(FileNotice(where, interval=args.notice_interval))
+        else:
+            sources.append(kinds[kind](endpoint=where, interval=args.notice_interval, timeout=1.0))
+    options: dict[str, Any] = {"on_notice": args.on_notice, "notice_margin": args.notice_margin}
+    return {**options, "notices": sources} if sources else options
+
+
+class Announce(pl.Callback):
+    """The provider announces a preemption after ``step`` (rank 0): a fake metadata server is told, or
+    the notice file is written (atomically, with its deadline)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.done = args, False
+
+    def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if self.args.announce_val_batch is None:
+            self._announce(trainer)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:  # type: ignore[no-untyped-def]
+        if batch_idx == self.args.announce_val_batch and not trainer.sanity_checking:
+            self._announce(trainer)
+
+    def _announce(self, trainer) -> None:  # type: ignore[no-untyped-def]
+        if self.done or trainer.global_step != self.args.announce_at or trainer.global_rank != 0:
+            return
+        self.done = True
+        print(f"ANNOUNCED step={trainer.global_step} time={time.time():.3f}", flush=True)
+        if self.args.announce_url:
+            import urllib.request
+
+            urllib.request.urlopen(urllib.request.Request(self.args.announce_url, method="POST"), timeout=5)
+        if self.args.announce_file:
+            deadline = self.args.announce_deadline
+            content = f"{time.time() + deadline:.3f}\n" if deadline is not None else ""
+            with open(self.args.announce_file + ".tmp", "w") as f:
+                f.write(content)
+            os.replace(self.args.announce_file + ".tmp", self.args.announce_file)
+
+
+class PrintSaves(pl.Callback):
+    """Print the step of every checkpoint each rank takes part in."""
+
+    def on_save_checkpoint(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        print(f"SAVED rank={trainer.global_rank} step={trainer.global_step}", flush=True)
+
+
+def notice_callbacks(args: argparse.Namespace) -> list[pl.Callback]:
+    found: list[pl.Callback] = [Announce(args)] if args.announce_at is not None else []
+    return [*found, PrintSaves()] if args.print_saves else found
+
+
+# -- end of preemption notices ---------------------------------------------------------------------
+
 # A node-local checkpoint directory, expanded by the process that uses it.
 LOCAL_CKPT = "$TMPDIR/ckpt"
 
@@ -259,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mirror", default=None, help="DurableCheckpointIO(mirror=URL)")
     p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
+    add_notice_arguments(p)
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -290,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step_sleep:
         callbacks.insert(0, Slow(args.step_sleep))
     if args.preemption:
-        callbacks.extend([PreemptionHandler(), SignalDiagnostics()])
+        callbacks.extend([PreemptionHandler(**notice_options(args)), SignalDiagnostics()])
     if args.signal_at is not None:
         callbacks.insert(
             0,
@@ -303,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
             args.signal_in, args.signal_step, args.signal_k, args.signal_rank, args.epoch_end_sleep
         )
         callbacks.insert(0, where)
+    callbacks[:0] = notice_callbacks(args)
     callbacks.insert(0, Probe())
     logger: Any = False
     if args.tracker == "trackio":
