@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,7 +120,10 @@ def agreement_child(row: str, device: str, steps: int, width: int, depth: int) -
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=256))
+    try:
+        trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=256))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return {"step": (clock.end - clock.start) / (steps - warm), "device": str(trainer.strategy.root_device)}
 
 
