@@ -5,6 +5,12 @@ an hour and a half on 2 cores, and it needs an otherwise quiet machine). A quick
 ``python benchmarks/checkpoint_io.py --sizes 256 --load 2 --saves 2``. ``BENCH_DIR`` chooses the
 folder (default: the temporary folder), which decides the disk measured.
 
+Only the stall (about 15 minutes at 1 GB and 4 GB): ``python benchmarks/checkpoint_io.py --only stall
+--sizes 1024,4096 --load 2 --saves 5 --repeats 3``. There each process measures the rows (default:
+``copy floor`` and ``ours async``) taking turns save by save, so that they see the same machine load,
+and the table adds the median time of each staging phase of ours (``plan``, ``copy``, ``views``,
+``pickle``, from its DEBUG log).
+
 For a model + Adam state of the given sizes (on the GPU when there is one, else the CPU), each row
 runs in its own process, under each load level (``--load N``: N other processes spinning on the CPU
 for the whole measurement, like data-loader workers on a busy node):
@@ -20,7 +26,8 @@ for the whole measurement, like data-loader workers on a busy node):
 
 Columns, each a median over ``--saves`` saves:
 
-- ``stall``: how long ``save_checkpoint`` blocks the training loop;
+- ``stall``: how long ``save_checkpoint`` blocks the training loop, against the copy floor of the same
+  load;
 - ``first``: the first save, save + wait until durable (writer start-up and buffers included);
 - ``paused``: save + wait until durable, training paused: the preemption path;
 - ``training``: save, then training steps until the file is durable, and how much slower those

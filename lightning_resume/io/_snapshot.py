@@ -1,7 +1,8 @@
 """Snapshot a checkpoint into reusable shared memory, as the records of a ``torch.save`` archive.
 
 The training process copies every tensor storage once into a host buffer shared with the writer
-process (device tensors go straight from the device, through a pinned buffer when CUDA allows), then
+process (CPU storages by a few threads, see ``_parallel_copy``; device tensors straight from the device
+into the buffer, page-locked when CUDA allows), then
 lets torch's own serialiser pickle the object graph against those copies. Pickling is itself a deep
 copy of every non-tensor object, so training can change anything as soon as :func:`stage` returns.
 The writer process only has to write the records (see ``_writer.zip_records``).
@@ -167,7 +168,8 @@ class HostBuffer:
         if self._pinned or self._bytes is None or not torch.cuda.is_available():
             return
         with contextlib.suppress(Exception):
-            error = torch.cuda.cudart().cudaHostRegister(self.base, self.size, 0)
+            # cudaHostRegisterPortable: pinned for every device's context, not only the current one's.
+            error = torch.cuda.cudart().cudaHostRegister(self.base, self.size, 1)
             self._pinned = int(error) == 0
         if not self._pinned:
             log.debug("could not pin the checkpoint staging buffer; device copies will be synchronous")
