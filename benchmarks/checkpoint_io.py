@@ -22,7 +22,9 @@ for the whole measurement, like data-loader workers on a busy node):
 - ``lightning torch``: Lightning's ``TorchCheckpointIO`` (+ an fsync here: it does none);
 - ``lightning async``: Lightning's ``AsyncCheckpointIO`` (a thread over ``TorchCheckpointIO``);
 - ``ours sync`` / ``ours async``: ``DurableCheckpointIO(asynchronous=False / True)``;
-- ``ours async+s3`` (only with ``--rows``): mirrored to a moto S3 server on loopback.
+- ``ours async+s3`` (only with ``--rows``): mirrored to a moto S3 server on loopback;
+- ``copy in pieces`` (only with ``--rows``, CPU): the copy floor done the way ours copies (a few
+  threads taking 16 MB pieces in turn), for how far the rest of the stall is from a copy.
 
 Columns, each a median over ``--saves`` saves:
 
@@ -67,7 +69,7 @@ ROWS = [
     *("copy floor", "raw write", "raw direct"),
     *("lightning torch", "lightning async", "ours sync", "ours async"),
 ]
-OPTIONAL_ROWS = ["ours async+s3"]
+OPTIONAL_ROWS = ["ours async+s3", "copy in pieces"]
 RAW = ("raw write", "raw direct")
 SYNCHRONOUS = ("copy floor", "raw write", "raw direct", "lightning torch", "ours sync")
 TARGETS = {
@@ -307,6 +309,21 @@ def saver(
             sync(device)
 
         return (copy, lambda _: None, lambda: False), None
+    if row == "copy in pieces" and device.type == "cpu":
+        from lightning_resume.io._parallel_copy import copy_regions
+
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer.fill_(0)
+
+        def pieces(checkpoint: Any, path: Path) -> None:
+            regions, offset = [], buffer.data_ptr()
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                regions.append((offset, t.data_ptr(), n))
+                offset += n
+            copy_regions(regions, threads=min(torch.get_num_threads(), 4))
+
+        return (pieces, lambda _: None, lambda: False), None
     if row in RAW:
         direct = row == "raw direct"
 
