@@ -5,6 +5,7 @@
 #   make lint       ruff check
 #   make typecheck  mypy (config in pyproject.toml)
 #   make test       lint + typecheck + pytest   (what CI runs, via .ci/run)
+#   make test-gpu   the GPU checks (tests/gpu; skipped without a CUDA device)
 #   make clean      remove .venv, build artefacts and tool caches
 #
 # torch is installed *before* the package on purpose: resolving the open range
@@ -32,7 +33,7 @@ LINT_PATHS := $(wildcard lightning_resume tests benchmarks docs)
 # Keep loggers/hubs from touching the network during tests.
 TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFFLINE=1
 
-.PHONY: venv demo lint typecheck test clean
+.PHONY: venv demo lint typecheck test test-gpu clean
 
 venv: $(STAMP)
 
@@ -61,6 +62,10 @@ test: venv lint typecheck
 # `bash tests/slurm/cluster.sh stop`.
 	bash tests/slurm/cluster.sh start
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# Everything in tests/gpu, slow cases included; the cases marked `gpu` need a CUDA device.
+test-gpu: venv
+	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/gpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

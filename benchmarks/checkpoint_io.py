@@ -5,6 +5,12 @@ an hour and a half on 2 cores, and it needs an otherwise quiet machine). A quick
 ``python benchmarks/checkpoint_io.py --sizes 256 --load 2 --saves 2``. ``BENCH_DIR`` chooses the
 folder (default: the temporary folder), which decides the disk measured.
 
+Only the stall (about 15 minutes at 1 GB and 4 GB): ``python benchmarks/checkpoint_io.py --only stall
+--sizes 1024,4096 --load 2 --saves 5 --repeats 3``. There each process measures the rows (default:
+``copy floor`` and ``ours async``) taking turns save by save, so that they see the same machine load,
+and the table adds the median time of each staging phase of ours (``plan``, ``copy``, ``views``,
+``pickle``, from its DEBUG log).
+
 For a model + Adam state of the given sizes (on the GPU when there is one, else the CPU), each row
 runs in its own process, under each load level (``--load N``: N other processes spinning on the CPU
 for the whole measurement, like data-loader workers on a busy node):
@@ -16,11 +22,14 @@ for the whole measurement, like data-loader workers on a busy node):
 - ``lightning torch``: Lightning's ``TorchCheckpointIO`` (+ an fsync here: it does none);
 - ``lightning async``: Lightning's ``AsyncCheckpointIO`` (a thread over ``TorchCheckpointIO``);
 - ``ours sync`` / ``ours async``: ``DurableCheckpointIO(asynchronous=False / True)``;
-- ``ours async+s3`` (only with ``--rows``): mirrored to a moto S3 server on loopback.
+- ``ours async+s3`` (only with ``--rows``): mirrored to a moto S3 server on loopback;
+- ``copy in pieces`` (only with ``--rows``, CPU): the copy floor done the way ours copies (a few
+  threads taking 16 MB pieces in turn), for how far the rest of the stall is from a copy.
 
 Columns, each a median over ``--saves`` saves:
 
-- ``stall``: how long ``save_checkpoint`` blocks the training loop;
+- ``stall``: how long ``save_checkpoint`` blocks the training loop, against the copy floor of the same
+  load;
 - ``first``: the first save, save + wait until durable (writer start-up and buffers included);
 - ``paused``: save + wait until durable, training paused: the preemption path;
 - ``training``: save, then training steps until the file is durable, and how much slower those
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import mmap
 import os
 import select
@@ -59,7 +69,7 @@ ROWS = [
     *("copy floor", "raw write", "raw direct"),
     *("lightning torch", "lightning async", "ours sync", "ours async"),
 ]
-OPTIONAL_ROWS = ["ours async+s3"]
+OPTIONAL_ROWS = ["ours async+s3", "copy in pieces"]
 RAW = ("raw write", "raw direct")
 SYNCHRONOUS = ("copy floor", "raw write", "raw direct", "lightning torch", "ours sync")
 TARGETS = {
@@ -107,6 +117,14 @@ def state_of(model: Any, optimizer: Any, step: int) -> dict[str, Any]:
         "epoch": 0,
         "loops": {"fit_loop": {"epoch_progress": {"current": {"completed": step}}}},
     }
+
+
+def state_tensors(model: Any, optimizer: Any) -> list[Any]:
+    """The tensors of the checkpoint: weights and optimizer state."""
+    import torch
+
+    tensors = list(model.state_dict().values())
+    return tensors + [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
 
 
 def fsync_file(path: Path) -> None:
@@ -268,6 +286,54 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
     return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.busy
 
 
+def saver(
+    row: str, tensors: list[Any], device: Any, folder: Path, endpoint: str | None, helper_process: bool
+) -> tuple[Plugin, RawWriterProcess | None]:
+    """The ``(save, wait_durable, in_flight)`` of ``row``, and for a raw row measured while training,
+    the process that writes beside it."""
+    import torch
+
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if row == "copy floor":
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        buffer.fill_(0)  # preallocated: the pages exist before the first copy
+
+        def copy(checkpoint: Any, path: Path) -> None:
+            offset = 0
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                buffer[offset : offset + n].copy_(t.detach().reshape(-1).view(torch.uint8), non_blocking=True)
+                offset += n
+            sync(device)
+
+        return (copy, lambda _: None, lambda: False), None
+    if row == "copy in pieces" and device.type == "cpu":
+        from lightning_resume.io._parallel_copy import copy_regions
+
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer.fill_(0)
+
+        def pieces(checkpoint: Any, path: Path) -> None:
+            regions, offset = [], buffer.data_ptr()
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                regions.append((offset, t.data_ptr(), n))
+                offset += n
+            copy_regions(regions, threads=min(torch.get_num_threads(), 4))
+
+        return (pieces, lambda _: None, lambda: False), None
+    if row in RAW:
+        direct = row == "raw direct"
+
+        def raw(checkpoint: Any, path: Path) -> None:
+            views = [memoryview(t.detach().cpu().reshape(-1).view(torch.uint8).numpy()) for t in tensors]
+            write_raw(views, path, direct)
+
+        helper = RawWriterProcess(nbytes, folder, direct) if helper_process else None
+        return (raw, lambda _: None, lambda: False), helper
+    return plugin(row, endpoint), None
+
+
 def measure(
     row: str,
     size_mb: int,
@@ -282,8 +348,7 @@ def measure(
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, optimizer, step = build(size_mb, device)
-    tensors = list(model.state_dict().values())
-    tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    tensors = state_tensors(model, optimizer)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
 
     def timed_step() -> float:
@@ -292,34 +357,7 @@ def measure(
         sync(device)
         return time.perf_counter() - start
 
-    helper: RawWriterProcess | None = None
-    if row == "copy floor":
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        buffer.fill_(0)  # preallocated: the pages exist before the first copy
-
-        def copy(checkpoint: Any, path: Path) -> None:
-            offset = 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                buffer[offset : offset + n].copy_(t.detach().reshape(-1).view(torch.uint8), non_blocking=True)
-                offset += n
-            sync(device)
-
-        save: Callable[[Any, Path], None] = copy
-        durable: Callable[[Path], None] = lambda _: None  # noqa: E731
-        in_flight: Callable[[], bool] = lambda: False  # noqa: E731
-    elif row in RAW:
-        direct = row == "raw direct"
-
-        def raw(checkpoint: Any, path: Path) -> None:
-            views = [memoryview(t.detach().cpu().reshape(-1).view(torch.uint8).numpy()) for t in tensors]
-            write_raw(views, path, direct)
-
-        save, durable, in_flight = raw, (lambda _: None), (lambda: False)
-        if training_saves:
-            helper = RawWriterProcess(nbytes, folder, direct)
-    else:
-        save, durable, in_flight = plugin(row, endpoint)
+    (save, durable, in_flight), helper = saver(row, tensors, device, folder, endpoint, training_saves > 0)
     for _ in range(2):  # warm-up: the first steps allocate (gradients, optimizer temporaries)
         timed_step()
     print("PHASE idle", flush=True)
@@ -387,6 +425,58 @@ def measure(
     }
 
 
+class PhaseLog(logging.Handler):
+    """Keeps the staging phases ``DurableCheckpointIO`` logs at DEBUG (``io/_snapshot.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.phases: list[dict[str, float]] = []
+        logger = logging.getLogger("lightning_resume.io._snapshot")
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        phases = getattr(record, "phases", None)
+        if phases is not None:
+            self.phases.append(phases)
+
+
+def measure_stalls(rows: list[str], size_mb: int, saves: int, folder: Path) -> dict[str, Any]:
+    """The stall of each of ``rows``, in one process, taking turns save by save (the same machine load
+    for all), and the staging phases of ours."""
+    import torch
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, optimizer, step = build(size_mb, device)
+    tensors = state_tensors(model, optimizer)
+    phases = PhaseLog()
+    plugins = {row: saver(row, tensors, device, folder, None, False)[0] for row in rows}
+    path = folder / "last.ckpt"
+    stalls: dict[str, list[float]] = {row: [] for row in rows}
+    for i in range(saves + 1):  # the first save of each row (buffers, writer start-up) is not counted
+        order = rows[i % len(rows) :] + rows[: i % len(rows)]  # no row always right after another
+        for row in order:
+            save, durable, _ = plugins[row]
+            checkpoint = state_of(model, optimizer, i)
+            sync(device)
+            start = time.perf_counter()
+            save(checkpoint, path)
+            stall = time.perf_counter() - start
+            del checkpoint
+            durable(path)
+            if i:
+                stalls[row].append(stall)
+            step()
+            sync(device)
+    return {
+        "nbytes": sum(t.numel() * t.element_size() for t in tensors),
+        "stalls": stalls,
+        "phases": phases.phases[1:],
+        "device": str(device),
+    }
+
+
 def load_benchmark(size_mb: int, folder: Path, repeats: int) -> dict[str, float]:
     import torch
 
@@ -428,7 +518,13 @@ def tree_pss_mb(pid: int) -> float:
 
 
 def run_child(
-    row: str, size_mb: int, saves: int, training_saves: int, endpoint: str | None, sample: bool
+    row: str,
+    size_mb: int,
+    saves: int,
+    training_saves: int,
+    endpoint: str | None,
+    sample: bool,
+    stalls_only: bool = False,
 ) -> dict[str, Any]:
     """Run one row in its own process; with ``sample``, also its extra peak memory while saving.
 
@@ -441,6 +537,7 @@ def run_child(
     cmd = [sys.executable, __file__, "--child", row, "--sizes", str(size_mb), "--saves", str(saves)]
     cmd += ["--training-saves", str(training_saves), "--idle-steps", "30" if sample else "6"]
     cmd += ["--dir", str(folder)] + (["--endpoint", endpoint] if endpoint else [])
+    cmd += ["--only", "stall"] if stalls_only else []
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if sample:
         env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
@@ -518,6 +615,10 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:,.0f}"
+
+
 def ratio(value: float | None, floor: float | None) -> str:
     return "-" if value is None or not floor else f"{value / floor:.2f}x"
 
@@ -548,27 +649,28 @@ def report(
     for size in sizes:
         nbytes = next(r["nbytes"] for (s, _, _), r in results.items() if s == size)
         print(f"\n### {nbytes / 2**30:.2f} GiB state ({device})\n")
-        header = ["row", "stall ms", "x copy"]
+        header = ["row"]
         for load in loads:
             where = "quiet" if load == 0 else f"{load} busy"
-            header += [f"{where}: first s", f"{where}: paused s (x floor)"]
+            header += [f"{where}: stall ms (x copy)", f"{where}: first s", f"{where}: paused s (x floor)"]
             header += [f"{where}: training s (x floor), step"]
         header += ["extra RSS x state"]
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
-        copy_floor = floors(results, size, 0)[0]
         for row in rows:
-            quiet = results.get((size, 0, row))
-            if quiet is None:
+            if (size, 0, row) not in results:
                 continue
-            stall = median(quiet["stalls"])
-            cells = [row, f"{stall * 1000:,.0f}" if stall is not None else "-", ratio(stall, copy_floor)]
+            cells = [row]
             for load in loads:
                 r = results.get((size, load, row))
                 if r is None:
-                    cells += ["-", "-", "-"]
+                    cells += ["-", "-", "-", "-"]
                     continue
-                _, disk, _ = floors(results, size, load)
+                copy_floor, disk, _ = floors(results, size, load)
+                stall = median(r["stalls"])
+                cells.append(
+                    f"{stall * 1000:,.0f} ({ratio(stall, copy_floor)})" if stall is not None else "-"
+                )
                 paused, training, slow = median(r["paused"]), median(r["training"]), slowdown(r)
                 cells.append(seconds(r["first"]) if row != "copy floor" else "-")
                 cells.append(f"{seconds(paused)} ({ratio(paused, disk)})" if row != "copy floor" else "-")
@@ -594,18 +696,19 @@ def report(
                 checks["step slowdown <= raw write's + 10 points"] = (
                     f"{ours_slow:+.0%} vs {raw_slow:+.0%} {'ok' if ok else 'MISSED'}"
                 )
-            if load == 0 and ours and copy:
+            if ours and copy:
                 stall = median(ours["stalls"])
                 assert stall is not None
                 verdict = "ok" if stall <= 1.5 * copy else "MISSED"
                 checks["stall <= 1.5x copy floor"] = f"{stall / copy:.2f}x {verdict}"
-                if (size, "ours async") in memory:
-                    extra = memory[(size, "ours async")] * 2**20 / nbytes
-                    checks["extra RSS <= 1.2x state"] = f"{extra:.2f} {'ok' if extra <= 1.2 else 'MISSED'}"
+            if load == 0 and (size, "ours async") in memory:
+                extra = memory[(size, "ours async")] * 2**20 / nbytes
+                checks["extra RSS <= 1.2x state"] = f"{extra:.2f} {'ok' if extra <= 1.2 else 'MISSED'}"
             listed = "; ".join(f"{k}: {v}" for k, v in checks.items())
             print(f"- targets, {where} (floor {seconds(disk)} s): {listed}")
     print(
-        "\nfloor: the faster of raw write and raw direct, paused, same size and load. paused: save + wait "
+        "\nstall: how long save_checkpoint blocks training, against the copy floor of the same load. "
+        "floor: the faster of raw write and raw direct, paused, same size and load. paused: save + wait "
         "until durable with training paused (the preemption path). training: save, then training steps "
         "until durable (raw rows: written by another process), and the median step time then against "
         "steps with nothing in flight (number of such steps in brackets). first: the first save, "
@@ -618,6 +721,59 @@ def report(
             print(f"| {size} MB | {plain:.2f} | {checked:.2f} | {checked / plain:.2f} |")
 
 
+def report_stalls(runs: dict[tuple[int, int], list[dict[str, Any]]], rows: list[str]) -> None:
+    """One table of stalls per state size: each row against the copy floor, load by load."""
+    others = [row for row in rows if row != "copy floor"]
+    for size in sorted({size for size, _ in runs}):
+        loads = sorted(load for s, load in runs if s == size)
+        first = runs[(size, loads[0])]
+        count = sum(len(r["stalls"][rows[0]]) for r in first)
+        gib = first[0]["nbytes"] / 2**30
+        print(f"\n### Stall, {gib:.2f} GiB state ({first[0]['device']}), medians of {count} saves per load\n")
+        header = [
+            "load",
+            *(f"{row} ms" for row in rows),
+            *(f"{row} x floor (each process)" for row in others),
+        ]
+        header.append("staging phases of ours async, ms")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        checks = []
+        for load in loads:
+            results = runs[(size, load)]
+            stalls = {row: median([x for r in results for x in r["stalls"][row]]) for row in rows}
+            cells = ["quiet" if load == 0 else f"{load} busy"]
+            cells += [milliseconds(stalls[row]) for row in rows]
+            for row in others:
+                each = [
+                    ratio(median(r["stalls"][row]), median(r["stalls"].get("copy floor", [])))
+                    for r in results
+                ]
+                cells.append(f"{ratio(stalls[row], stalls.get('copy floor'))} ({', '.join(each)})")
+            cells.append(describe_phases([p for r in results for p in r["phases"]]))
+            print("| " + " | ".join(cells) + " |")
+            ours, floor = stalls.get("ours async"), stalls.get("copy floor")
+            if ours is not None and floor:
+                where = "quiet" if load == 0 else f"{load} busy processes"
+                checks.append(f"{where} {ours / floor:.2f}x {'ok' if ours <= 1.5 * floor else 'MISSED'}")
+        if checks:
+            print(
+                f"\n- target, ours async stall <= 1.5x the copy floor of the same load: {'; '.join(checks)}"
+            )
+    print(
+        "\nEach process measures every row, taking turns save by save, so that the rows see the same "
+        "machine load; the first save of each row (buffers, writer start-up) is not counted."
+    )
+
+
+def describe_phases(phases: list[dict[str, float]]) -> str:
+    """Median milliseconds of each staging phase, e.g. ``plan 1, copy 70, views 2, pickle 4``."""
+    names = list(dict.fromkeys(name for p in phases for name in p))
+    return (
+        ", ".join(f"{n} {statistics.median(p[n] for p in phases if n in p) * 1000:.0f}" for n in names) or "-"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -625,7 +781,18 @@ def main() -> None:
     parser.add_argument("--sizes", default="1024,4096", help="state sizes in MB, comma-separated")
     parser.add_argument("--load", type=int, default=2, help="busy processes in the loaded runs (0: none)")
     parser.add_argument("--saves", type=int, default=3, help="measured saves per column (after the first)")
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated (also {OPTIONAL_ROWS})")
+    parser.add_argument(
+        "--rows", default=None, help=f"comma-separated, of {ROWS + OPTIONAL_ROWS} (default: all of the first)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=["stall"],
+        default=None,
+        help="stall: only the stall, rows (default: copy floor, ours async) taking turns in each process",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="with --only stall: processes per size and load"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the extra-RSS runs")
     parser.add_argument("--no-verified-load", action="store_true", help="skip verify + load vs torch.load")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -643,11 +810,32 @@ def main() -> None:
     if args.child is not None:
         training = args.saves if args.training_saves is None else args.training_saves
         folder, endpoint = Path(args.dir), args.endpoint
-        result = measure(args.child, sizes[0], args.saves, training, folder, endpoint, args.idle_steps)
+        if args.only == "stall":
+            result = measure_stalls(args.child.split(","), sizes[0], args.saves, folder)
+        else:
+            result = measure(args.child, sizes[0], args.saves, training, folder, endpoint, args.idle_steps)
         print("RESULT " + json.dumps(result), flush=True)
         return
-    rows = [r.strip() for r in args.rows.split(",")]
+    default_rows = ["copy floor", "ours async"] if args.only == "stall" else ROWS
+    rows = [r.strip() for r in args.rows.split(",")] if args.rows else default_rows
     loads = [0] + ([args.load] if args.load > 0 else [])
+    if args.only == "stall":
+        if "ours async+s3" in rows:
+            parser.error("--only stall measures local saves; leave out 'ours async+s3'")
+        runs: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for size in sizes:
+            for load in loads:
+                with busy_processes(load):
+                    for repeat in range(args.repeats):
+                        print(
+                            f"stalls at {size} MB, load {load}, run {repeat + 1} ...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        result = run_child(",".join(rows), size, args.saves, 0, None, False, stalls_only=True)
+                        runs.setdefault((size, load), []).append(result)
+        report_stalls(runs, rows)
+        return
     server, endpoint = start_moto() if "ours async+s3" in rows else (None, None)
     results: dict[tuple[int, int, str], dict[str, Any]] = {}
     memory: dict[tuple[int, str], float] = {}

@@ -6,8 +6,11 @@ records to any ``write_record`` sink): they fail loudly when an upgrade of torch
 
 from __future__ import annotations
 
+import ctypes
 import io
+import logging
 import pickle
+import threading
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -17,6 +20,7 @@ import torch
 
 from lightning_resume._storage.manifest import ChecksumWriter
 from lightning_resume._writer.zip_records import write_archive
+from lightning_resume.io._parallel_copy import ALONE_BELOW, PIECE, copy_regions
 from lightning_resume.io._snapshot import (
     HostBuffer,
     Staged,
@@ -136,4 +140,105 @@ def test_records_are_picklable_for_the_pipe() -> None:
     staged = stage({"w": torch.zeros(10), "boxed": Box(torch.ones(2))}, buffer)
     assert pickle.loads(pickle.dumps(staged.records)) == staged.records
     assert {kind for _, (kind, *_) in staged.records} == {"shm", "bytes"}
+    buffer.close()
+
+
+class Spy:
+    """Wraps ``ctypes.memmove``, recording which thread copied each piece.
+
+    ``together``: the first piece waits (up to 10 s) until another thread copies one too, so that a copy
+    spread over threads shows as such however loaded the machine is. ``fail_in_caller``: the calling
+    thread raises at its first piece (as an exception from a signal handler would there), and the
+    helper threads wait until it has.
+    """
+
+    def __init__(self, together: bool = False, fail_in_caller: bool = False) -> None:
+        self.real = ctypes.memmove
+        self.threads: list[int] = []
+        self.together, self.fail_in_caller = together, fail_in_caller
+        self.second, self.caller_failed = threading.Event(), threading.Event()
+
+    def __call__(self, dst: int, src: int, nbytes: int) -> None:
+        caller = threading.current_thread() is threading.main_thread()
+        if self.fail_in_caller:
+            if caller:
+                self.caller_failed.set()
+                raise KeyboardInterrupt
+            self.caller_failed.wait(10)
+        self.threads.append(threading.get_ident())
+        if self.together and len(set(self.threads)) > 1:
+            self.second.set()
+        if self.together and len(self.threads) == 1:
+            self.second.wait(10)
+        self.real(dst, src, nbytes)
+
+
+def random_bytes(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_regions_are_copied_exactly_by_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    sources = [random_bytes(n, i) for i, n in enumerate([0, 1, 4095, PIECE + 3, 2 * PIECE])]
+    targets = [torch.zeros_like(s) for s in sources]
+    spy = Spy()
+    monkeypatch.setattr(ctypes, "memmove", spy)
+    copy_regions(
+        [(d.data_ptr(), s.data_ptr(), s.numel()) for d, s in zip(targets, sources, strict=True)], threads=3
+    )
+    assert all(torch.equal(d, s) for d, s in zip(targets, sources, strict=True))
+    assert len(spy.threads) == 0 + 1 + 1 + 2 + 2  # pieces of at most PIECE bytes
+    assert 1 < len(set(spy.threads)) <= 3
+    assert not [t for t in threading.enumerate() if t.name == "lightning-resume-copy"]
+
+
+def test_small_copies_stay_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = random_bytes(1 << 20, 0)
+    target = torch.zeros_like(source)
+    spy = Spy()
+    monkeypatch.setattr(ctypes, "memmove", spy)
+    copy_regions([(target.data_ptr(), source.data_ptr(), source.numel())], threads=4, piece=4096)
+    assert torch.equal(target, source) and set(spy.threads) == {threading.get_ident()}
+
+
+def test_an_interrupted_copy_stops_its_helpers_before_raising(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = random_bytes(ALONE_BELOW, 0)
+    target = torch.zeros_like(source)
+    monkeypatch.setattr(ctypes, "memmove", Spy(fail_in_caller=True))
+    with pytest.raises(KeyboardInterrupt):
+        copy_regions([(target.data_ptr(), source.data_ptr(), source.numel())], threads=2, piece=1 << 20)
+    # The memory may be freed as the exception unwinds: no helper may still be copying.
+    assert not [t for t in threading.enumerate() if t.name == "lightning-resume-copy"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_large_checkpoint_is_staged_exactly_with_torchs_thread_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    weights = torch.randn(ALONE_BELOW // 4 + 5, generator=torch.Generator().manual_seed(1))
+    expected = weights.clone()
+    checkpoint = {"w": weights, "w2": weights[10:20], "b": torch.ones(3)}
+    spy = Spy(together=threads > 1)
+    monkeypatch.setattr(ctypes, "memmove", spy)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    buffer = HostBuffer()
+    staged = stage(checkpoint, buffer)
+    weights.zero_()
+    write(staged, buffer, tmp_path / "big.ckpt")
+    loaded = torch.load(tmp_path / "big.ckpt")
+    assert torch.equal(loaded["w"], expected) and torch.equal(loaded["w2"], expected[10:20])
+    assert loaded["w2"].untyped_storage().data_ptr() == loaded["w"].untyped_storage().data_ptr()
+    assert len(set(spy.threads)) == threads
+    buffer.close()
+
+
+def test_staging_phases_are_measured_only_when_debug_logging_is_on(caplog: pytest.LogCaptureFixture) -> None:
+    buffer = HostBuffer()
+    with caplog.at_level(logging.INFO, logger="lightning_resume.io._snapshot"):
+        stage({"w": torch.zeros(10)}, buffer)
+    assert not caplog.records
+    with caplog.at_level(logging.DEBUG, logger="lightning_resume.io._snapshot"):
+        stage({"w": torch.zeros(10)}, buffer)
+    (record,) = caplog.records
+    assert list(record.phases) == ["plan", "copy", "views", "pickle"]  # type: ignore[attr-defined]
+    assert "copy" in record.getMessage() and "faults" in record.getMessage()
     buffer.close()
