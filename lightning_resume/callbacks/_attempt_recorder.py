@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_resume._resume.saved_step import saved_step
 from lightning_resume._run import attempts, hangs, layout
 from lightning_resume._run.attempts import Attempt, Cause, Checkpoint, End, History
 from lightning_resume._run.resolve import process_start_time
@@ -126,8 +127,6 @@ class AttemptRecorder:
 
     def durable(self, trainer: pl.Trainer) -> Checkpoint | None:
         """The newest durable checkpoint: ``last.ckpt``'s step and commit time (read when it changed)."""
-        from lightning_resume.cli.inspect import quick_step
-
         path = self._last_ckpt(trainer)
         try:
             mtime = path.stat().st_mtime
@@ -135,7 +134,7 @@ class AttemptRecorder:
             return self._durable
         if self._checkpoint_seen == (path, mtime):
             return self._durable
-        step = quick_step(path)
+        step = saved_step(path)
         self._checkpoint_seen = (path, mtime)
         if step is not None:
             self._durable = Checkpoint(step, mtime)

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._resume.restart import Restart, decide
+from lightning_resume._resume.saved_step import saved_step, step_from_file
 from lightning_resume._run import attempts, hangs, layout, watchdog_timeouts
 from lightning_resume._run.resolve import index_entries as read_index_entries
 from lightning_resume._run.resolve import read_meta
 from lightning_resume._run.sidecar import SUFFIX as SIDECAR_SUFFIX
 from lightning_resume._run.status import read_status
-from lightning_resume._sharded.parts import LIGHTNING_META, read_manifest
+from lightning_resume._sharded.parts import LIGHTNING_META
 from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
 from lightning_resume._storage.catalog import verify as check
 from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
-from lightning_resume._storage.manifest import read_entries
 from lightning_resume._storage.store import LocalStore
 
 LAST = layout.LAST_CKPT
@@ -40,29 +40,6 @@ _RESULTS = {
     Status.INCOMPLETE: "incomplete",
     Status.NO_MANIFEST: "unverified",
 }
-
-
-def _step_from_file(path: Path) -> int | None:
-    """``global_step`` stored in a checkpoint, read with memory mapping (tensors are not loaded)."""
-    import torch
-
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
-    return int(step) if step is not None else None
-
-
-def quick_step(path: Path) -> int | None:
-    """The step a checkpoint was saved at, from its manifest or a memory-mapped load; no checksum."""
-    if path.is_dir():
-        manifest = read_manifest(path)
-        return manifest.global_step if manifest is not None else None
-    entries = read_entries(path)
-    if entries:
-        return entries[0].global_step
-    try:
-        return _step_from_file(path)
-    except Exception:  # a root listing shows a blank step; `inspect RUN_DIR` says why
-        return None
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -89,7 +66,7 @@ def verify(path: Path) -> dict[str, Any]:
         )
         return {**info, "step": step, "result": _RESULTS[verdict.status], "reason": verdict.detail}
     try:
-        info["step"] = _step_from_file(path)
+        info["step"] = step_from_file(path)
     except Exception as e:  # any load failure means the file cannot be resumed from
         return {**info, "result": "unreadable", "error": f"{type(e).__name__}: {e}"}
     return {**info, "result": "loads"}
@@ -282,7 +259,7 @@ def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
     for run_dir in layout.run_dirs(root):
         meta = read_meta(run_dir)
         last = layout.last_checkpoint(run_dir)
-        step = quick_step(last) if last.exists() else None
+        step = saved_step(last) if last.exists() else None
         stamp = last if last.exists() else run_dir / layout.RUN_META
         key = meta.get("session_key")
         runs.append(
