@@ -59,13 +59,7 @@ def scan(folder: str | Path) -> dict[str, Entry]:
 def newest_first(
     checkpoints: Mapping[str, Entry | DirectoryManifest], exclude: Iterable[str] = ()
 ) -> list[str]:
-    """Checkpoint names in fallback order: newest save first, then by name (files and directories).
-
-    Example::
-
-        for name in newest_first(scan(folder), exclude=["last.ckpt"]):
-            ...  # try to load folder / name
-    """
+    """Checkpoint names (files or directories) but ``exclude`` in fallback order: newest save first."""
     skipped = set(exclude)
     ordered = sorted(
         ((entry.saved_at, name) for name, entry in checkpoints.items() if name not in skipped),
@@ -78,11 +72,9 @@ def candidates(pointer: Path) -> list[Path]:
     """Checkpoint directories a restart may resume from, in fallback order: the pointer's target first,
     then the other committed directories, newest save first."""
     target = resolve_pointer(pointer)
-    ordered = [] if target is None else [target]
-    for name in newest_first(committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))):
-        if target is None or name != target.name:
-            ordered.append(pointer.parent / name)
-    return ordered
+    found = committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))
+    others = newest_first(found, exclude=[target.name] if target is not None else [])
+    return ([] if target is None else [target]) + [pointer.parent / name for name in others]
 
 
 def beyond_keep(

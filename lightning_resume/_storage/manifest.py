@@ -228,11 +228,7 @@ def _name(value: Any) -> str:
 
 
 class Checksum:
-    """A running XXH3-64 and byte count.
-
-    Raises:
-        ImportError: ``xxhash`` is not installed.
-    """
+    """A running XXH3-64 and byte count (``ImportError`` with the install hint without ``xxhash``)."""
 
     def __init__(self) -> None:
         try:

@@ -313,23 +313,19 @@ class DurableCheckpointIO(CheckpointIO):
         return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
 
     def _use_async(self) -> bool:
-        if not self.settings.asynchronous:
-            return False
-        if os.name != "posix" or not torch_records_supported():
+        if self.settings.asynchronous and (os.name != "posix" or not torch_records_supported()):
             self._warn_once(
                 "async",
                 "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
                 f"knows (torch {torch.__version__}); saving synchronously instead.",
             )
             return False
-        return True
+        return self.settings.asynchronous
 
-    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats | None = None) -> None:
+    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats) -> None:
         """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
         with self._lock:
-            self._committed[str(path)] = entry
-            if stats is not None:
-                self._last_write = stats
+            self._committed[str(path)], self._last_write = entry, stats
             if self.settings.keep is not None:
                 for name in prune(LocalStore(path.parent), FILE, self.settings.keep):
                     self._committed.pop(str(path.parent / name), None)
