@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 
 from lightning_resume._collectives import any_rank, barrier, broadcast, gather_objects
 from lightning_resume._sharded.parts import clean_up
-from lightning_resume._storage.catalog import candidates, verify
+from lightning_resume._storage.catalog import candidates, remedy, verify
 from lightning_resume._storage.commit import remove
 from lightning_resume._storage.kinds import COMMITTED_PREFIX, DirectoryKind, resolve_pointer, swap_pointer
 from lightning_resume._storage.manifest import DirectoryManifest, describe
@@ -45,13 +45,9 @@ class Choice:
 def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
     """Verify the candidates on every rank together; return the first that verifies everywhere.
 
-    Global rank 0 lists the candidates (``last.ckpt``'s target, then the other committed directories,
-    newest save first); each rank checksums its share of each candidate's files; one all-reduce per
-    candidate agrees on it. A directory without a manifest (written by plain Lightning) is used
-    unverified, as a checkpoint file without one is: only the load can tell. Every rank must call this.
-
-    Raises:
-        CheckpointVerificationError: no candidate verifies (on every rank).
+    Each rank checksums its share of each candidate's files; one all-reduce per candidate agrees. A
+    directory without a manifest (plain Lightning's) is used unverified, as a file without one is.
+    Raises ``CheckpointVerificationError`` (on every rank) when no candidate verifies.
     """
     strategy = trainer.strategy
     rank, world = trainer.global_rank, trainer.world_size
@@ -72,14 +68,9 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
         found = f"nothing at {str(pointer)!r} and no committed checkpoint directory beside it"
     else:
         found = "; ".join(rejected)
-    fix = (
-        "Upgrade lightning-resume"
-        if newer
-        else "Restore the checkpoint directory (or its mirror) from a copy"
-    )
     raise CheckpointVerificationError(
         f"This restart cannot resume: no checkpoint directory in {str(pointer.parent)!r} verifies ({found}). "
-        f"{fix}, or start a new run.",
+        f"{remedy(newer, 'the checkpoint directory (or its mirror)')}, or start a new run.",
         pointer,
         rejected[0] if rejected else "missing",
     )
@@ -88,12 +79,8 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
 def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
     """In ``setup`` of a restart: clean up, verify, fall back, repoint ``last.ckpt`` (every rank).
 
-    Leftovers of the interrupted attempt (save directories, directories beyond ``keep``) are removed
-    first. A candidate that does not verify is skipped with one warning and deleted once a fallback is
-    chosen, so that retention never keeps it in place of a good one.
-
-    Raises:
-        CheckpointVerificationError: no checkpoint directory verifies.
+    A candidate that does not verify is skipped with one warning and deleted once a fallback is chosen,
+    so that retention never keeps it in place of a good one. Raises ``CheckpointVerificationError``.
     """
     strategy = trainer.strategy
     if trainer.is_global_zero:

@@ -19,34 +19,29 @@ from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, fsync_file,
 from lightning_resume._storage.catalog import verify
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import commit, prune
-from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, DirectoryKind, Step, resolve_pointer
+from lightning_resume._storage.kinds import (
+    DIRECTORY,
+    MANIFEST_NAME,
+    DirectoryKind,
+    Step,
+    resolve_pointer,
+    unobserved,
+)
 from lightning_resume._storage.manifest import DirectoryManifest, FileEntry, check_metadata, checksum_file
-from lightning_resume._storage.store import LocalStore
+from lightning_resume._storage.store import LocalStore, walk_files
 
 PART_PREFIX = ".lr-part-"
+_OURS = (PART_PREFIX, TEMP_PREFIX)
 #: DCP's global metadata and Lightning's non-tensor state: what a DCP checkpoint cannot load without.
 DCP_METADATA = ".metadata"
 LIGHTNING_META = "meta.pt"
 DCP_REQUIRED = (DCP_METADATA, LIGHTNING_META)
 
 
-def _nothing(step: str) -> None:
-    """The default ``on_step`` observer: none."""
-
-
 def list_files(directory: Path) -> list[str]:
     """Every regular file under ``directory`` (relative, ``/``-separated, sorted), our own files left out."""
-    found = []
-    for folder, dirs, files in os.walk(directory):
-        dirs.sort()
-        base = Path(folder).relative_to(directory)
-        for name in files:
-            if name == MANIFEST_NAME or name.startswith((PART_PREFIX, TEMP_PREFIX)):
-                continue
-            if not os.path.isfile(os.path.join(folder, name)) or os.path.islink(os.path.join(folder, name)):
-                continue
-            found.append((base / name).as_posix())
-    return sorted(found)
+    names = {n: n.rsplit("/", 1)[-1] for n in walk_files(directory)}
+    return sorted(n for n, base in names.items() if base != MANIFEST_NAME and not base.startswith(_OURS))
 
 
 def dcp_files_of(directory: Path, rank: int) -> list[str]:
@@ -80,12 +75,8 @@ def write_part(directory: Path, rank: int, entries: Sequence[FileEntry], error: 
 
 
 def read_parts(directory: Path, world_size: int) -> dict[str, FileEntry]:
-    """Every rank's recorded files by name.
-
-    Raises:
-        FileNotFoundError: some ranks recorded nothing yet (the message names them).
-        RuntimeError: a rank recorded that it failed.
-    """
+    """Every rank's recorded files by name; ``FileNotFoundError`` naming the ranks that recorded nothing
+    yet, ``RuntimeError`` when a rank recorded that it failed."""
     found: dict[str, FileEntry] = {}
     missing = []
     for rank in range(world_size):
@@ -96,20 +87,14 @@ def read_parts(directory: Path, world_size: int) -> dict[str, FileEntry]:
             continue
         if part.get("error"):
             raise RuntimeError(f"rank {rank} could not record its files: {part['error']}")
-        for item in part["files"]:
-            entry = FileEntry(str(item["name"]), int(item["size"]), str(item["checksum"]))
-            found[entry.name] = entry
+        found.update((e.name, e) for e in map(FileEntry.from_json, part["files"]))
     if missing:
         raise FileNotFoundError(f"rank(s) {missing} recorded no files in {str(directory)!r} yet")
     return found
 
 
 def parts_complete(directory: Path, world_size: int) -> bool:
-    """Whether every rank recorded its files.
-
-    Raises:
-        RuntimeError: a rank recorded that it failed.
-    """
+    """Whether every rank recorded its files (``RuntimeError`` when a rank recorded that it failed)."""
     try:
         read_parts(directory, world_size)
     except FileNotFoundError:
@@ -122,11 +107,8 @@ def build_manifest(
 ) -> DirectoryManifest:
     """The manifest of a save directory every rank recorded its part of (``fields``: its other fields).
 
-    Files no rank claimed (``.metadata``, ``meta.pt``, any file of an unknown layout) are fsynced and
-    hashed here; every folder inside is fsynced.
-
-    Raises:
-        FileNotFoundError: a rank recorded no part, or a ``required`` file is missing.
+    Files no rank claimed (``.metadata``, ``meta.pt``...) are fsynced and hashed here, and every folder
+    fsynced. ``FileNotFoundError``: a rank recorded no part, or a ``required`` file is missing.
     """
     claimed = read_parts(directory, world_size)
     names = list_files(directory)
@@ -150,16 +132,10 @@ def read_manifest(directory: Path) -> DirectoryManifest | None:
 
 
 def commit_directory(
-    save_dir: Path, pointer: Path, manifest: DirectoryManifest, keep: int, on_step: Step = _nothing
+    save_dir: Path, pointer: Path, manifest: DirectoryManifest, keep: int, on_step: Step = unobserved
 ) -> Path:
-    """Commit ``save_dir`` as the directory ``pointer`` (``last.ckpt``) names, then prune to ``keep``.
-
-    The part files go; ``_storage.commit.commit`` writes the manifest, renames the directory and swaps
-    the pointer, calling ``on_step`` at each step; retention never deletes the new directory.
-
-    Raises:
-        OSError: from the filesystem; the pointer then still names the previous directory.
-    """
+    """Commit ``save_dir`` as the directory ``pointer`` (``last.ckpt``) names, the part files removed,
+    then prune to ``keep`` (see ``_storage.commit``). On an ``OSError`` the pointer is as it was."""
     for part in save_dir.glob(f"{PART_PREFIX}*"):
         part.unlink()
     kind = DirectoryKind(pointer.name)

@@ -1,20 +1,13 @@
 """``DirectorySaver``: sharded checkpoints written aside and committed atomically, in the background.
 
-``RequeueCheckpoint`` hands every save to this component when the strategy writes a directory
-(``ModelParallelStrategy``, ``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed). Lightning calls
-no ``CheckpointIO`` plugin for such saves; the plugin's settings (``io._protocol.settings_of``:
-``asynchronous``, ``keep``, ``mirror``, ``metadata``...) apply here instead.
-
-- **Synchronous**: every rank calls ``trainer.save_checkpoint(<fresh directory>)`` (the strategy and
-  DCP write it), fsyncs and hashes what it wrote; global rank 0 commits
-  (:func:`lightning_resume._sharded.parts.commit_directory`).
-- **Asynchronous** (DCP strategies): the training loop blocks while Lightning builds its checkpoint
-  and the state is copied into reused host buffers; ``dcp.async_save`` (thread executor, on a
-  dedicated gloo group: on the default group its collectives would interleave with training's) writes
-  it, and a thread of ours fsyncs, hashes, and on rank 0 commits. No collective runs off the main
-  thread: ranks report their files through part files. One save is in flight at a time; its error is
-  raised on every rank by the next save, :meth:`DirectorySaver.wait_until_durable` or
-  :meth:`DirectorySaver.close`.
+``RequeueCheckpoint`` hands it every save of a strategy that writes a directory (``ModelParallelStrategy``,
+``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed); the plugin's settings apply here instead
+(``io._protocol.settings_of``). Synchronous: every rank calls ``trainer.save_checkpoint(<fresh
+directory>)``, fsyncs and hashes what it wrote; global rank 0 commits. Asynchronous (DCP strategies):
+the state is copied into reused host buffers, ``dcp.async_save`` writes it on a gloo group of its own
+(on the default group its collectives would interleave with training's) and a thread of ours fsyncs,
+hashes and, on rank 0, commits; ranks report through part files, so no collective runs off the main
+thread. One save is in flight; its error is raised on every rank by the next save, ``wait`` or ``close``.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +49,8 @@ _POLL = 0.01
 class DirectorySaver:
     """Write sharded checkpoints into fresh directories and commit them as ``pointer`` (every rank).
 
-    Args:
-        pointer: ``last.ckpt``: the symlink that names the committed directory.
-        settings: The checkpoint plugin's (``io._protocol.settings_of``): directories kept, asynchronous
-            saves (DCP strategies), metadata, waits for the mirror.
-        mirror: Where global rank 0 uploads each committed directory (``None``: no mirror).
-        on_commit: Called on global rank 0 after each commit (possibly from the writer thread).
-        part_timeout: Seconds rank 0 waits for the other ranks' files in an asynchronous save.
+    Global rank 0 calls ``on_commit`` after each commit (maybe from the writer thread) and uploads to
+    ``mirror``; in an asynchronous save it waits ``part_timeout`` seconds for the other ranks' files.
     """
 
     def __init__(
@@ -89,10 +78,7 @@ class DirectorySaver:
 
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
-        """A saver with the settings of the strategy's checkpoint plugin (``io._protocol.settings_of``).
-
-        Without a ``DurableCheckpointIO``, saves are synchronous and two committed directories are kept.
-        """
+        """A saver with the settings of the strategy's checkpoint plugin (defaults without one)."""
         settings = settings_of(trainer.strategy.checkpoint_io)
         return cls(
             pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
@@ -184,16 +170,8 @@ class DirectorySaver:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
         self._async_used = True
         self._pending_dir = save_dir
-        self._pending = self._pool.submit(
-            self._finish,
-            upload,
-            save_dir,
-            meta,
-            trainer.global_rank,
-            trainer.world_size,
-            required_files(strategy),
-            fields,
-        )
+        commit = partial(self._commit, save_dir, trainer.world_size, required_files(strategy), fields)
+        self._pending = self._pool.submit(self._finish, upload, save_dir, meta, trainer.global_rank, commit)
 
     def _stager_for(self, state: dict[str, Any]) -> Any:
         from lightning_resume._sharded.stager import ReusedBufferStager
@@ -210,14 +188,7 @@ class DirectorySaver:
         return self._stager
 
     def _finish(
-        self,
-        upload: Future[Any],
-        save_dir: Path,
-        meta: bytes | None,
-        rank: int,
-        world: int,
-        required: tuple[str, ...],
-        fields: dict[str, Any],
+        self, upload: Future[Any], save_dir: Path, meta: bytes | None, rank: int, commit: Callable[[], None]
     ) -> None:
         """The writer thread: wait for DCP, write ``meta.pt``, record this rank's files, commit (rank 0)."""
         try:
@@ -234,22 +205,22 @@ class DirectorySaver:
                 parts.write_part(save_dir, rank, [], error=f"{type(e).__name__}: {e}")
             raise
         if rank == 0:
-            deadline = time.monotonic() + self.part_timeout
-            while not parts.parts_complete(save_dir, world):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Not every rank recorded its files in {str(save_dir)!r} within "
-                        f"{self.part_timeout} s: the save is not committed."
-                    )
-                time.sleep(_POLL)
-            self._commit(save_dir, world, required, fields)
+            commit()
 
     def _record_part(self, save_dir: Path, rank: int) -> None:
         """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
         parts.write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
 
     def _commit(self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any]) -> None:
-        """Global rank 0: build the manifest and commit, then tell the callback and the mirror."""
+        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror."""
+        deadline = time.monotonic() + self.part_timeout
+        while not parts.parts_complete(save_dir, world):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Not every rank recorded its files in {str(save_dir)!r} within "
+                    f"{self.part_timeout} s: the save is not committed."
+                )
+            time.sleep(_POLL)
         manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
         final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
         log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
@@ -283,10 +254,7 @@ class DirectorySaver:
             return
         pending, self._pending = self._pending, None
         save_dir, self._pending_dir = self._pending_dir, None
-        error = None
-        if pending is not None:
-            error = _attempt(pending.result)
-        self._agree(trainer, error, save_dir)
+        self._agree(trainer, _attempt(pending.result) if pending is not None else None, save_dir)
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
@@ -295,28 +263,19 @@ class DirectorySaver:
             self.mirror.wait(self.settings.mirror_timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
-        """Finish the save in flight and stop the writer thread.
-
-        Args:
-            trainer: The trainer.
-            collective: Agree on errors with the other ranks (every rank calls this). ``False`` after an
-                exception, when other ranks may be gone: wait for this rank only, and warn on failure.
-
-        Raises:
-            RuntimeError: (``collective``) the save in flight failed on some rank.
-        """
+        """Finish the save in flight and stop the writer thread; ``collective`` (every rank calls this):
+        raise ``RuntimeError`` when it failed on any rank, else (after an exception, other ranks may be
+        gone) wait for this rank only and warn on failure."""
         try:
             if collective:
                 self.wait(trainer)
-            elif self._pending is not None:
-                pending, self._pending = self._pending, None
-                error = _attempt(pending.result)
-                if error is not None:
-                    warn(
-                        f"The sharded checkpoint save in flight failed ({error}); "
-                        f"{self.pointer.name} keeps the one before."
-                    )
+            elif self._pending is not None and (error := _attempt(self._pending.result)) is not None:
+                warn(
+                    f"The sharded checkpoint save in flight failed ({error}); "
+                    f"{self.pointer.name} keeps the one before."
+                )
         finally:
+            self._pending = None
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None

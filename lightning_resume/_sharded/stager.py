@@ -12,15 +12,10 @@ from torch.distributed.tensor import DTensor
 class ReusedBufferStager:
     """DCP's ``AsyncStager`` protocol over buffers allocated at the first save and reused after.
 
-    Lightning's sharded state dicts hold CPU tensors that share storage with the live parameters and
-    optimizer state (``cpu_offload=True`` of a CPU model aliases them), so a write in the background
-    must work on a copy. Each tensor is copied into its own buffer (a DTensor's local shard, re-wrapped
-    with the same mesh, placements, shape and stride, so DCP plans and writes what it would have written
-    from the live state); other values are deep-copied. A copy into an existing buffer costs a
-    ``memcpy``, not an allocation.
-
-    Only for states whose tensors all live on the CPU (:meth:`supports`): a DTensor on a GPU mesh would
-    be moved back to its device when re-wrapped. DCP's ``DefaultStager`` handles those.
+    Lightning's sharded CPU state shares storage with the live parameters, so a background write needs
+    a copy: each tensor goes into its own buffer (a ``memcpy``, not an allocation; a DTensor's local shard
+    re-wrapped with the same mesh, placements, shape and stride), other values are deep-copied. Only for
+    all-CPU states (:meth:`supports`): re-wrapping would move a GPU DTensor back to its device.
     """
 
     # DCP reads this: staging is finished when ``stage`` returns.

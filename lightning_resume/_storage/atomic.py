@@ -1,12 +1,8 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+"""Atomic file writes, for every file the library writes: a reader sees the old file or the new one.
 
-The one rule, used for every file the library writes: write a temporary sibling (its name carries
-the writing process id, so leftovers of dead processes can be recognised), fsync it, rename it onto
-the target, fsync the directory. :func:`replace_durably` is the last two steps; :func:`atomic_open`
-is the whole rule for content written through a file object; :func:`create_text_exclusive` is the
-variant that never replaces an existing file.
-
-Pure standard library: the writer process imports this module.
+Write a temporary sibling (named with the writing process id, so that leftovers of dead processes are
+recognised), fsync it, rename it onto the target, fsync the directory: :func:`atomic_open` is the
+whole rule, :func:`replace_durably` its last two steps. Pure standard library.
 """
 
 from __future__ import annotations
@@ -65,12 +61,9 @@ def process_umask() -> int:
 
 
 def temp_sibling(path: str | Path, prefix: str = TEMP_PREFIX) -> tuple[int, Path]:
-    """Create a temporary file beside ``path``; return its open descriptor and its name.
+    """Create ``<prefix><pid>-<random>-<name>.tmp`` beside ``path``; return its descriptor and name.
 
-    The name is ``<prefix><pid>-<random>-<name>.tmp``, so that a later process can tell the
-    leftovers of dead processes from the files of a live one. Its mode is ``0o666`` less the umask,
-    as for any file ``open()`` creates (``mkstemp`` alone would make it private, ``0o600``), so what
-    is renamed into place has the permissions a plain write would give it.
+    Its mode is ``0o666`` less the umask, as ``open()`` gives (``mkstemp`` alone gives ``0o600``).
     """
     target = Path(path)
     fd, name = tempfile.mkstemp(
@@ -89,9 +82,8 @@ def replace_durably(temporary: str | Path, path: str | Path) -> None:
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -> Iterator[IO[Any]]:
-    """Open a temporary sibling of ``path``; on a clean exit it is fsynced and renamed onto ``path``.
-
-    On an exception the temporary file is removed and ``path`` is left as it was.
+    """Open a temporary sibling of ``path``, fsynced and renamed onto it on a clean exit (removed on an
+    exception: ``path`` is left as it was).
 
     Example::
 
@@ -113,11 +105,8 @@ def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -
 
 @contextlib.contextmanager
 def exclusive(path: str | Path) -> Iterator[None]:
-    """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, waiting for it.
-
-    For work that processes on one node must do once, such as restoring a checkpoint from a mirror
-    into a node-local directory. Where the filesystem has no locks, the block runs unlocked.
-    """
+    """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, waiting for it
+    (unlocked where the filesystem has no locks): for work one process of a node does for all."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~process_umask())
     try:
         with contextlib.suppress(OSError):  # no locks here: each process does the work itself
@@ -141,9 +130,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 def create_text_exclusive(path: str | Path, text: str) -> bool:
     """Atomically create ``path`` with ``text`` unless it exists; return whether this call created it.
 
-    The content is written to a temporary file first and then hard-linked into place (not renamed:
-    a rename would replace an entry another process created meanwhile), so the entry either does
-    not exist or is complete, and two writers racing for it cannot both win.
+    Hard-linked into place, not renamed: a rename would replace what another writer created meanwhile.
     """
     target = Path(path)
     fd, temporary = temp_sibling(target)

@@ -19,7 +19,7 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import Any, Generic
 
-from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, resolve_pointer
+from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, read_versions, resolve_pointer
 from lightning_resume._storage.manifest import (
     DirectoryManifest,
     Entry,
@@ -44,12 +44,7 @@ def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = Non
     sizes = store.sizes(kind.directory) if sizes is None else sizes
     found: dict[str, R] = {}
     for name in kind.names(sizes):
-        raw = store.read(kind.manifest_name(name))
-        try:
-            versions = kind.decode(raw) if raw is not None else []
-        except ValueError:
-            continue
-        for record in versions:
+        for record in read_versions(store, kind, name):
             if all(sizes.get(f.name) == f.size for f in kind.files(name, record)):
                 found[name] = record
                 break
@@ -64,13 +59,7 @@ def scan(folder: str | Path) -> dict[str, Entry]:
 def newest_first(
     checkpoints: Mapping[str, Entry | DirectoryManifest], exclude: Iterable[str] = ()
 ) -> list[str]:
-    """Checkpoint names in fallback order: newest save first, then by name (files and directories).
-
-    Example::
-
-        for name in newest_first(scan(folder), exclude=["last.ckpt"]):
-            ...  # try to load folder / name
-    """
+    """Checkpoint names (files or directories) but ``exclude`` in fallback order: newest save first."""
     skipped = set(exclude)
     ordered = sorted(
         ((entry.saved_at, name) for name, entry in checkpoints.items() if name not in skipped),
@@ -83,11 +72,9 @@ def candidates(pointer: Path) -> list[Path]:
     """Checkpoint directories a restart may resume from, in fallback order: the pointer's target first,
     then the other committed directories, newest save first."""
     target = resolve_pointer(pointer)
-    ordered = [] if target is None else [target]
-    for name in newest_first(committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))):
-        if target is None or name != target.name:
-            ordered.append(pointer.parent / name)
-    return ordered
+    found = committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))
+    others = newest_first(found, exclude=[target.name] if target is not None else [])
+    return ([] if target is None else [target]) + [pointer.parent / name for name in others]
 
 
 def beyond_keep(
@@ -137,15 +124,9 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict(Generic[R]):
-    """The outcome of checking one checkpoint, a file or a directory.
-
-    Attributes:
-        status: What was found.
-        manifest: The version it matches when verified, else its newest version (if readable).
-        detail: Which file and what is wrong with it, for messages.
-        size, checksum: A file's size, and its checksum once computed.
-        newer: Its manifest is of a newer format: not damage, a newer lightning-resume wrote it.
-    """
+    """The outcome of checking one checkpoint: ``manifest`` is the version it matches when verified, else
+    its newest (if readable); ``detail`` which file is wrong and how; a file's ``size`` and ``checksum``;
+    ``newer``: a newer lightning-resume wrote its manifest (not damage)."""
 
     status: Status
     manifest: R | None = None
@@ -163,12 +144,8 @@ class Verdict(Generic[R]):
 def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, int] = (0, 1)) -> Verdict[R]:
     """Check a checkpoint (a file, a directory, or a link to one) against its manifest.
 
-    Args:
-        path: The checkpoint.
-        kind: What it is.
-        checksums: Compare checksums too (``False``: presence and sizes only, nothing read).
-        share: ``(rank, world size)``: hash only the files whose index is ``rank`` modulo ``world size``
-            (the ranks of a job verify a directory together); the other checks are made in full.
+    ``checksums=False``: presence and sizes only. ``share=(rank, world size)``: hash only the files whose
+    index is ``rank`` modulo ``world size`` (the ranks of a job verify a directory together).
     """
     absent = _absent(path, kind.directory)
     if absent is not None:
@@ -184,14 +161,10 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     except NewerManifest as e:
         return Verdict(Status.UNVERIFIABLE, detail=newer_detail(e), size=size, newer=True)
     except ValueError as e:
-        detail = (
-            f"its manifest is unreadable: {e}; delete the manifest to load it unverified, or restore both"
-        )
-        return Verdict(Status.UNVERIFIABLE, detail=detail + " from a copy", size=size)
-    sized, problem = (
-        [],
-        Verdict(Status.TORN, versions[0], f"{size} bytes, matching no entry of its manifest", size),
-    )
+        fix = "delete the manifest to load it unverified, or restore both from a copy"
+        return Verdict(Status.UNVERIFIABLE, detail=f"its manifest is unreadable: {e}; {fix}", size=size)
+    sized: list[R] = []
+    problem = Verdict(Status.TORN, versions[0], f"{size} bytes, matching no entry of its manifest", size)
     for record in versions:
         trouble = _sizes(folder, kind.files(name, record), record)
         if trouble is None:
@@ -207,9 +180,7 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     mismatches = []
     for record in sized:
         shared = [f for i, f in enumerate(kind.files(name, record)) if i % max(world, 1) == rank]
-        for entry in shared:
-            if entry.name not in digests:
-                digests[entry.name] = checksum_file(folder / entry.name)
+        digests.update({f.name: checksum_file(folder / f.name) for f in shared if f.name not in digests})
         mismatches = [f.name for f in shared if digests[f.name] != (f.size, f.checksum)]
         if not mismatches:
             return Verdict(Status.VERIFIED, record, size=size, checksum=digests.get(name, (0, None))[1])
@@ -230,6 +201,11 @@ def newer_detail(error: NewerManifest) -> str:
         f"written by {writer}, newer than this lightning-resume {__version__}: upgrade lightning-resume "
         "(pip install -U lightning-resume) to load it"
     )
+
+
+def remedy(newer: bool, restore: str) -> str:
+    """What to do about checkpoints that do not verify: upgrade for a newer format, else restore a copy."""
+    return "Upgrade lightning-resume" if newer else f"Restore {restore} from a copy"
 
 
 def _absent(path: Path, directory: bool) -> Verdict[Any] | None:

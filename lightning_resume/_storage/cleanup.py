@@ -1,10 +1,9 @@
 """Leftovers of interrupted saves, and removing them (pure standard library).
 
-Every name written aside carries its process id: temporary files and links ``.lr-tmp-<pid>-...``
-and save directories ``.lr-save-<pid>-<hex>``. A later process removes those of processes that are
-gone; a restart, all of them (the earlier attempt may have run on another host). A manifest without
-its data file (a removal cut short) goes too, unless a live process is writing here: in a commit,
-the new manifest comes first.
+Names written aside carry their process id (``.lr-tmp-<pid>-...``, ``.lr-save-<pid>-<hex>``): a later
+process removes those of processes that are gone; a restart, all (the earlier attempt may have run on
+another host). A manifest without its data file (a removal cut short) goes too, unless a live process
+is writing here: in a commit, the new manifest comes first.
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from pathlib import Path
 
 from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir
 from lightning_resume._storage.manifest import MANIFEST_SUFFIX
-from lightning_resume._storage.store import SAVE_PREFIX
+from lightning_resume._storage.store import SAVE_PREFIX, LocalStore
 
 _LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})(\d+)-")
 
@@ -55,15 +53,9 @@ def clean_stale(folder: str | Path, restart: bool = False) -> list[str]:
     Manifests are left alone while a live process has something written aside here.
     """
     folder = Path(folder)
-    removed = []
-    for name in stale(folder, restart):
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        removed.append(name)
+    removed = stale(folder, restart)
+    for name in removed:
+        LocalStore(folder).remove(name, tree=(folder / name).is_dir() and not (folder / name).is_symlink())
     try:
         names = set(os.listdir(folder))
     except FileNotFoundError:

@@ -1,11 +1,9 @@
 """Changing a local folder of checkpoints, for both kinds: commit, remove, prune.
 
-A **commit** writes the new version aside (:func:`write_new`: past the page cache where the filesystem
-allows, checksummed as it is written), fsyncs it, puts its manifest in place, then swaps it in with one
-atomic rename and fsyncs the folder (:func:`commit`; the kind says where the manifest goes and what the
-swap is). A kill at any instant leaves the old version or the new one, each matching its manifest.
-A **removal** first deletes what would let a half-deleted checkpoint count; **pruning** removes what
-retention names. Pure standard library: the writer process imports this module.
+A commit writes the new version aside (:func:`write_new`: past the page cache where allowed,
+checksummed as written), fsyncs it, puts its manifest in place, swaps it in with one atomic rename and
+fsyncs the folder: a kill at any instant leaves the old version or the new one, each matching its
+manifest. A removal first deletes what would let a half-deleted checkpoint count. Torch-free.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from typing import Protocol
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._storage.catalog import retention
 from lightning_resume._storage.direct_file import DirectFile, Pace, new_buffer
-from lightning_resume._storage.kinds import FILE, Kind, Step
+from lightning_resume._storage.kinds import FILE, Kind, Step, unobserved
 from lightning_resume._storage.manifest import ChecksumWriter, Entry, R, next_entries
 from lightning_resume._storage.store import LocalStore, Store
 
@@ -37,10 +35,6 @@ _HINTS = {
     errno.EPERM: "make the checkpoint directory writable by the user running training",
     errno.EROFS: "save checkpoints to a writable filesystem",
 }
-
-
-def _nothing(step: str) -> None:
-    """The default ``on_step`` observer: none."""
 
 
 class TimedPace(Pace, Protocol):
@@ -63,23 +57,13 @@ def commit(
     target: Path,
     records: Sequence[R],
     name: str | None = None,
-    on_step: Step = _nothing,
+    on_step: Step = unobserved,
 ) -> Path:
-    """Make ``staged`` (from ``kind.stage``, written and fsynced) the checkpoint ``target`` names.
+    """Make ``staged`` (from ``kind.stage``, written and fsynced) what ``target`` (the file, or the link)
+    names, with the manifest ``records`` (the first describes ``staged``); return where it is now.
 
-    Args:
-        kind: What is committed.
-        staged: The new version.
-        target: The checkpoint file, or the link naming the checkpoint directory.
-        records: The new manifest; its first version describes ``staged``.
-        name: A directory's committed name (default: from its step and its save directory).
-        on_step: Called with each name of :data:`COMMIT_STEPS` as the commit gets there.
-
-    Returns:
-        Where the new version is now.
-
-    Raises:
-        OSError: from the filesystem; ``staged`` is removed and ``target`` is as it was.
+    ``name`` is a directory's committed name (default: from its step); ``on_step`` is called with each
+    of :data:`COMMIT_STEPS`. On an ``OSError``, ``staged`` is removed and ``target`` is as it was.
     """
     try:
         on_step("before_manifest")
@@ -100,15 +84,9 @@ def write_new(
     buffer: mmap.mmap | None = None,
     pace: TimedPace | None = None,
 ) -> tuple[int, str]:
-    """Write ``path`` (created if missing) through ``write`` and fsync it; return ``(size, checksum)``.
-
-    Args:
-        path: The file written aside.
-        write: Writes the content to the checksumming file object it is given.
-        direct: Write past the page cache where the filesystem allows it.
-        buffer: A ``direct_file.new_buffer()`` to reuse (default: a new one).
-        pace: Paces the write (a background write's duty cycle) and records its fsync time.
-    """
+    """Write ``path`` through ``write`` (given a checksumming file) and fsync it; return ``(size,
+    checksum)``. ``direct``: past the page cache where allowed; ``buffer``: a ``new_buffer()`` to reuse;
+    ``pace``: the duty cycle, which records the fsync time."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     staging = buffer if buffer is not None else new_buffer()
     try:
@@ -140,11 +118,8 @@ def write_file(
 ) -> Entry:
     """Write a new version of the checkpoint file ``path`` (see :func:`write_new`) and commit it.
 
-    ``make_entry`` builds its entry from ``(size, checksum)`` (or raises to refuse it); ``known`` is
-    the entry of the file now at ``path``, when the caller committed it itself.
-
-    Raises:
-        OSError: from the filesystem; ``path`` and its manifest are then as they were.
+    ``make_entry`` builds its entry from ``(size, checksum)``; ``known`` is the entry of the file now at
+    ``path``, when the caller committed it. On an ``OSError``, ``path`` and its manifest are as they were.
     """
     path = Path(path)
     staged = FILE.stage(path)
@@ -158,7 +133,7 @@ def write_file(
     return entry
 
 
-def remove(store: Store, kind: Kind[R], name: str, on_step: Step = _nothing) -> None:
+def remove(store: Store, kind: Kind[R], name: str, on_step: Step = unobserved) -> None:
     """Delete checkpoint ``name``: first what would let a half-deleted one count."""
     for index, (part, folder) in enumerate(kind.removal(name)):
         if index:
@@ -167,7 +142,7 @@ def remove(store: Store, kind: Kind[R], name: str, on_step: Step = _nothing) -> 
 
 
 def prune(
-    store: Store, kind: Kind[R], keep: int | None, current: str | None = None, on_step: Step = _nothing
+    store: Store, kind: Kind[R], keep: int | None, current: str | None = None, on_step: Step = unobserved
 ) -> list[str]:
     """Remove what ``catalog.retention`` names (never ``current``); return the names."""
     doomed = retention(store, kind, keep, current)

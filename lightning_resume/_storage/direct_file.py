@@ -1,20 +1,10 @@
 """Sequential file writes that bypass the page cache (``O_DIRECT``), with a buffered fallback.
 
-A checkpoint written through the page cache costs the machine twice: every byte is copied into
-freshly allocated cache pages (kernel time that competes with training for the CPU and memory
-bandwidth), and those pages then push the training data out of the cache. Written directly, the
-bytes go from a few reused, aligned buffers to the device. Direct writes must start at aligned offsets
-and have aligned lengths, so the last block is padded and the file truncated to its true size.
-
-The writes are pipelined: while one buffer is being written to the device by an I/O thread (which
-releases the GIL), the caller fills the next one, so the hashing, CRCs and copies that produce the
-bytes overlap the disk instead of adding to it.
-
-Filesystems that refuse direct writes (ramfs, tmpfs on older kernels, many FUSE filesystems) get
-ordinary buffered writes of the same bytes; each block's writeback is started as soon as it is
-written (``sync_file_range``), so that the final fsync is short and the disk is written at the pace
-of the caller rather than in one burst at the end. Pure standard library: the writer process
-imports it.
+Through the page cache a checkpoint costs twice: every byte is copied into fresh cache pages (kernel
+time taken from training), which then push the training data out of the cache. Direct writes go from
+a few reused, aligned buffers to the device (the last block padded, the file then truncated), one
+buffer written by an I/O thread while the caller fills the next. Filesystems that refuse them get
+buffered writes whose writeback starts block by block (``sync_file_range``): a short final fsync.
 """
 
 from __future__ import annotations
@@ -51,11 +41,7 @@ class Pace(Protocol):
 
 
 def new_buffer(depth: int = DEPTH) -> mmap.mmap:
-    """Aligned buffers for :class:`DirectFile` (anonymous memory is page-aligned); reuse them.
-
-    Args:
-        depth: How many ``BLOCK``-sized buffers (1: no pipelining).
-    """
+    """``depth`` aligned ``BLOCK``-sized buffers for :class:`DirectFile` (1: no pipelining); reuse them."""
     return mmap.mmap(-1, max(1, depth) * BLOCK)
 
 
@@ -76,11 +62,8 @@ def set_direct(fd: int, on: bool) -> bool:
 class DirectFile:
     """A write-only stream over an open file descriptor, written with ``O_DIRECT`` where possible.
 
-    Bytes collect in an aligned buffer; a full buffer goes to an I/O thread while the next one is
-    filled (with a single buffer, it is written in the caller). :meth:`finish` writes the rest, waits
-    for the I/O thread and sets the file's size; :meth:`close` stops the I/O thread (call it before
-    closing ``fd``, also after an error). When the filesystem rejects direct I/O (at the switch or at
-    a write), the same bytes go through the page cache instead.
+    :meth:`finish` writes the rest and sets the file's size; :meth:`close` stops the I/O thread (before
+    ``fd`` is closed, also after an error). Where direct I/O is refused, the page cache is used.
 
     Args:
         fd: A file descriptor of an empty file open for writing (not closed here).

@@ -1,22 +1,12 @@
 """The two kinds of checkpoint, and only what differs between them.
 
-A **file** (``last.ckpt``, what ``CheckpointIO`` writes) and a **directory** (a sharded checkpoint,
-``.lr-ckpt-<step>-<hex>/``, named by the link ``last.ckpt``) are listed, verified, committed, pruned
-and mirrored by the same functions (``catalog``, ``commit``, ``mirror``). The kind tells them:
-
-- how its manifest lists content: a file's ``<name>.manifest.json`` keeps up to three versions of the
-  one file, a directory's ``.lr-manifest.json`` lists its files (``manifest_name``, ``decode``,
-  ``encode``, ``files``);
-- which checkpoints a listing holds (``names``) and the retention family of a name (``family``:
-  digits ignored for files; the directories of a folder are one family);
-- how it is staged and swapped in. Locally, a file is written to a temporary sibling, its manifest
-  replaced, then it is renamed onto its name; a directory is written into ``.lr-save-<pid>-<hex>``,
-  its manifest written last, renamed to its committed name, and the ``last.ckpt`` link is swapped
-  (``stage``, ``manifest_at``, ``swap``). Remotely, a file is uploaded to a temporary key and moved
-  onto its name; a directory's files go to their final keys and a pointer object
-  ``last.ckpt.pointer.json`` names it (``upload_key``, ``remote_swap``, ``held``).
-
-Pure standard library.
+A **file** (``last.ckpt``, whose ``last.ckpt.manifest.json`` keeps up to three versions of it) and a
+**directory** (``.lr-ckpt-<step>-<hex>/``, whose ``.lr-manifest.json`` lists its files, named by the
+link ``last.ckpt``) are listed, verified, committed, pruned and mirrored by the same functions
+(``catalog``, ``commit``, ``mirror``). The kind says how its manifest lists content, which names a
+listing holds, their retention family, and how a new version is staged and swapped in: locally, a
+temporary file renamed, or a save directory renamed and linked; remotely, a temporary key moved onto
+the name, or final keys that the pointer object ``last.ckpt.pointer.json`` then names.
 """
 
 from __future__ import annotations
@@ -62,13 +52,15 @@ _TOKEN_BYTES = 4
 Step = Callable[[str], None]
 
 
-class Kind(Protocol[R]):
-    """What a checkpoint file and a checkpoint directory do differently (see the module docstring).
+def unobserved(step: str) -> None:
+    """The default :data:`Step` observer: none."""
 
-    ``directory`` is ``True`` for directories: they are verified as directories, and one that no
-    longer counts is a leftover. ``slot(name)`` is what a newer save of ``name`` replaces (a file's
-    name, a directory's link); ``removal(name)`` is what to delete, in order, first what would let a
-    half-deleted checkpoint count (``(name, is a folder)``).
+
+class Kind(Protocol[R]):
+    """What a checkpoint file and a checkpoint directory do differently.
+
+    A directory that no longer counts is a leftover. ``slot(name)`` is what a newer save of ``name``
+    replaces; ``removal(name)``: ``(name, is a folder)`` to delete, first what lets a half-deleted one count.
     """
 
     @property
@@ -137,10 +129,8 @@ class FileKind:
         return target
 
     def held(self, store: Store, name: str) -> list[Entry]:
-        size, raw = store.size(name), store.read(self.manifest_name(name))
-        with contextlib.suppress(ValueError):
-            return sized(decode(raw), size) if size is not None and raw is not None else []
-        return []
+        size = store.size(name)
+        return sized(read_versions(store, self, name), size) if size is not None else []
 
     def upload_key(self, name: str) -> str:
         return f"{UPLOAD_PREFIX}{uuid.uuid4().hex}-{name}"
@@ -199,10 +189,7 @@ class DirectoryKind:
         return final
 
     def held(self, store: Store, name: str) -> list[DirectoryManifest]:
-        raw = store.read(self.manifest_name(name)) if self.remote_target(store) == name else None
-        with contextlib.suppress(ValueError):
-            return self.decode(raw) if raw is not None else []
-        return []
+        return read_versions(store, self, name) if self.remote_target(store) == name else []
 
     def upload_key(self, name: str) -> str:
         return name  # nothing names the directory before the pointer does
@@ -215,18 +202,24 @@ class DirectoryKind:
 
     def remote_target(self, store: Store) -> str | None:
         """The remote directory the pointer object names, or ``None``."""
-        try:
+        with contextlib.suppress(ValueError):
             data = json.loads(store.read(self.pointer + POINTER_SUFFIX) or b"null")
-        except ValueError:
-            return None
-        name = (
-            data.get("directory") if isinstance(data, dict) and data.get("format") == POINTER_FORMAT else None
-        )
-        return name if isinstance(name, str) and _COMMITTED_NAME.match(name) else None
+            ours = isinstance(data, dict) and data.get("format") == POINTER_FORMAT
+            name = data.get("directory") if ours else None
+            return name if isinstance(name, str) and _COMMITTED_NAME.match(name) else None
+        return None
 
 
 FILE = FileKind()
 DIRECTORY = DirectoryKind()
+
+
+def read_versions(store: Store, kind: Kind[R], name: str) -> list[R]:
+    """The versions the manifest of ``name`` lists, newest first; none when it is missing or unreadable."""
+    raw = store.read(kind.manifest_name(name))
+    with contextlib.suppress(ValueError):
+        return kind.decode(raw) if raw is not None else []
+    return []
 
 
 # -- local names of directories, and the link -----------------------------------------------------

@@ -1,14 +1,10 @@
 """Checkpoint manifests: what a checkpoint must be to count as committed and verified.
 
-Two formats share one header (``format``, ``version``, checksum ``algorithm``; :func:`read_header`):
-a checkpoint **file** ``last.ckpt`` has a sibling ``last.ckpt.manifest.json`` with one to three
-:class:`Entry` (size, XXH3-64 checksum, step, epoch, time, versions, user metadata), the newest save
-first and the saves it replaced after it (a save replaces the manifest *before* the data file, so
-whichever data file a kill leaves matches an entry); a checkpoint **directory** holds
-``.lr-manifest.json``, written last, a :class:`DirectoryManifest` listing every file.
-
-Standard library and ``xxhash`` only. XXH3 hashes at memory speed (about 10 GB/s here, CRC-32 manages
-3), so verifying a checkpoint costs little next to loading it.
+Two formats share one header (``format``, ``version``, checksum ``algorithm``; :func:`read_header`).
+A checkpoint file's sibling ``<name>.manifest.json`` lists one to three :class:`Entry`, newest first
+(a save replaces the manifest *before* the data file, so whichever data file a kill leaves matches an
+entry); a checkpoint directory's ``.lr-manifest.json``, written last, is a :class:`DirectoryManifest`.
+Standard library and ``xxhash``: XXH3 hashes at memory speed (about 10 GB/s here, CRC-32 manages 3).
 """
 
 from __future__ import annotations
@@ -48,12 +44,8 @@ class NewerManifest(ValueError):
 
 
 def read_header(text: str | bytes, format: str) -> dict[str, Any]:
-    """The JSON object of a manifest of ``format``, its header checked.
-
-    Raises:
-        NewerManifest: its version is newer than :data:`VERSION`.
-        ValueError: it is not a manifest of ``format`` with the one checksum algorithm there is.
-    """
+    """The JSON object of a manifest of ``format``, its header checked (raises ``NewerManifest``,
+    ``ValueError``)."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -117,20 +109,16 @@ class FileEntry:
     size: int
     checksum: str
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FileEntry:
+        return cls(_name(data["name"]), whole_number(data["size"], "size"), _checksum(data["checksum"]))
+
 
 @dataclass(frozen=True)
 class Entry:
-    """One saved version of a checkpoint file.
-
-    Args:
-        size: File size in bytes.
-        checksum: XXH3-64 of the whole file, 16 hex digits.
-        global_step: ``checkpoint["global_step"]`` when it was saved, if any.
-        epoch: ``checkpoint["epoch"]`` when it was saved, if any.
-        saved_at: Wall-clock time of the save (seconds since the epoch).
-        versions: Library versions of the process that saved it.
-        metadata: User metadata (JSON values).
-    """
+    """One saved version of a checkpoint file: its size, XXH3-64 (16 hex digits), ``global_step`` and
+    ``epoch`` if any, save time (seconds since the epoch), the saving process's library versions and
+    user metadata (JSON values)."""
 
     size: int
     checksum: str
@@ -173,12 +161,7 @@ def encode(entries: Sequence[Entry]) -> str:
 
 
 def decode(text: str | bytes) -> list[Entry]:
-    """The entries of a checkpoint file's manifest, newest first.
-
-    Raises:
-        NewerManifest: a newer library wrote it.
-        ValueError: it is not a manifest this version can read.
-    """
+    """The entries of a checkpoint file's manifest, newest first (raises as :func:`read_header`)."""
     entries = read_header(text, FORMAT).get("entries")
     if not isinstance(entries, list) or not entries:
         raise ValueError("manifest lists no entries")
@@ -187,19 +170,9 @@ def decode(text: str | bytes) -> list[Entry]:
 
 @dataclass(frozen=True)
 class DirectoryManifest:
-    """What a committed checkpoint directory holds (``.lr-manifest.json``, written last).
-
-    Attributes:
-        files: Every file of the directory but the manifest, with size and checksum.
-        global_step: ``global_step`` of the checkpoint, if known.
-        epoch: ``epoch`` of the checkpoint, if known.
-        saved_at: Wall-clock time of the commit (seconds since the epoch); orders fallbacks.
-        world_size: How many ranks wrote it.
-        layout: How it was written: ``{"strategy": ..., "mesh": {...}, "writer": ...}``.
-        required: Files a load cannot do without (``.metadata`` and ``meta.pt`` for DCP).
-        versions: Library versions of the writing process.
-        metadata: User metadata (JSON values).
-    """
+    """What a committed checkpoint directory holds (``.lr-manifest.json``, written last): every other
+    file with size and checksum, the fields of an :class:`Entry` (``saved_at``: the commit), the ranks
+    that wrote it, how (``layout``: strategy, mesh, writer) and the files a load needs (``required``)."""
 
     files: tuple[FileEntry, ...]
     global_step: int | None = None
@@ -226,18 +199,10 @@ class DirectoryManifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DirectoryManifest:
-        """Parse a manifest.
-
-        Raises:
-            NewerManifest: a newer library wrote it.
-            ValueError: anything else this version cannot read, or a required file it does not list.
-        """
+        """Parse a manifest (raises as :func:`read_header`, and for a required file it does not list)."""
         data = read_header(text, DIRECTORY_FORMAT)
         try:
-            files = tuple(
-                FileEntry(_name(f["name"]), whole_number(f["size"], "size"), _checksum(f["checksum"]))
-                for f in data["files"]
-            )
+            files = tuple(FileEntry.from_json(f) for f in data["files"])
             required = tuple(_name(n) for n in data.get("required") or ())
             unlisted = sorted(set(required) - {f.name for f in files})
             if unlisted:
@@ -263,11 +228,7 @@ def _name(value: Any) -> str:
 
 
 class Checksum:
-    """A running XXH3-64 and byte count.
-
-    Raises:
-        ImportError: ``xxhash`` is not installed.
-    """
+    """A running XXH3-64 and byte count (``ImportError`` with the install hint without ``xxhash``)."""
 
     def __init__(self) -> None:
         try:
@@ -360,14 +321,6 @@ def next_entries(new: R, current: Iterable[R]) -> list[R]:
 def sized(entries: Iterable[Entry], size: int) -> list[Entry]:
     """Entries a file of ``size`` bytes could match (a cheap check; the checksum decides)."""
     return [e for e in entries if e.size == size]
-
-
-def match(entries: Iterable[Entry], size: int, checksum: str) -> Entry | None:
-    """The entry describing a file with this size and checksum, if any."""
-    for entry in entries:
-        if entry.size == size and entry.checksum == checksum:
-            return entry
-    return None
 
 
 def checksum_file(path: str | Path, chunk: int = CHUNK) -> tuple[int, str]:

@@ -1,20 +1,18 @@
 """A remote copy of a checkpoint folder on any fsspec filesystem (S3, GCS, a mounted directory...).
 
 The remote layout is the local one (a pointer object ``last.ckpt.pointer.json`` stands for the link).
-**One upload path** for both kinds (:meth:`Mirror.upload`): the files are streamed to their upload
-keys, checksummed on the way, then the manifest goes up, then the kind's remote swap, then retention;
-an upload cut short leaves the previous remote copy counted and the new one not. **One restore path**
-(:meth:`Mirror.restore`): the files are streamed into a local place written aside, checksummed, then
-committed as a save is; a remote copy replaced while it is read (an upload landing) is read again, up
-to ``attempts`` times. Uploads and deletions run in order in one background thread. One writer per
-mirror URL (one training run): temporary keys found at start are stale.
+One upload path for both kinds (:meth:`Mirror.upload`): files streamed to their upload keys and
+checksummed, then the manifest, the kind's remote swap, retention; cut short, the previous remote
+copy still counts. One restore path (:meth:`Mirror.restore`): files streamed into a local place
+written aside, checksummed, committed as a save is; read again when an upload replaced them meanwhile.
+Uploads and deletions run in order in one background thread. One writer per mirror URL.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +25,7 @@ from lightning_resume._storage.kinds import (
     FILE,
     DirectoryKind,
     Kind,
+    read_versions,
     resolve_pointer,
     swap_pointer,
 )
@@ -65,17 +64,9 @@ def copy(source: IO[bytes], out: Writable) -> None:
 
 
 class Mirror:
-    """Upload, restore and delete checkpoints under one fsspec URL; uploads run in a background thread.
-
-    Args:
-        url: The mirror, e.g. ``s3://bucket/run-42/checkpoints`` or ``/mnt/shared/run-42``.
-        options: Keyword arguments for the fsspec filesystem.
-        keep: Copies kept per retention family after each upload (``None``: no limit).
-        direct_io: Write downloads past the page cache where the local filesystem allows it.
-        warn: Tells the user about a failed background upload (:meth:`wait` raises it too).
-
-    Raises:
-        ImportError, ValueError: the URL's fsspec backend is missing, or the URL is not one.
+    """Upload, restore and delete checkpoints under the fsspec ``url``, keeping ``keep`` copies per
+    retention family (``None``: all); ``warn`` tells of a failed background upload (:meth:`wait` raises
+    it). Raises ``ImportError``/``ValueError`` when the URL's fsspec backend is missing or it is no URL.
     """
 
     def __init__(
@@ -109,15 +100,9 @@ class Mirror:
     # -- upload ----------------------------------------------------------------------------------
 
     def upload(self, kind: Kind[R], path: Path, record: R | None = None) -> bool:
-        """Upload the committed local checkpoint ``path``, version ``record`` (default: its manifest's).
-
-        Returns:
-            Whether the mirror holds it now: ``False`` when ``path`` no longer holds ``record`` (a newer
-            save replaced it, or retention removed it: its own upload follows).
-
-        Raises:
-            RuntimeError: a file of a committed directory does not match its manifest.
-        """
+        """Upload the committed local checkpoint ``path``, version ``record`` (default: its manifest's);
+        return whether the mirror holds it now (not when a newer save or retention replaced it meanwhile:
+        its own upload follows). Raises ``RuntimeError`` for a committed directory that does not verify."""
         self._start()
         folder, name = path.parent, path.name
         record = record if record is not None else committed(LocalStore(folder), kind).get(name)
@@ -178,19 +163,12 @@ class Mirror:
 
     def restore(self, kind: Kind[R], folder: Path, name: str, attempts: int = 3) -> Path | None:
         """Download the remote checkpoint ``name`` into ``folder`` and commit it there (a directory is
-        linked as ``kind.pointer``); return its path, or ``None`` when no remote copy verifies.
-
-        Raises:
-            OSError: reading the remote copy failed ``attempts`` times, or writing locally failed.
-        """
+        linked as ``kind.pointer``); return its path, or ``None`` when no remote copy verifies. Raises
+        ``OSError`` when reading failed ``attempts`` times, or writing locally failed."""
         self._start()
         target = folder / (kind.slot(name))
         for attempt in range(1, attempts + 1):
-            raw = self.store.read(kind.manifest_name(name))
-            try:
-                versions = kind.decode(raw) if raw is not None else []
-            except ValueError:
-                versions = []
+            versions = read_versions(self.store, kind, name)
             if not versions:
                 return None
             staged = kind.stage(target)
@@ -273,14 +251,14 @@ class Mirror:
 
     # -- background ------------------------------------------------------------------------------
 
-    def submit(self, kind: Kind[R], path: Path, latest: Callable[[], R | None] | None = None) -> None:
+    def submit(self, kind: Kind[R], path: Path, latest: Callable[[], R | None]) -> None:
         """Queue :meth:`upload` of ``path``'s version ``latest()`` when it starts (an upload of it queued and
         not started covers this one); a failure is warned about and raised by :meth:`wait`."""
         failure = (kind.directory, kind.slot(path.name))
 
         def job() -> None:
-            record = latest() if latest is not None else None
-            if latest is not None and record is None:
+            record = latest()
+            if record is None:
                 return
             try:
                 self.upload(kind, path, record)
@@ -293,8 +271,7 @@ class Mirror:
                 return
             self._failed.pop(failure, None)
 
-        key: Hashable = (kind.directory, path.name)
-        self._queue.submit(job, key)
+        self._queue.submit(job, (kind.directory, path.name))
 
     def submit_delete(self, kind: Kind[R], name: str) -> None:
         self._queue.submit(lambda: self.delete(kind, name))
@@ -305,12 +282,8 @@ class Mirror:
         return self._queue.pending
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait for queued uploads and deletions.
-
-        Raises:
-            TimeoutError: some are still running after ``timeout`` seconds.
-            RuntimeError: the latest upload of some checkpoint failed.
-        """
+        """Wait for queued uploads and deletions; raise ``TimeoutError`` when some still run after
+        ``timeout`` seconds, ``RuntimeError`` when the latest upload of some checkpoint failed."""
         running = self._queue.wait(timeout)  # deletions raise here; uploads record their errors
         if running:
             raise TimeoutError(

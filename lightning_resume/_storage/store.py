@@ -14,6 +14,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import IO, Any, Protocol
 
 from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir
@@ -45,11 +46,7 @@ def _temporary(name: str) -> bool:
 
 @dataclass(frozen=True)
 class LocalStore:
-    """A local checkpoint folder.
-
-    Files at its top follow symbolic links (Lightning's ``save_last="link"``); folders are walked
-    without following them.
-    """
+    """A local checkpoint folder; links at its top are followed (``save_last="link"``), not inside."""
 
     root: Path
 
@@ -67,7 +64,8 @@ class LocalStore:
                     found[entry.name] = entry.stat().st_size
                 elif deep and entry.is_dir(follow_symlinks=False):
                     # An empty folder is listed as ``<name>/``: a half-deleted checkpoint directory is found.
-                    found.update(_walk(Path(entry.path), entry.name) or {f"{entry.name}/": 0})
+                    inside = walk_files(Path(entry.path)).items()
+                    found.update({f"{entry.name}/{n}": size for n, size in inside} or {f"{entry.name}/": 0})
             except FileNotFoundError:
                 continue
         return found
@@ -102,55 +100,39 @@ class LocalStore:
         fsync_dir((self.root / name).parent)
 
 
-def _walk(folder: Path, prefix: str) -> dict[str, int]:
+def walk_files(folder: Path) -> dict[str, int]:
+    """Sizes of the regular files under ``folder`` (links not followed) by relative ``/``-separated name."""
     found = {}
     for parent, dirs, files in os.walk(folder):
         dirs.sort()
-        base = Path(prefix, Path(parent).relative_to(folder)).as_posix()
+        base = Path(parent).relative_to(folder)
         for name in files:
-            path = os.path.join(parent, name)
             with contextlib.suppress(FileNotFoundError):
-                if not os.path.islink(path):
-                    found[f"{base}/{name}"] = os.stat(path).st_size
+                info = os.lstat(os.path.join(parent, name))
+                if S_ISREG(info.st_mode):
+                    found[(base / name).as_posix()] = info.st_size
     return found
 
 
-def open_filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """``(fsspec filesystem, root path)`` for ``url``, with an install hint when a backend is missing.
-
-    Raises:
-        ImportError: fsspec, or the backend for the URL's protocol (s3fs for ``s3://``), is missing.
-        ValueError: the URL names no protocol fsspec knows.
-    """
-    try:
-        import fsspec
-    except ImportError as e:
-        raise ImportError(f"DurableCheckpointIO(mirror={url!r}) needs fsspec: {INSTALL_HINT}") from e
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **(options or {}))
-    except ImportError as e:
-        raise ImportError(
-            f"DurableCheckpointIO(mirror={url!r}) needs the fsspec backend for it ({e}): {INSTALL_HINT}"
-        ) from e
-    except ValueError as e:
-        raise ValueError(f"DurableCheckpointIO cannot mirror to {url!r}: {e}") from e
-    return fs, str(root).rstrip("/")
-
-
 class RemoteStore:
-    """A folder on any fsspec filesystem (S3, GCS, a mounted directory...).
-
-    Args:
-        url: The folder, e.g. ``s3://bucket/run-42/checkpoints`` or ``/mnt/shared/run-42``.
-        options: Keyword arguments for the fsspec filesystem (``{"client_kwargs": {"endpoint_url": ...}}``).
-
-    Raises:
-        ImportError, ValueError: see :func:`open_filesystem`.
-    """
+    """A folder on any fsspec filesystem (``s3://bucket/run-42``, a mounted directory...), ``options``
+    for the filesystem; an ``ImportError`` with the install hint when fsspec or the backend is missing."""
 
     def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
         self.url = url
-        self.fs, self.root = open_filesystem(url, options)
+        try:
+            import fsspec
+        except ImportError as e:
+            raise ImportError(f"DurableCheckpointIO(mirror={url!r}) needs fsspec: {INSTALL_HINT}") from e
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+        except ImportError as e:
+            raise ImportError(
+                f"DurableCheckpointIO(mirror={url!r}) needs the fsspec backend for it ({e}): {INSTALL_HINT}"
+            ) from e
+        except ValueError as e:
+            raise ValueError(f"DurableCheckpointIO cannot mirror to {url!r}: {e}") from e
+        self.root = str(root).rstrip("/")
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}"

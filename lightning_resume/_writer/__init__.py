@@ -1,9 +1,5 @@
-"""The checkpoint writer process, and nothing that imports torch.
-
-The process itself and its entry script (``process``, ``main``), the zip records of a ``torch.save``
-archive (``zip_records``), the writer's two speeds (``duty_cycle``) and the durable write-speed probe
-(``write_speed``). Files are committed through ``lightning_resume._storage``. Standard library (plus
-``xxhash`` and, when installed, ``isal``) only: the writer process starts in tens of milliseconds and
-costs little memory. ``tests/writer/test_boundary.py`` imports this package in a fresh interpreter and
-checks that neither torch nor lightning is loaded.
+"""The checkpoint writer process, and nothing that imports torch: ``process`` and its script ``main``,
+``zip_records`` (a ``torch.save`` archive), ``duty_cycle`` (its two speeds), ``write_speed`` (a probe).
+Standard library, ``xxhash`` and optionally ``isal``: it starts in tens of milliseconds
+(``tests/writer/test_boundary.py`` checks that neither torch nor lightning is loaded).
 """

@@ -1,19 +1,11 @@
 """Two speeds for the checkpoint writer: gentle in the background, full speed once the trainer waits.
 
-A background write is paced by a cooperative duty cycle: it works (fills, checksums and writes
-buffers, pipelined) for a quantum of about 50 ms, waits until what it handed to the disk is
-written, then rests for ``(1 - share) / share`` times as long as that took. A write with ``share``
-0.5 is thus busy half of the time, takes about twice as long as at full speed, and takes half the
-CPU, memory bandwidth and disk bandwidth per second. The writer runs at normal priority; the pacing
-is its own, so it can be lifted at once, without privileges (a nice value once raised cannot be
-lowered again by an unprivileged process, and a niced writer starves on a busy node just when a
-preemption needs it).
-
-The trainer lifts it through a pipe: it writes the sequence number of the write it waits for
-(:func:`hurry`); the writer checks the pipe after every buffer and sleeps on it while resting, so a
-rest ends as soon as the message arrives. Messages for earlier writes are stale and ignored. When the
-trainer dies the pipe reaches end-of-file, which also means full speed (the orphaned writer finishes
-the save in hand). Pure standard library: the writer process imports it.
+A background write works for about 50 ms, waits for the disk, then rests ``(1 - share) / share`` times
+as long: at ``share`` 0.5 it takes twice as long and half the CPU, memory and disk bandwidth per
+second. The pacing is ours, not a nice value (one cannot be lowered again without privileges, and a
+niced writer starves on a busy node just when a preemption needs it), so the trainer lifts it at once
+by writing the write's sequence number to a pipe (:func:`hurry`) that the writer checks after every
+buffer and sleeps on while resting; end-of-file (the trainer died) also means full speed.
 """
 
 from __future__ import annotations
@@ -82,17 +74,8 @@ def hurry(fd: int, seq: int) -> None:
 
 
 class DutyCycle:
-    """Paces one write and records how it went.
-
-    Args:
-        share: Fraction of the time the write may work (``1.0``: full speed, no rests).
-        hurry_fd: Read end of the trainer's hurry pipe (non-blocking), if any.
-        seq: Sequence number of this write; hurry messages for it or a later one lift the pacing.
-        quantum: Seconds of work between rests.
-
-    Raises:
-        ValueError: ``share`` is not within (0, 1].
-    """
+    """Paces one write (``share`` of the time, within (0, 1], in periods of ``quantum`` seconds) and
+    records how it went; a hurry message on ``hurry_fd`` for write ``seq`` or later lifts the pacing."""
 
     def __init__(
         self, share: float = 1.0, hurry_fd: int | None = None, seq: int = 0, quantum: float = QUANTUM

@@ -1,22 +1,11 @@
 """The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
 
-The training process starts it with ``python _writer/main.py SOCKET_FD BUFFER_FD HURRY_FD`` (a
-script, so the package ``__init__`` and with it lightning and torch are never imported: it starts in
-tens of milliseconds and costs little memory). Requests and replies are pickled tuples over a socket
-pair:
-
-``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` -> ``("done", {"entry":
-..., "stats": ...})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
-
-A write request carries its sequence number and the share of the time it may work (``duty_cycle``:
-1.0 is full speed). While it is being written, the trainer can lift the pacing by writing the
-sequence number to the hurry pipe (``HURRY_FD``), which the writer polls between buffers and sleeps on
-while resting. The writer runs at normal priority (niceness 0 unless asked otherwise), so that at
-full speed it is not starved by a busy node.
-
-The writer ignores the preemption signals (they are the trainer's to handle: it still has a final
-checkpoint to hand over), finishes the request in hand when the trainer dies (at full speed: the
-hurry pipe reaches end-of-file), then exits.
+Started as ``python _writer/main.py SOCKET_FD BUFFER_FD HURRY_FD`` (see ``main``). Pickled tuples over
+a socket pair: ``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` ->
+``("done", {"entry": ..., "stats": ...})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye",
+None)``. A write carries its sequence number and ``share`` (``duty_cycle``; the hurry pipe lifts it).
+The writer ignores the preemption signals (the trainer still has a last checkpoint to hand over) and,
+when the trainer dies, finishes the write in hand at full speed, then exits.
 """
 
 from __future__ import annotations
@@ -77,15 +66,8 @@ def carried_error(details: dict[str, Any], path: str | Path) -> BaseException:
 
 
 class WriterProcess:
-    """A handle on one writer process: start with a readiness ping, send requests, stop.
-
-    Args:
-        buffer_fd: File descriptor of the shared staging buffer, inherited by the writer.
-        start_timeout: Seconds to wait for the writer's readiness reply.
-        shutdown_timeout: Seconds to wait for a graceful exit before killing it.
-        niceness: Added to the writer's nice value (it cannot be taken back: the writer then stays
-            slower on a busy node even at full speed).
-    """
+    """A handle on one writer process (inheriting the staging buffer ``buffer_fd``): start with a
+    readiness ping (``start_timeout`` seconds), send requests, stop (``shutdown_timeout``, then a kill)."""
 
     def __init__(self, buffer_fd: int, start_timeout: float, shutdown_timeout: float, niceness: int) -> None:
         self.buffer_fd = buffer_fd
@@ -134,12 +116,8 @@ class WriterProcess:
                 hurry(self._hurry_write, seq)
 
     def request(self, message: tuple[str, Any], timeout: float | None = None) -> tuple[str, Any]:
-        """Send ``message`` and wait for the reply.
-
-        Raises:
-            WriterDied: when the process exits or the connection breaks first.
-            TimeoutError: when ``timeout`` seconds pass without a reply (the process is left running).
-        """
+        """Send ``message`` and wait for the reply; ``WriterDied`` when the process exits or the connection
+        breaks first, ``TimeoutError`` after ``timeout`` seconds (the process is left running)."""
         try:
             self.conn.send(message)
         except OSError as e:
@@ -201,18 +179,8 @@ class WriterProcess:
 def write_request(
     request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None, hurry_fd: int | None = None
 ) -> tuple[Entry, WriteStats]:
-    """Write and commit one staged checkpoint (runs in the writer process).
-
-    Args:
-        request: The ``write`` request: target path, records, manifest fields, ``direct``, ``seq``
-            and ``share`` (the duty cycle).
-        view: The shared staging buffer the records point into.
-        buffer: The file-writing buffer to reuse (``direct_file.new_buffer``).
-        hurry_fd: The hurry pipe the trainer lifts the pacing through.
-
-    Returns:
-        The committed entry, and how the write went.
-    """
+    """Write and commit one staged checkpoint whose records point into ``view`` (in the writer process);
+    return its entry and how the write went."""
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
         for name, source in request["records"]

@@ -1,9 +1,7 @@
 """How fast a directory takes durable writes: the speed a checkpoint reaches disk there.
 
-Writes a temporary file the way checkpoints are written (``direct_file``: past the page cache where
-the filesystem allows it, pipelined), fsyncs it, and removes it. The temporary name carries this
-process id, so a process killed in between leaves a file that the next save into that directory
-removes. Pure standard library.
+A temporary file is written as checkpoints are (``direct_file``), fsynced and removed; its name carries
+this process id, so the next save there removes what a kill in between leaves. Pure standard library.
 """
 
 from __future__ import annotations

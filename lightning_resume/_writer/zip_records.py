@@ -1,15 +1,10 @@
 """Write the records of a ``torch.save`` archive as a zip file, without importing torch.
 
-``torch.load`` reads any zip archive with the layout ``torch.save`` produces: one top-level folder
-holding ``data.pkl``, the ``data/<key>`` storages, ``version`` and a few small records. Each record
-starts at a multiple of the storage alignment (``torch.load(mmap=True)`` relies on it); the padding
-goes in an extra field of the local header, as torch's own writer does.
-
-The zip is streamed (stored entries, a data descriptor after each record's data, no seeking back),
-the layout Python's ``zipfile`` writes to a non-seekable stream, with ZIP64 fields where sizes or
-offsets need them. Written here rather than through ``zipfile`` so that the CRC-32 can be ISA-L's
-(several times faster than zlib's) in any process without patching ``zipfile`` for everyone, and
-so that records can be added one at a time as torch's serialiser hands them over.
+The layout ``torch.save`` produces (one top-level folder: ``data.pkl``, the ``data/<key>`` storages,
+``version``...), each record aligned (``torch.load(mmap=True)`` relies on it; padding in a local-header
+extra field, as torch pads), streamed as ``zipfile`` writes to a non-seekable stream (data descriptors,
+ZIP64 where needed). Ours rather than ``zipfile``'s so that the CRC-32 can be ISA-L's (several times
+faster than zlib's) without patching ``zipfile``, and records are added as torch hands them over.
 """
 
 from __future__ import annotations
@@ -73,14 +68,8 @@ class _Member:
 
 
 class ArchiveWriter:
-    """Writes ``torch.save``'s zip layout record by record.
-
-    Args:
-        out: A writable stream with ``tell()`` (it is never asked to seek).
-        alignment: Byte alignment of every record's data.
-        archive: Name of the top-level folder.
-        crc32: The CRC-32 function (default: :func:`fast_crc32`).
-    """
+    """Writes ``torch.save``'s zip layout record by record to ``out`` (never asked to seek), each
+    record's data aligned to ``alignment`` bytes, under the top-level folder ``archive``."""
 
     #: Records at least this large (and offsets past it) get ZIP64 fields; tests lower it.
     zip64_limit = _LIMIT
@@ -130,12 +119,8 @@ class ArchiveWriter:
         self._members.append(_Member(encoded, flags, offset, view.nbytes, crc))
 
     def close(self, version: bytes = b"3\n", identity: bytes | None = None) -> None:
-        """Write the ``version`` and ``.data/serialization_id`` records, then the central directory.
-
-        Args:
-            version: Content of the ``version`` record.
-            identity: Content of ``.data/serialization_id`` (default: a new random id).
-        """
+        """Write the ``version`` and ``.data/serialization_id`` (``identity``, default: a random id)
+        records, then the central directory."""
         self.add("version", version)
         self.add(".data/serialization_id", identity if identity is not None else serialization_id())
         start = self.out.tell()
@@ -163,28 +148,22 @@ class ArchiveWriter:
         extra = struct.pack(f"<HH{len(fields)}Q", _ZIP64_FIELD, 8 * len(fields), *fields) if fields else b""
         version = _VERSION_ZIP64 if fields else _VERSION
         stored = member.size if size is None else size
-        entry = struct.pack(
-            "<4s4B4HL2L5H2L",
-            b"PK\001\002",
+        fixed = (
             version,
             _UNIX,
             version,
             0,
             member.flags,
-            0,  # stored
+            0,
             _DOS_TIME,
             _DOS_DATE,
             member.crc,
             stored,
             stored,
-            len(member.name),
-            len(extra),
-            0,  # comment
-            0,  # disk
-            0,  # internal attributes
-            _MODE,
-            member.offset if offset is None else offset,
         )
+        # After the flags: method 0 (stored); after the lengths: no comment, disk 0, no internal attributes.
+        tail = (len(member.name), len(extra), 0, 0, 0, _MODE, member.offset if offset is None else offset)
+        entry = struct.pack("<4s4B4HL2L5H2L", b"PK\001\002", *fixed, *tail)
         self.out.write(entry + member.name + extra)
 
 
@@ -195,15 +174,8 @@ def write_archive(
     version: bytes = b"3\n",
     archive: str = "archive",
 ) -> None:
-    """Write ``records`` (name, bytes) as ``torch.save``'s zip layout, then ``version`` and an id.
-
-    Args:
-        out: A writable stream with ``tell()``.
-        records: The records ``torch.serialization`` produced, in order, without the folder prefix.
-        alignment: Byte alignment of every record's data.
-        version: Content of the ``version`` record.
-        archive: Name of the top-level folder.
-    """
+    """Write ``records`` (name without the folder prefix, bytes; in torch's order) as ``torch.save``'s
+    zip layout (see :class:`ArchiveWriter`), then ``version`` and an id."""
     writer = ArchiveWriter(out, alignment, archive)
     for name, data in records:
         writer.add(name, data)

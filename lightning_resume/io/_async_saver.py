@@ -1,14 +1,9 @@
 """At most one checkpoint save in flight: snapshot now, write in the writer process, report later.
 
-:meth:`AsyncSaver.save` waits for the previous save (raising its error, if any), snapshots the new
-checkpoint into the shared buffer and hands the write to a background thread that talks to the
-writer process. A writer that dies is restarted and the write retried once from the same snapshot
-(nothing touches the buffer until the write is over).
-
-Writes start gently (``share`` of the time, see ``_writer.duty_cycle``). Whenever the trainer blocks on a
-write in flight (:meth:`AsyncSaver.wait`: a new save waiting for the previous one, a wait until
-durable, a removal, a load, teardown), that write is switched to full speed, and so is the next one:
-the trainer is waiting, so gentleness only makes it wait longer.
+A writer that dies is restarted and the write retried once from the same snapshot (nothing touches
+the buffer until the write is over). Writes start gently (``share``, see ``_writer.duty_cycle``);
+whenever the trainer blocks on one (:meth:`AsyncSaver.wait`), it and the next go at full speed: the
+trainer is waiting, so gentleness only makes it wait longer.
 """
 
 from __future__ import annotations
@@ -29,17 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class AsyncSaver:
-    """Snapshot in the caller, write in a writer process, one save in flight.
-
-    Args:
-        start_timeout: Seconds a new writer process has to answer its readiness ping.
-        shutdown_timeout: Seconds a writer has to exit gracefully on :meth:`close`.
-        niceness: Nice increment of the writer process.
-        direct_io: Write files past the page cache where the filesystem allows it.
-        known: Returns the manifest entry of the file this process last committed at a path.
-        on_commit: Called (in the background thread) with each committed path, entry and write stats.
-        share: Share of the time a background write may work, in (0, 1].
-    """
+    """Snapshot in the caller, write in a writer process (see ``WriterProcess`` for the first three
+    arguments), one save in flight. ``known(path)`` is the entry this process last committed there;
+    ``on_commit(path, entry, stats)`` runs in the background thread after each commit."""
 
     def __init__(
         self,

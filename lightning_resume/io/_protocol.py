@@ -1,8 +1,5 @@
-"""What the callbacks and the sharded saver need to know about a ``CheckpointIO`` plugin.
-
-Each need is a small protocol that :class:`~lightning_resume.DurableCheckpointIO` implements and any
-other plugin may: nobody reads the plugin's attributes. :func:`settings_of` gives the settings of any
-plugin, defaults for one that has none.
+"""What the callbacks and the sharded saver may ask of a ``CheckpointIO`` plugin: small protocols that
+:class:`~lightning_resume.DurableCheckpointIO` implements and any plugin may, and :func:`settings_of`.
 """
 
 from __future__ import annotations
@@ -56,16 +53,8 @@ class CheckpointSettings:
         return Mirror(self.mirror, options, keep, self.direct_io, warn=report)
 
 
-@runtime_checkable
-class ConfiguredCheckpointIO(Protocol):
-    """A checkpoint plugin whose settings apply to sharded saves too (``RequeueCheckpoint`` writes those)."""
-
-    @property
-    def settings(self) -> CheckpointSettings: ...
-
-
 def settings_of(io: object) -> CheckpointSettings:
-    """The settings of a checkpoint plugin (:class:`ConfiguredCheckpointIO`), or the defaults."""
+    """The ``settings`` of a checkpoint plugin (they apply to sharded saves too), or the defaults."""
     settings = getattr(io, "settings", None)
     return settings if isinstance(settings, CheckpointSettings) else CheckpointSettings()
 

@@ -1,14 +1,10 @@
 """Snapshot a checkpoint into reusable shared memory, as the records of a ``torch.save`` archive.
 
-The training process copies every tensor storage once into a host buffer shared with the writer
-process (CPU storages by a few threads, see ``_parallel_copy``; device tensors straight from the device
-into the buffer, page-locked when CUDA allows), then
-lets torch's own serialiser pickle the object graph against those copies. Pickling is itself a deep
-copy of every non-tensor object, so training can change anything as soon as :func:`stage` returns.
-The writer process only has to write the records (see ``_writer.zip_records``).
-
-A synchronous save uses the same serialiser hook without the copy: :func:`write_torch_archive`
-streams each record from the tensors' own memory into the zip writer as torch hands it over.
+Every tensor storage is copied once into a host buffer shared with the writer process (CPU storages
+by a few threads, ``_parallel_copy``; device tensors straight into it, page-locked when CUDA allows),
+then torch's own serialiser pickles the object graph against those copies (itself a deep copy): the
+trainer may change anything once :func:`stage` returns. A synchronous save streams the records from
+the tensors' own memory instead (:func:`write_torch_archive`).
 """
 
 from __future__ import annotations
@@ -57,10 +53,8 @@ def torch_records_supported() -> bool:
 def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
     """Run torch's serialiser on ``obj``, handing each archive record to ``write_record``.
 
-    The only use of a private torch API in this package: ``torch.serialization._save`` writes the
-    records of a ``torch.save`` archive to any object with a ``write_record(name, data, nbytes)``
-    method (torch's own zip writer is one). ``tests/io/test_snapshot.py`` pins that the archive written
-    from these records loads with ``torch.load`` and has the records ``torch.save`` writes.
+    The one private torch API used (``torch.serialization._save`` writes to anything with a
+    ``write_record(name, data, nbytes)``); ``tests/io/test_snapshot.py`` pins its behaviour.
     """
 
     class _Sink:
@@ -94,11 +88,8 @@ def _record_data(data: Any) -> Data:
 
 
 def write_torch_archive(obj: Any, out: Sink) -> None:
-    """Write ``obj`` to ``out`` as a ``torch.save`` archive, records straight from the tensors' memory.
-
-    torch's serialiser moves device storages to the CPU itself; CPU storages are not copied: each is
-    checksummed and written from where it lives, in pieces, as torch hands it over.
-    """
+    """Write ``obj`` to ``out`` as a ``torch.save`` archive, CPU storages written from where they live
+    (torch's serialiser moves device storages to the CPU itself)."""
     writer: ArchiveWriter | None = None
     early: list[tuple[str, Data]] = []  # records before the alignment is known (data.pkl, ...)
 
@@ -127,11 +118,8 @@ def write_torch_archive(obj: Any, out: Sink) -> None:
 
 
 class HostBuffer:
-    """Host memory shared with the writer process through a file descriptor, reused across saves.
-
-    A ``memfd`` where the platform has one, else an unlinked temporary file; either way nothing is
-    left behind when the processes die. It only grows.
-    """
+    """Host memory shared with the writer process, reused across saves, only growing: a ``memfd`` (else
+    an unlinked temporary file), so nothing is left behind when the processes die."""
 
     def __init__(self) -> None:
         self.fd = -1
@@ -246,11 +234,8 @@ def _walk(obj: Any, on_tensor: Callable[[torch.Tensor], Any]) -> Any:
 
 
 class _Phases:
-    """Wall time, thread CPU time, minor page faults and preemptions of each phase of one staging.
-
-    Measured only when this module logs at DEBUG, as one line per save; otherwise it costs an
-    attribute test per phase.
-    """
+    """Wall time, thread CPU time, minor page faults and preemptions of each phase of one staging
+    (measured only when this module logs at DEBUG: one line per save)."""
 
     def __init__(self) -> None:
         self.enabled = log.isEnabledFor(logging.DEBUG)
@@ -291,12 +276,8 @@ def _align(n: int, alignment: int) -> int:
 
 
 def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) -> None:
-    """Copy each tensor's whole storage to its offset in ``buffer``.
-
-    Device storages are copied by their device (asynchronously into the pinned buffer, on the
-    device's current stream) while the CPU ones are copied by a few threads; then one
-    synchronisation per stream used.
-    """
+    """Copy each tensor's whole storage to its offset in ``buffer``: device storages asynchronously on
+    their current stream while threads copy the CPU ones, then one synchronisation per stream."""
     streams = {}
     regions = []
     for t, offset in zip(storages, offsets, strict=True):
@@ -320,9 +301,8 @@ def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) 
 def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
     """Copy ``checkpoint`` into ``buffer`` and return the records of its ``torch.save`` archive.
 
-    Tensors reachable through dicts, lists and tuples are copied into the buffer, their storages
-    deduplicated as ``torch.save`` does; tensors anywhere else are copied by torch's serialiser into
-    the records themselves.
+    Tensors in dicts, lists and tuples go to the buffer (storages deduplicated as ``torch.save`` does);
+    torch's serialiser copies any other tensor into the records themselves.
     """
     phases = _Phases()
     layout: dict[tuple[str, int], int] = {}

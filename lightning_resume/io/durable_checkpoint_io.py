@@ -22,7 +22,7 @@ from typing_extensions import override
 from lightning_resume._checks import flag, is_number, positive_number, whole_number
 from lightning_resume._run.paths import expand_dir
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
-from lightning_resume._storage.catalog import Status, check_file, newest_first, scan
+from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import prune, remove, save_error, write_file
 from lightning_resume._storage.direct_file import new_buffer
@@ -68,14 +68,11 @@ def manifest_versions() -> dict[str, str]:
 
 
 def _deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    warnings.warn(
-        f"{old} is deprecated and will be removed in the next release; {new}.",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
+    message = f"{old} is deprecated and will be removed in the next release; {new}."
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
 
 
-#: What to do instead of each deprecated constructor argument.
+#: What to do instead of each deprecated constructor argument (in the constructor's order).
 _INSTEAD = {
     "writer_start_timeout": "leave it out (the writer process starts in milliseconds)",
     "writer_shutdown_timeout": "leave it out (teardown waits for the save in flight, then stops the writer)",
@@ -178,13 +175,9 @@ class DurableCheckpointIO(CheckpointIO):
             )
         if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
             raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
-        writer = {
-            "writer_start_timeout": writer_start_timeout,
-            "writer_shutdown_timeout": writer_shutdown_timeout,
-        }
-        writer["writer_niceness"] = writer_niceness
+        writer = zip(_INSTEAD, (writer_start_timeout, writer_shutdown_timeout, writer_niceness), strict=True)
         self.settings = CheckpointSettings(
-            **{name: _writer_option(name, value) for name, value in writer.items() if value is not None},
+            **{name: _writer_option(name, value) for name, value in writer if value is not None},
             asynchronous=flag("asynchronous", asynchronous),
             mirror=mirror,
             mirror_options=dict(mirror_options or {}),
@@ -320,28 +313,24 @@ class DurableCheckpointIO(CheckpointIO):
         return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
 
     def _use_async(self) -> bool:
-        if not self.settings.asynchronous:
-            return False
-        if os.name != "posix" or not torch_records_supported():
+        if self.settings.asynchronous and (os.name != "posix" or not torch_records_supported()):
             self._warn_once(
                 "async",
                 "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
                 f"knows (torch {torch.__version__}); saving synchronously instead.",
             )
             return False
-        return True
+        return self.settings.asynchronous
 
-    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats | None = None) -> None:
+    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats) -> None:
         """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
         with self._lock:
-            self._committed[str(path)] = entry
-            if stats is not None:
-                self._last_write = stats
+            self._committed[str(path)], self._last_write = entry, stats
             if self.settings.keep is not None:
                 for name in prune(LocalStore(path.parent), FILE, self.settings.keep):
                     self._committed.pop(str(path.parent / name), None)
                     log.debug("retention (keep=%s) removed %s", self.settings.keep, path.parent / name)
-        if self.settings.mirror is not None and self._mirrors(path):
+        if self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
 
     # -- wait ------------------------------------------------------------------------------------
@@ -428,7 +417,7 @@ class DurableCheckpointIO(CheckpointIO):
             return self._load_remote(str(path), location, weights_only)
         requested = self._local(path)
         target = Path(os.path.realpath(requested))
-        if self.settings.mirror is not None and not target.exists() and self._mirrors(target):
+        if not target.exists() and self._mirrors(target):
             self._download(target, missing_only=True)
         loaded = load_verified(target, location, weights_only)
         if loaded.checkpoint is not None:
@@ -449,11 +438,7 @@ class DurableCheckpointIO(CheckpointIO):
                 return fallback.checkpoint
         mirror = self.settings.mirror
         where = f"{str(target.parent)!r}" + (f" or the mirror {mirror!r}" if mirror else "")
-        fix = (
-            "Upgrade lightning-resume"
-            if loaded.verdict.newer
-            else "Restore the checkpoint directory from a copy"
-        )
+        fix = remedy(loaded.verdict.newer, "the checkpoint directory")
         raise CheckpointVerificationError(
             f"Checkpoint {str(requested)!r} is {loaded.reason}, and no other checkpoint in {where} verifies. "
             f"{fix}, or start without this checkpoint.",
@@ -464,7 +449,7 @@ class DurableCheckpointIO(CheckpointIO):
     def _fallbacks(self, target: Path) -> list[tuple[Path, bool]]:
         """Other committed checkpoints (local, and the mirror copy of ``target``) in fallback order."""
         candidates = {name: entry for name, entry in scan(target.parent).items() if name != target.name}
-        if self.settings.mirror is not None and self._mirrors(target):
+        if self._mirrors(target):
             remote = self._remote().committed(FILE).get(target.name)
             if remote is not None:
                 candidates[_MIRROR_COPY] = remote
@@ -504,7 +489,7 @@ class DurableCheckpointIO(CheckpointIO):
                 return
             remove(LocalStore(target.parent), FILE, target.name)
             self._committed.pop(str(target), None)
-        if self.settings.mirror is not None and self._mirrors(target):
+        if self._mirrors(target):
             self._remote().submit_delete(FILE, target.name)
 
     @override
@@ -536,6 +521,9 @@ class DurableCheckpointIO(CheckpointIO):
         return self._mirror
 
     def _mirrors(self, path: Path) -> bool:
+        """Whether the mirror copies ``path``'s folder (without ``dirpath``: that of the first save)."""
+        if self.settings.mirror is None:
+            return False
         if self._dirpath is None:
             self._dirpath = path.parent
             log.info("DurableCheckpointIO mirrors %s to %s", self._dirpath, self.settings.mirror)
@@ -624,7 +612,7 @@ class DurableCheckpointIO(CheckpointIO):
             updated = entry.with_metadata(metadata)
             write_text_atomic(manifest_path(path), encode([updated]))
             self._committed[str(path)] = updated
-        if self.settings.mirror is not None and self._mirrors(path):
+        if self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -22,13 +22,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
-from lightning_resume._storage.manifest import checksum_file, manifest_path, match, read_entries
+from lightning_resume._storage.catalog import Status, check_file
+from lightning_resume._storage.manifest import manifest_path, read_entries
 from lightning_resume.io import CheckpointSettings
 from lightning_resume.io._protocol import settings_of
 
 
 def verifies(path: Path) -> bool:
-    return match(read_entries(path) or [], *checksum_file(path)) is not None
+    return check_file(path).status is Status.VERIFIED
 
 
 class StartStep(pl.Callback):

@@ -20,7 +20,7 @@ from conftest import tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, Preempted, PreemptionHandler, RequeueCheckpoint, RunDir
-from lightning_resume._storage.manifest import checksum_file, match, read_entries
+from lightning_resume._storage.catalog import Status, check_file
 
 GENTLE = 0.001
 BIG = 128 << 20  # 16 buffers of 8 MB: far more than one ~50 ms work period writes
@@ -32,7 +32,7 @@ def big_state(seed: int = 0) -> dict[str, Any]:
 
 
 def verifies(path: Path) -> bool:
-    return match(read_entries(path) or [], *checksum_file(path)) is not None
+    return check_file(path).status is Status.VERIFIED
 
 
 def idle(io: DurableCheckpointIO) -> None:

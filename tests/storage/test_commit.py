@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 
 from lightning_resume._storage.atomic import temp_sibling
-from lightning_resume._storage.catalog import scan
+from lightning_resume._storage.catalog import Status, check_file, scan
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import remove, write_file
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import (
     ChecksumWriter,
     Entry,
-    checksum_file,
     manifest_path,
-    match,
     read_entries,
 )
 from lightning_resume._storage.store import LocalStore
@@ -37,7 +35,7 @@ def write_bytes(data: bytes):  # type: ignore[no-untyped-def]
 
 
 def verifies(path: Path) -> bool:
-    return match(read_entries(path) or [], *checksum_file(path)) is not None
+    return check_file(path).status is Status.VERIFIED
 
 
 def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:

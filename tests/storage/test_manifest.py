@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from lightning_resume._storage.catalog import beyond_keep
+from lightning_resume._storage.catalog import Status, beyond_keep, verify
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import (
     ChecksumWriter,
@@ -18,7 +18,6 @@ from lightning_resume._storage.manifest import (
     decode,
     encode,
     manifest_path,
-    match,
     next_entries,
     read_entries,
     sized,
@@ -71,10 +70,15 @@ def test_next_manifest_keeps_the_entry_of_the_file_it_replaces() -> None:
     assert len(next_entries(new, many)) == 3
 
 
-def test_match_needs_size_and_checksum() -> None:
+def test_a_file_verifies_only_against_an_entry_with_its_size_and_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"1234567")
+    size, checksum = checksum_file(path)
+    manifest_path(path).write_text(encode([entry(checksum, size=5), entry("bb", size=size)]))
+    assert verify(path, FILE).status is Status.CORRUPT
+    manifest_path(path).write_text(encode([entry(checksum, size=5), entry(checksum, size=size)]))
+    assert verify(path, FILE).manifest == entry(checksum, size=size)
     a, b = entry("aa", size=5), entry("bb", size=7)
-    assert match([a, b], 7, "bb") == b
-    assert match([a, b], 5, "bb") is None
     assert sized([a, b], 5) == [a]
 
 

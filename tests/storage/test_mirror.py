@@ -22,14 +22,13 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO
 from lightning_resume._sharded import parts
-from lightning_resume._storage.catalog import Status, verify
+from lightning_resume._storage.catalog import Status, check_file, verify
 from lightning_resume._storage.kinds import DIRECTORY, FILE, new_save_dir
 from lightning_resume._storage.manifest import (
     MANIFEST_SUFFIX,
     Entry,
     checksum_file,
     encode,
-    match,
     read_entries,
 )
 from lightning_resume._storage.mirror import Mirror
@@ -77,7 +76,7 @@ def fit(folder: Path, io: DurableCheckpointIO, max_steps: int, *callbacks: pl.Ca
 
 
 def verifies(path: Path) -> bool:
-    return match(read_entries(path) or [], *checksum_file(path)) is not None
+    return check_file(path).status is Status.VERIFIED
 
 
 def test_mirror_uploads_with_retention_and_restores_onto_an_empty_dir(
