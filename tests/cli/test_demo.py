@@ -11,7 +11,7 @@ SCRIPT = str(Path(sys.executable).parent / "lightning-resume")
 
 
 def test_demo_console_script_reports_bitwise_equal_weights() -> None:
-    cmd = [SCRIPT, "demo", "--seed", "3", "--preemptions", "2"]
+    cmd = [SCRIPT, "demo", "--seed", "3", "--preemptions", "1"]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "final weights bitwise equal to uninterrupted run: yes" in proc.stdout

@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._storage.manifest import checksum_file, match, read_entries
+from lightning_resume._storage.manifest import checksum_file, read_entries
 
 mode, root = sys.argv[1], sys.argv[2]
 
@@ -62,7 +62,7 @@ for asynchronous in (True, False):
     except OSError as e:
         error = {"errno": e.errno, "type": type(e).__name__, "message": str(e)}
     last = os.path.join(folder, "last.ckpt")
-    entry = match(read_entries(last) or [], *checksum_file(last))
+    entry = next((e for e in read_entries(last) or [] if (e.size, e.checksum) == checksum_file(last)), None)
     loaded = DurableCheckpointIO(asynchronous=False).load_checkpoint(last)["global_step"]
     results[str(asynchronous)] = {
         "error": error,

@@ -49,7 +49,7 @@ def check(report: dict[str, Any], trials: int) -> None:
 
 
 def test_kill_9_during_saves_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
-    check(run_trials(tmp_path, trials=50, seed=0), 50)
+    check(run_trials(tmp_path, trials=20, seed=0), 20)
 
 
 @pytest.mark.slow
@@ -171,11 +171,12 @@ def _wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
 
 
 def _inspect(folder: Path) -> dict[str, Any]:
-    from lightning_resume._storage.manifest import checksum_file, match, read_entries
+    from lightning_resume._storage.manifest import checksum_file, read_entries
 
     torn, step = [], None
     for path in sorted(folder.glob("*.ckpt")):
-        entry = match(read_entries(path) or [], *checksum_file(path))
+        found = checksum_file(path)
+        entry = next((e for e in read_entries(path) or [] if (e.size, e.checksum) == found), None)
         if entry is None:
             torn.append(path.name)
         elif path.name == "last.ckpt":
