@@ -6,6 +6,7 @@ checkpoint is read. :class:`RestartRedirect` applies the restart rule there (:mo
 deciding for all) and puts :class:`RedirectFirstLoad` in the way of the load: Lightning reads the
 checkpoint through ``strategy.load_checkpoint`` once per ``fit`` (every strategy, also the sharded ones,
 which call no ``CheckpointIO``); the wrapper sends that call to ``last.ckpt`` and removes itself.
+That load may unpickle what the module's own hyperparameters are made of (:mod:`.own_hparams`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import Strategy
 
 from lightning_resume._collectives import broadcast
+from lightning_resume._resume import own_hparams
 from lightning_resume._resume.restart import Restart, decide, record_saved
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
@@ -94,7 +96,14 @@ class RestartRedirect:
             saved, damaged = verify_directory(), _never_damaged
         on_redirect = functools.partial(_warn_redirect, str(last))
         self._wrapper = RedirectFirstLoad(
-            trainer.strategy, str(last), on_redirect, saved, world_size, damaged
+            trainer.strategy,
+            str(last),
+            on_redirect,
+            saved,
+            world_size,
+            damaged,
+            allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
+            owner=own_hparams.owner_name(trainer),
         )
         self._wrapper.install()
         log.info("Restart of run %s: resuming from %s", run.run_id, last)
@@ -131,6 +140,9 @@ class RedirectFirstLoad:
         damaged: Whether ``target``, having failed to load, is damaged (a
             :class:`~lightning_resume.ResumeError` then says what to do) rather than failing for
             another reason.
+        allowed: The types the load may unpickle beyond torch's ``weights_only`` set: those of the
+            module's own hyperparameters (:mod:`.own_hparams`).
+        owner: The module's class name, for the message when the load needs other types.
     """
 
     def __init__(
@@ -141,6 +153,8 @@ class RedirectFirstLoad:
         saved_world_size: int,
         world_size: int,
         damaged: Callable[[Path], bool] = _never_damaged,
+        allowed: Callable[[], Mapping[str, Any]] = dict,
+        owner: str = "the module",
     ) -> None:
         self.strategy = strategy
         self.target = target
@@ -148,6 +162,8 @@ class RedirectFirstLoad:
         self.saved_world_size = saved_world_size
         self.world_size = world_size
         self.damaged = damaged
+        self.allowed = allowed
+        self.owner = owner
         self.original = strategy.load_checkpoint
 
     def install(self) -> None:
@@ -162,8 +178,11 @@ class RedirectFirstLoad:
         if os.path.abspath(str(checkpoint_path)) != os.path.abspath(self.target):
             self.on_redirect(str(checkpoint_path))
         try:
-            loaded: dict[str, Any] = self.original(self.target, *args, **kwargs)
+            loaded = own_hparams.load(self.original, self.target, args, kwargs, self.allowed)
         except Exception as e:
+            refused = own_hparams.refusal(self.target, e, self.allowed(), self.owner)
+            if refused is not None:
+                raise ResumeError(refused, self.target) from e
             if self.saved_world_size != self.world_size:
                 raise ResumeError(
                     f"{self.target!r} was written by {self.saved_world_size} rank(s) and cannot be loaded "
