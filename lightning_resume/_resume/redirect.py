@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import Strategy
 
 from lightning_resume._collectives import broadcast
 from lightning_resume._resume import own_hparams
+from lightning_resume._resume.lightning_internals import report_checkpoint_path
 from lightning_resume._resume.restart import Restart, decide, record_saved
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
@@ -94,7 +95,7 @@ class RestartRedirect:
         if broadcast(trainer.strategy, last.is_dir()):
             # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
             saved, damaged = verify_directory(), _never_damaged
-        on_redirect = functools.partial(_warn_redirect, str(last))
+        on_redirect = functools.partial(_redirected, trainer, str(last))
         self._wrapper = RedirectFirstLoad(
             trainer.strategy,
             str(last),
@@ -115,7 +116,9 @@ class RestartRedirect:
             wrapper.uninstall()
 
 
-def _warn_redirect(target: str, requested: str) -> None:
+def _redirected(trainer: pl.Trainer, target: str, requested: str) -> None:
+    # Lightning then logs "Restored all states from the checkpoint at <target>", not the requested one.
+    report_checkpoint_path(trainer, target)
     warn(
         f"Restart of a preempted run: resuming from {target!r} instead of {requested!r} "
         "(a ckpt_path given to fit() only applies to the first attempt of a run).",
