@@ -338,7 +338,7 @@ def checkpoint_of_another_run(tmp_path: Path) -> None:
 
 
 @case(
-    "an index entry naming a directory outside `root/runs` (`/etc`, another user's dir)",
+    "an index entry naming a directory outside the root (`/etc`, another user's dir)",
     "`RunDirError` naming the entry; nothing is written there",
 )
 def index_outside_root(tmp_path: Path) -> None:
@@ -900,7 +900,7 @@ def index_entry_of_the_wrong_kind(tmp_path: Path) -> None:
 
 
 @case(
-    "an index entry naming a folder without `run_meta.json` under `root/runs`",
+    "an index entry naming a folder without `run_meta.json` under the root",
     "`RunDirError`: not a run dir (or damaged); restore `run_meta.json` or fix the entry",
 )
 def index_entry_without_run_meta(tmp_path: Path) -> None:

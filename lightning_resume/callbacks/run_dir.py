@@ -41,7 +41,7 @@ class RunDir(Callback):
     """Give the run a directory that a preempted, restarted job finds again.
 
     The directory is decided when the callback is constructed, before ``Trainer.fit`` picks a
-    checkpoint or a logger creates its run. A fresh run gets ``root/runs/YYYYMMDD/HHMMSS/<run_id>/``
+    checkpoint or a logger creates its run. A fresh run gets ``root/YYYYMMDD/HHMMSS/<run_id>/``
     with a ``run_meta.json``; the session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id,
     or an explicit ``key``) is recorded in ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``,
     a TorchElastic restart, or an explicit key that is already indexed) reuses the recorded directory.
