@@ -266,7 +266,7 @@ def read_sidecar_file(run_dir: Path, tracker: str) -> dict[str, Any]:
 
 def only_run_dir(workdir: Path) -> Path:
     """The single run dir ``tracker_job.py`` created under ``workdir/runs``."""
-    found = list((workdir / "runs" / "runs").glob("*/*/*"))
+    found = list((workdir / "runs").glob("[0-9]*/[0-9]*/*"))
     assert len(found) == 1, found
     return found[0]
 

@@ -338,7 +338,7 @@ def checkpoint_of_another_run(tmp_path: Path) -> None:
 
 
 @case(
-    "an index entry naming a directory outside `root/runs` (`/etc`, another user's dir)",
+    "an index entry naming a directory outside the root (`/etc`, another user's dir)",
     "`RunDirError` naming the entry; nothing is written there",
 )
 def index_outside_root(tmp_path: Path) -> None:
@@ -720,7 +720,8 @@ def handoff_folder_is_a_file(tmp_path: Path) -> None:
 def index_lost_in_a_copy(tmp_path: Path) -> None:
     original = first_run(tmp_path)
     new_root = tmp_path / "new"
-    shutil.copytree(tmp_path / "root" / layout.RUNS, new_root / layout.RUNS)  # what `cp -r old/* new/` copies
+    day = original.relative_to(tmp_path / "root").parts[0]
+    shutil.copytree(tmp_path / "root" / day, new_root / day)  # what `cp -r old/* new/` copies
     with LogLines() as lines:
         run_dir, started = relaunch(tmp_path, new_root)
     copy = new_root / original.relative_to(tmp_path / "root")
@@ -791,7 +792,7 @@ def moved_root(tmp_path: Path) -> None:
     again = run_job(new, out, "--key", "k")
     assert again.returncode == 0, again.output
     assert "FIRST_STEP rank=0 step=4" in again.output
-    assert again.run_dir is not None and again.run_dir.parent.parent.parent.parent == new
+    assert again.run_dir is not None and again.run_dir.parents[2] == new
     assert same_weights(out, baseline_weights("stateful"))
 
 
@@ -899,7 +900,7 @@ def index_entry_of_the_wrong_kind(tmp_path: Path) -> None:
 
 
 @case(
-    "an index entry naming a folder without `run_meta.json` under `root/runs`",
+    "an index entry naming a folder without `run_meta.json` under the root",
     "`RunDirError`: not a run dir (or damaged); restore `run_meta.json` or fix the entry",
 )
 def index_entry_without_run_meta(tmp_path: Path) -> None:
@@ -1394,7 +1395,7 @@ def first_attempt_died_before_its_index(tmp_path: Path) -> None:
     "not a run dir: ignored; the relaunch starts a fresh run beside it",
 )
 def first_attempt_died_before_its_run_meta(tmp_path: Path) -> None:
-    half = tmp_path / "root" / layout.RUNS / "20260101" / "120000" / "0123456789ab"
+    half = tmp_path / "root" / "20260101" / "120000" / "0123456789ab"
     half.mkdir(parents=True)
     (half / layout.LOCK).touch()
     again, started = relaunch(tmp_path, tmp_path / "root", steps=2)
@@ -1832,7 +1833,7 @@ def sharded_save_leftovers(tmp_path: Path) -> None:
 )
 def gc_with_a_directory_in_handoff(tmp_path: Path) -> None:
     handoff = tmp_path / "root" / layout.HANDOFF_DIR
-    (tmp_path / "root" / layout.RUNS).mkdir(parents=True)
+    (tmp_path / "root" / layout.INDEX_DIR).mkdir(parents=True)
     (handoff / "a-dir").mkdir(parents=True)
     (handoff / "old").write_text("{}")
     os.utime(handoff / "old", (0, 0))

@@ -95,7 +95,7 @@ class Job:
         """Wait until some run under ``root`` has a ``last.ckpt`` while this job is still running."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = list(root.glob("runs/*/*/*/checkpoints/last.ckpt"))
+            found = list(root.glob("[0-9]*/[0-9]*/*/checkpoints/last.ckpt"))
             if found:
                 return found[0]
             assert self.proc.poll() is None, (
@@ -127,7 +127,7 @@ def preempt(cmd: list[str], cwd: Path, root: Path, log: Path, **env: str) -> str
 
 
 def run_dirs(root: Path) -> list[Path]:
-    return sorted(root.glob("runs/*/*/*"))
+    return sorted(root.glob("[0-9]*/[0-9]*/*"))
 
 
 def same_checkpoints(work: Path, a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -191,3 +191,13 @@ def capture_checkpoint(trainer: pl.Trainer, path: Path) -> dict[str, Any]:
     finally:
         del strategy.save_checkpoint
     return captured["checkpoint"]
+
+
+def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
+    """Make Lightning name ``path`` as the checkpoint it restored (and ``trainer.ckpt_path`` return it).
+
+    Call from inside ``strategy.load_checkpoint``: ``_CheckpointConnector.resume_start`` records the
+    requested path just before that call, and ``resume_end`` logs "Restored all states from the
+    checkpoint at <path>" with the recorded one.
+    """
+    trainer._checkpoint_connector._ckpt_path = path

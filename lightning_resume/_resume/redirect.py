@@ -6,6 +6,7 @@ checkpoint is read. :class:`RestartRedirect` applies the restart rule there (:mo
 deciding for all) and puts :class:`RedirectFirstLoad` in the way of the load: Lightning reads the
 checkpoint through ``strategy.load_checkpoint`` once per ``fit`` (every strategy, also the sharded ones,
 which call no ``CheckpointIO``); the wrapper sends that call to ``last.ckpt`` and removes itself.
+That load may unpickle what the module's own hyperparameters are made of (:mod:`.own_hparams`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import Strategy
 
 from lightning_resume._collectives import broadcast
+from lightning_resume._resume import own_hparams
+from lightning_resume._resume.lightning_internals import report_checkpoint_path
 from lightning_resume._resume.restart import Restart, decide, record_saved
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
@@ -92,9 +95,16 @@ class RestartRedirect:
         if broadcast(trainer.strategy, last.is_dir()):
             # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
             saved, damaged = verify_directory(), _never_damaged
-        on_redirect = functools.partial(_warn_redirect, str(last))
+        on_redirect = functools.partial(_redirected, trainer, str(last))
         self._wrapper = RedirectFirstLoad(
-            trainer.strategy, str(last), on_redirect, saved, world_size, damaged
+            trainer.strategy,
+            str(last),
+            on_redirect,
+            saved,
+            world_size,
+            damaged,
+            allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
+            owner=own_hparams.owner_name(trainer),
         )
         self._wrapper.install()
         log.info("Restart of run %s: resuming from %s", run.run_id, last)
@@ -106,7 +116,9 @@ class RestartRedirect:
             wrapper.uninstall()
 
 
-def _warn_redirect(target: str, requested: str) -> None:
+def _redirected(trainer: pl.Trainer, target: str, requested: str) -> None:
+    # Lightning then logs "Restored all states from the checkpoint at <target>", not the requested one.
+    report_checkpoint_path(trainer, target)
     warn(
         f"Restart of a preempted run: resuming from {target!r} instead of {requested!r} "
         "(a ckpt_path given to fit() only applies to the first attempt of a run).",
@@ -131,6 +143,9 @@ class RedirectFirstLoad:
         damaged: Whether ``target``, having failed to load, is damaged (a
             :class:`~lightning_resume.ResumeError` then says what to do) rather than failing for
             another reason.
+        allowed: The types the load may unpickle beyond torch's ``weights_only`` set: those of the
+            module's own hyperparameters (:mod:`.own_hparams`).
+        owner: The module's class name, for the message when the load needs other types.
     """
 
     def __init__(
@@ -141,6 +156,8 @@ class RedirectFirstLoad:
         saved_world_size: int,
         world_size: int,
         damaged: Callable[[Path], bool] = _never_damaged,
+        allowed: Callable[[], Mapping[str, Any]] = dict,
+        owner: str = "the module",
     ) -> None:
         self.strategy = strategy
         self.target = target
@@ -148,6 +165,8 @@ class RedirectFirstLoad:
         self.saved_world_size = saved_world_size
         self.world_size = world_size
         self.damaged = damaged
+        self.allowed = allowed
+        self.owner = owner
         self.original = strategy.load_checkpoint
 
     def install(self) -> None:
@@ -162,8 +181,11 @@ class RedirectFirstLoad:
         if os.path.abspath(str(checkpoint_path)) != os.path.abspath(self.target):
             self.on_redirect(str(checkpoint_path))
         try:
-            loaded: dict[str, Any] = self.original(self.target, *args, **kwargs)
+            loaded = own_hparams.load(self.original, self.target, args, kwargs, self.allowed)
         except Exception as e:
+            refused = own_hparams.refusal(self.target, e, self.allowed(), self.owner)
+            if refused is not None:
+                raise ResumeError(refused, self.target) from e
             if self.saved_world_size != self.world_size:
                 raise ResumeError(
                     f"{self.target!r} was written by {self.saved_world_size} rank(s) and cannot be loaded "

@@ -3,7 +3,7 @@
 ::
 
     <root>/
-        runs/YYYYMMDD/HHMMSS/<run id>/     one folder per run (a "run dir")
+        YYYYMMDD/HHMMSS/<run id>/          one folder per run (a "run dir")
             run_meta.json                  who created the run, under which session key
             status.json                    how the latest attempt stands
             attempts.json                  every attempt: start, resumed step, checkpoints, end (RunDir)
@@ -17,8 +17,13 @@
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
             hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
+        runs/YYYYMMDD/HHMMSS/<run id>/     a run dir written by an earlier version (still found and resumed)
         .index/<session key>               the run dir a session key belongs to, relative to the root
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
+
+Earlier versions put run dirs one folder deeper, under ``<root>/runs/``: ``RunDir(root="runs")`` made
+``runs/runs/YYYYMMDD/...``. New run dirs go straight under the root; the old ones stay where they are
+and every reader here (:func:`run_dirs`, :func:`is_run_place`, :func:`root_of`) knows both places.
 
 Pure standard library.
 """
@@ -28,7 +33,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path, PurePath
 
-RUNS = "runs"
+#: The folder earlier versions put run dirs in (``<root>/runs/YYYYMMDD/HHMMSS/<run id>``).
+LEGACY_RUNS = "runs"
 INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 RUN_META = "run_meta.json"
@@ -50,20 +56,28 @@ SAVED_MARKER = ".saved"
 VALIDATED_AFTER = ".validated-after"
 #: Links to the local loggers' version dirs: ``logs/<kind>``.
 LOGS = "logs"
-#: Run dirs relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
-RUN_GLOB = f"{RUNS}/*/*/*"
-#: How many folders a run dir sits below its root.
-RUN_DEPTH = 4
+_DAY, _TIME = "[0-9]" * 8, "[0-9]" * 6
+#: Run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``.
+RUN_GLOB = f"{_DAY}/{_TIME}/*"
+#: Run dirs written by earlier versions, relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
+LEGACY_RUN_GLOB = f"{LEGACY_RUNS}/{RUN_GLOB}"
+#: How many folders a run dir sits below its root (one more for a run dir of an earlier version).
+RUN_DEPTH = 3
 
 
 def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:
-    """Where a run created at ``now`` with ``run_id`` lives under ``root``."""
-    return root / RUNS / now.strftime("%Y%m%d") / now.strftime("%H%M%S") / run_id
+    """Where a run created at ``now`` with ``run_id`` lives: ``root/YYYYMMDD/HHMMSS/<run_id>``."""
+    return root / now.strftime("%Y%m%d") / now.strftime("%H%M%S") / run_id
+
+
+def run_files(root: Path, pattern: str) -> list[Path]:
+    """The paths matching ``pattern`` inside every run dir under ``root`` (both layouts), sorted."""
+    return sorted(p for glob in (RUN_GLOB, LEGACY_RUN_GLOB) for p in root.glob(f"{glob}/{pattern}"))
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """Every run dir under ``root`` (folders holding a ``run_meta.json``), sorted."""
-    return sorted(meta.parent for meta in root.glob(f"{RUN_GLOB}/{RUN_META}"))
+    """Every run dir under ``root`` (folders holding a ``run_meta.json``, in either layout), sorted."""
+    return [meta.parent for meta in run_files(root, RUN_META)]
 
 
 def is_run_dir(path: Path) -> bool:
@@ -72,33 +86,65 @@ def is_run_dir(path: Path) -> bool:
 
 
 def is_root(path: Path) -> bool:
-    """Whether ``path`` looks like a runs root (it has ``runs/`` or ``.index/``)."""
-    return (path / RUNS).is_dir() or (path / INDEX_DIR).is_dir()
+    """Whether ``path`` looks like a runs root: it has ``.index/``, run dirs, or an earlier ``runs/``."""
+    return (path / INDEX_DIR).is_dir() or (path / LEGACY_RUNS).is_dir() or bool(run_dirs(path))
+
+
+def _place(parts: tuple[str, ...]) -> bool:
+    """Whether ``parts`` are ``(YYYYMMDD, HHMMSS, <run id>)``."""
+    if len(parts) != RUN_DEPTH:
+        return False
+    day, time = parts[:2]
+    return len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit() and bool(parts[2])
+
+
+def run_place(relative: PurePath) -> bool:
+    """Whether ``relative`` (a path relative to a root) is where a run dir lives, in either layout."""
+    parts = relative.parts
+    if parts and parts[0] == LEGACY_RUNS and _place(parts[1:]):
+        return True
+    return _place(parts)
 
 
 def root_of(run_dir: Path) -> Path:
-    """The root a run dir was created under (``root/runs/YYYYMMDD/HHMMSS/<id>``)."""
-    return run_dir.parents[RUN_DEPTH - 1]
+    """The root a run dir was created under.
+
+    ``root/YYYYMMDD/HHMMSS/<id>``, or ``root/runs/YYYYMMDD/HHMMSS/<id>`` for a run dir of an earlier
+    version: the latter when the folder above the date is a ``runs`` that is not a root itself (no
+    ``.index/``) inside one that is.
+
+    Raises:
+        IndexError: ``run_dir`` is too short to be a run dir.
+    """
+    below = run_dir.parents[RUN_DEPTH - 1]
+    if below.name == LEGACY_RUNS and not (below / INDEX_DIR).is_dir():
+        above = below.parent
+        if (above / INDEX_DIR).is_dir() or (above / HANDOFF_DIR).is_dir():
+            return above
+    return below
 
 
 def run_tail(path: PurePath) -> PurePath | None:
-    """The ``runs/YYYYMMDD/HHMMSS/<run id>`` end of ``path``, or ``None`` when it does not end so."""
-    parts = path.parts[-RUN_DEPTH:]
-    if len(parts) < RUN_DEPTH or parts[0] != RUNS:
-        return None
-    day, time = parts[1:3]
-    if not (len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit()):
-        return None
-    return PurePath(*parts)
+    """The end of ``path`` that says where a run dir lives under its root, or ``None``.
+
+    ``runs/YYYYMMDD/HHMMSS/<run id>`` (an earlier version's layout) or ``YYYYMMDD/HHMMSS/<run id>``:
+    how an absolute index entry is found again under a moved root.
+    """
+    legacy = path.parts[-(RUN_DEPTH + 1) :]
+    if len(legacy) == RUN_DEPTH + 1 and legacy[0] == LEGACY_RUNS and _place(legacy[1:]):
+        return PurePath(*legacy)
+    if _place(path.parts[-RUN_DEPTH:]):
+        return PurePath(*path.parts[-RUN_DEPTH:])
+    return None
 
 
-def is_under_runs(root: Path, path: Path) -> bool:
-    """Whether ``path`` is a folder at run-dir depth under ``root/runs`` (symlinks resolved)."""
+def is_run_place(root: Path, path: Path) -> bool:
+    """Whether ``path`` is where a run dir of ``root`` lives, in either layout (symlinks resolved)."""
     try:
-        relative = path.resolve().relative_to((root / RUNS).resolve())
+        relative = path.resolve().relative_to(root.resolve())
     except ValueError:
         return False
-    return len(relative.parts) == RUN_DEPTH - 1
+    return run_place(relative)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

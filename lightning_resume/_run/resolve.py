@@ -122,8 +122,9 @@ def entry_target(root: Path, text: str) -> Path:
     """The run dir an index entry names.
 
     Entries are relative to the root. Earlier versions wrote absolute paths: one whose tail is a run
-    dir's place (``runs/YYYYMMDD/HHMMSS/<id>``) names the dir at that place under ``root`` when there
-    is one there (the root was moved, copied or mounted elsewhere), else the path as written.
+    dir's place (:func:`~lightning_resume._run.layout.run_tail`) names the dir at that place under
+    ``root`` when there is one there (the root was moved, copied or mounted elsewhere), else the path
+    as written.
     """
     path = Path(text)
     if not path.is_absolute():
@@ -438,7 +439,7 @@ def _adopt(root: Path, key: str) -> Claim | _Again | None:
             raise RunDirError(
                 f"Session {key!r} has no index entry {str(entry)!r}, and the run_meta.json of {listed} "
                 "cannot be read: that run dir may be this session's own run. Restore its run_meta.json, or "
-                f"move it out of {str(root / layout.RUNS)!r}, then relaunch.",
+                f"move it out of the root {str(root)!r}, then relaunch.",
                 entry,
             )
         listed = ", ".join(repr(str(p)) for p in stamped)
@@ -500,14 +501,14 @@ def _beside(root: Path, session: Session, now: datetime | None, indexed: Path) -
 
 
 def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = False) -> None:
-    """Refuse anything but a run dir of ``key`` under ``root/runs`` as the run dir of ``key``.
+    """Refuse anything but a run dir of ``key`` under ``root`` as the run dir of ``key``.
 
     ``found_by_key``: ``run_dir`` was found by the key stamped in it, not through the index entry.
 
     Raises:
-        RunDirError: the target is outside ``root/runs/YYYYMMDD/HHMMSS/``, has no readable
-            ``run_meta.json``, was created for another session key, or holds the ``run_meta.json``
-            of another run.
+        RunDirError: the target is not at ``root/YYYYMMDD/HHMMSS/<id>`` (or ``root/runs/...``, where
+            earlier versions put run dirs), has no readable ``run_meta.json``, was created for
+            another session key, or holds the ``run_meta.json`` of another run.
     """
     entry = index_path(root, key)
     where = (
@@ -515,9 +516,9 @@ def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = Fals
         if found_by_key
         else f"The session index entry {str(entry)!r} points at {str(run_dir)!r}"
     )
-    if not layout.is_under_runs(root, run_dir):
+    if not layout.is_run_place(root, run_dir):
         raise RunDirError(
-            f"{where}, which is not a run dir under {str(root / layout.RUNS)!r}: training would write into "
+            f"{where}, which is not a run dir under the root {str(root)!r}: training would write into "
             f"it. Write the path of this session's run dir into the entry, or {_DELETE}.",
             entry,
         )

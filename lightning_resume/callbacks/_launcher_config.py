@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 HYDRA_CONFIG = "hydra_config.yaml"
 
 
-def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str) -> None:
+def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first: bool = True) -> None:
     """Keep LightningCLI's and Hydra's configuration in ``run_dir`` (of run ``run_id`` under ``root``);
-    check Hydra's output dir."""
+    check Hydra's output dir.
+
+    ``first``: the first ``setup`` of this process. A later one (``trainer.test()`` after ``fit``) has
+    nothing to compare: the Hydra configuration it would find is the one this process saved.
+    """
     for callback in _save_config_callbacks(trainer):
         _save_into_run_dir(run_dir, run_id, trainer, callback)
     launch = hydra.current_launch()
-    if launch is None or not trainer.is_global_zero:
+    if launch is None or not trainer.is_global_zero or not first:
         return
     if hydra.root_lost_on_restart(root, launch):
         warn(

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -266,7 +267,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         exception = args[-1] if args else kwargs.get("exception")
         if isinstance(exception, SIGTERMException):
             self.save(trainer)  # raised at a batch boundary, so the state is consistent
-        elif not isinstance(exception, Preempted) and trainer.is_global_zero:  # Preempted: saved already
+        elif (
+            not isinstance(exception, Preempted)  # saved already
+            and trainer.state.fn == TrainerFn.FITTING  # not a failed validate/test/predict
+            and trainer.is_global_zero
+        ):
             if exists(Path(self.ckpt_path)):
                 kept = f"{self.ckpt_path} keeps its last save"
             else:

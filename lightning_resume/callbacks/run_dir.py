@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
 from lightning_resume._checks import positive_number
+from lightning_resume._resume.own_checkpoint_load import OwnCheckpointLoad
 from lightning_resume._run import layout, resolve
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.owner import RunLock
@@ -40,7 +41,7 @@ class RunDir(Callback):
     """Give the run a directory that a preempted, restarted job finds again.
 
     The directory is decided when the callback is constructed, before ``Trainer.fit`` picks a
-    checkpoint or a logger creates its run. A fresh run gets ``root/runs/YYYYMMDD/HHMMSS/<run_id>/``
+    checkpoint or a logger creates its run. A fresh run gets ``root/YYYYMMDD/HHMMSS/<run_id>/``
     with a ``run_meta.json``; the session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id,
     or an explicit ``key``) is recorded in ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``,
     a TorchElastic restart, or an explicit key that is already indexed) reuses the recorded directory.
@@ -90,6 +91,7 @@ class RunDir(Callback):
                 raise RunDirError(str(e)) from None
         self._lock: RunLock | None = None
         self._used = False
+        self._own_load: OwnCheckpointLoad | None = None
         twin = self._unused_twin()
         self._resolution: resolve.Resolution = (
             twin._resolution if twin is not None else self._resolve_for_this_rank()
@@ -174,6 +176,7 @@ class RunDir(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        first = not self._used  # trainer.test() after fit sets up again: the configuration is kept
         self._used = True
         redirected = [
             cb
@@ -185,7 +188,11 @@ class RunDir(Callback):
         if redirected and trainer.is_global_zero:
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
         # LightningCLI's configuration into the run dir; Hydra's output dir
-        _launcher_config.on_setup(trainer, self.root, self.path, self.run_id)
+        _launcher_config.on_setup(trainer, self.root, self.path, self.run_id, first)
+        if stage != "fit":
+            # validate/test/predict of the run's own checkpoint (ckpt_path="best"): its hyperparameters
+            self._own_load = OwnCheckpointLoad(trainer, self.path)
+            self._own_load.install()
         self._attempts.begin(trainer, stage)
 
     @override
@@ -212,12 +219,19 @@ class RunDir(Callback):
     ) -> None:
         self._record_status(trainer, *self._attempts.stopped(trainer, exception))
         self._release()
+        self._uninstall_own_load()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._uninstall_own_load()
         if stage == "fit":
             self._attempts.refresh(trainer)
             self._release()
+
+    def _uninstall_own_load(self) -> None:
+        own_load, self._own_load = self._own_load, None
+        if own_load is not None:
+            own_load.uninstall()
 
     def _release(self) -> None:
         """This attempt no longer trains here: another may take the run dir."""

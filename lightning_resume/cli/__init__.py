@@ -156,7 +156,7 @@ def _run_gc(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UsageError(f"{PROG} gc: {str(root)!r} is not a directory")
     if not layout.is_root(root):
-        raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no runs/ or .index/ inside)")
+        raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no run dirs or .index/ inside)")
     removals = gc.plan(root, age)
     failed: list[tuple[gc.Removal, str]] = []
     if args.apply:

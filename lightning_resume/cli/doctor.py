@@ -146,7 +146,7 @@ def _checkpoint_sizes(root: Path) -> list[int]:
     if not root.is_dir():
         return []
     return [
-        p.stat().st_size for p in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")
+        p.stat().st_size for p in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")
     ]
 
 
@@ -211,7 +211,7 @@ def _newest_checkpoint(root: Path) -> tuple[Path, int] | None:
     if not root.is_dir():
         return None
     found = []
-    for path in root.glob(f"{layout.RUN_GLOB}/{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"):
+    for path in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"):
         try:
             # A sharded checkpoint is a folder of files.
             files = [path] if not path.is_dir() else [p for p in path.rglob("*") if p.is_file()]
@@ -439,7 +439,7 @@ def _newest_watchdog(root: Path) -> tuple[Path, dict[str, Any]] | None:
     if not root.is_dir():
         return None
     found = []
-    for path in root.glob(f"{layout.RUN_GLOB}/{layout.WATCHDOG}"):
+    for path in layout.run_files(root, layout.WATCHDOG):
         try:
             found.append((path.stat().st_mtime, path.parent))
         except OSError:

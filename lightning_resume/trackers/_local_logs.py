@@ -27,6 +27,8 @@ from lightning_resume._resume.quiet_lightning import Quieted
 from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
 
 METRICS = "metrics.csv"
+#: What ``CSVLogger`` writes its hyperparameters to.
+HPARAMS = "hparams.yaml"
 #: ``metrics.csv`` of the interrupted attempt, set aside until the restart knows its resumed step.
 KEPT = ".metrics.csv.resume"
 _EVENTS = "events.out.tfevents."
@@ -94,17 +96,21 @@ def merge_kept_rows(log_dir: Path, resume_step: float = math.inf) -> list[str]:
     return header
 
 
-def remove_new_log_dir(log_dir: Path) -> bool:
-    """Remove a version dir that this process just made: empty, or only its own empty event file(s).
+def remove_new_log_dir(log_dir: Path, written_here: tuple[str, ...] = ()) -> bool:
+    """Remove a version dir that this process just made: empty, or only its own file(s).
 
-    torch's ``SummaryWriter`` names files ``events.out.tfevents.<time>.<host>.<pid>.<n>``. Anything else
-    in the dir, or a file of another process, keeps the dir.
+    torch's ``SummaryWriter`` names files ``events.out.tfevents.<time>.<host>.<pid>.<n>``; the caller
+    names the other files this process wrote there (``hparams.yaml`` of hyperparameters logged before
+    ``fit``). Anything else in the dir, or an event file of another process, keeps the dir.
     """
     if not log_dir.is_dir():
         return False
     mine = f".{socket.gethostname()}.{os.getpid()}."
     entries = list(log_dir.iterdir())
-    if any(not (p.is_file() and p.name.startswith(_EVENTS) and mine in p.name) for p in entries):
+    if any(
+        not (p.is_file() and (p.name in written_here or (p.name.startswith(_EVENTS) and mine in p.name)))
+        for p in entries
+    ):
         return False
     for p in entries:
         p.unlink()

@@ -65,7 +65,8 @@ class LocalLoggerResume(Callback):
     ``<run dir>/logs/tensorboard`` / ``logs/csv``. A restart (see :class:`~lightning_resume.RunDir`):
 
     - logs into the recorded version dir again. A logger that numbers its versions would take the next
-      free ``version_N``: it is pointed back, and the empty dir it just made is removed.
+      free ``version_N``: it is pointed back, and the dir it just made is removed. Hyperparameters
+      logged before ``fit`` (which makes that dir early) go to the recorded dir's ``hparams.yaml``.
     - drops what the interrupted attempt logged after its last checkpoint, at the steps the restart
       logs again, so that every step appears once. TensorBoard gets a ``SessionLog(START)`` event at
       the resumed step, the event ``SummaryWriter(purge_step=...)`` writes: TensorBoard's readers then
@@ -163,14 +164,18 @@ class LocalLoggerResume(Callback):
             return False
         if str(now["version"]) != str(recorded["version"]):
             new_dir = Path(now["id"])
+            # Hyperparameters logged before fit (lightning-hydra-template does) went to the new dir.
+            carried = _csv_hparams(logger) if trainer.is_global_zero and kind == CSV else {}
             if trainer.is_global_zero and kind == TENSORBOARD:
                 logger.experiment.close()
             point_logger_at_version(logger, recorded["version"])
             if trainer.is_global_zero:
-                _local_logs.remove_new_log_dir(new_dir)
+                _local_logs.remove_new_log_dir(new_dir, (_local_logs.HPARAMS,) if carried else ())
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="Experiment logs directory")
                     _ = logger.experiment  # the writer in the recorded dir, as Lightning makes it
+                if carried:
+                    logger.experiment.log_hparams(carried)
             log.info("Restart: %s logs continue in %s (not %s)", kind, recorded["id"], new_dir)
         return True
 
@@ -202,7 +207,12 @@ class LocalLoggerResume(Callback):
                 self._kept.discard(kind)
                 header = _local_logs.merge_kept_rows(log_dir, step if step is not None else float("inf"))
                 logger.experiment.metrics_keys = header  # later rows use the merged file's columns
-            log.info("Restart: %s logs of the interrupted attempt at steps >= %s dropped", kind, step)
+            if step is None:
+                log.info(
+                    "Restart: %s logs of the interrupted attempt kept whole (this attempt ran no batch)", kind
+                )
+            else:
+                log.info("Restart: %s logs of the interrupted attempt at steps >= %s dropped", kind, step)
 
     @override
     def on_exception(
@@ -222,6 +232,12 @@ class LocalLoggerResume(Callback):
         for quiet in self._quiet:
             quiet.remove()
         self._quiet = []
+
+
+def _csv_hparams(logger: Any) -> dict[str, Any]:
+    """The hyperparameters a ``CSVLogger``'s writer has logged so far (``{}`` for another writer)."""
+    hparams = getattr(logger.experiment, "hparams", None)
+    return dict(hparams) if isinstance(hparams, dict) else {}
 
 
 def _mark_first_start(logger: Any) -> None:

@@ -76,8 +76,8 @@ def test_stock_cli_resumes_exactly_with_its_config_in_the_run_dir(tmp_path: Path
     assert "configuration is unchanged" not in second.stderr  # INFO, not shown: nothing to warn about
     assert "changed since its previous attempt" not in second.stderr
     assert same_weights(out, tmp_path / "ref.pt")
-    (run_dir,) = root.glob("runs/*/*/*")
-    (ref_dir,) = (tmp_path / "ref").glob("runs/*/*/*")
+    (run_dir,) = root.glob("[0-9]*/[0-9]*/*")
+    (ref_dir,) = (tmp_path / "ref").glob("[0-9]*/[0-9]*/*")
     # One configuration per run, in its run dir (Lightning would put it in default_root_dir).
     configs = sorted(tmp_path.rglob("config*.yaml"))
     assert configs == sorted([run_dir / "config.yaml", ref_dir / "config.yaml"]), configs

@@ -18,7 +18,7 @@ def test_lightning_launcher_ranks_share_one_run_dir_and_resume_exactly(tmp_path:
     assert first.returncode == 0, first.output
     second = run_job(root, out, *args, "--epochs", "2", LIGHTNING_RESUME_KEY="ddp-job")
     assert second.returncode == 0, second.output
-    assert [p for p in (root / "runs").glob("*/*/*")] == [second.run_dir]
+    assert [p for p in root.glob("[0-9]*/[0-9]*/*")] == [second.run_dir]
     assert same_weights(out, tmp_path / "ref.pt")
 
 
@@ -44,5 +44,5 @@ def test_torchrun_ranks_agree_through_the_handoff_file(tmp_path: Path) -> None:
     ]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert len(list((root / "runs").glob("*/*/*"))) == 1
+    assert len(list(root.glob("[0-9]*/[0-9]*/*"))) == 1
     assert len(list((root / ".handoff").iterdir())) == 1

@@ -51,7 +51,7 @@ def check_preempted_run(tmp_path: Path, kills: list[int], *args: str, ranks: int
             )
             assert seen, f"attempt {attempt} trained nothing"
         if kill is not None:
-            last = next((root / "runs").glob("*/*/*/checkpoints/last.ckpt"))
+            last = next(root.glob("[0-9]*/[0-9]*/*/checkpoints/last.ckpt"))
             resumed_from = torch.load(last, weights_only=False)["global_step"]
     assert resumed_from + len(steps_seen(Path(f"{log}{len(kills)}"))) == len(steps_seen(ref_log))
     assert same_weights(out, tmp_path / "ref.pt"), f"kills at {kills}"

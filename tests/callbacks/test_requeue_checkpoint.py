@@ -28,7 +28,7 @@ def preempt_and_resume(tmp_path: Path, kills: list[int], env_for_attempt, *extra
         else:
             assert result.returncode == 0, result.output
             assert result.run_dir is not None
-            assert [p for p in (root / "runs").glob("*/*/*")] == [result.run_dir], "expected one run dir"
+            assert [p for p in root.glob("[0-9]*/[0-9]*/*")] == [result.run_dir], "expected one run dir"
             return result.run_dir
     raise AssertionError("unreachable")
 
@@ -110,7 +110,7 @@ def test_restart_of_a_run_stopped_before_its_first_save_starts_over_exactly(
     # Saves every 2 steps: a kill at step 1 leaves a run dir without any checkpoint.
     root, out = tmp_path / "runs", tmp_path / "a.pt"
     first = run_job(root, out, "--kill-at", "1", SLURM_JOB_ID="34")
-    [run_dir] = root.glob("runs/*/*/*")
+    [run_dir] = root.glob("[0-9]*/[0-9]*/*")
     assert first.returncode == -9 and not (run_dir / "checkpoints" / "last.ckpt").exists()
     again = run_job(root, out, SLURM_JOB_ID="34", SLURM_RESTART_COUNT=1)
     assert again.returncode == 0, again.output[-3000:]
@@ -155,7 +155,7 @@ def test_lightning_hpc_checkpoint_does_not_override_a_newer_last_ckpt(
     }
     first = run_job(root, out, "--kill-at", "8", **slurm)
     assert first.returncode == -9, first.output
-    run_dir = next((root / "runs").glob("*/*/*"))
+    run_dir = next(root.glob("[0-9]*/[0-9]*/*"))
     # An older checkpoint saved the way SLURMEnvironment(auto_requeue=True) does, in default_root_dir.
     old = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     old["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] = 0

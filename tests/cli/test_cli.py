@@ -194,7 +194,7 @@ def test_inspect_run_says_what_the_next_restart_loads(runs: Path) -> None:
 def test_inspect_flags_a_torn_last_ckpt(tmp_path: Path) -> None:
     root = tmp_path / "root"
     assert run_job(root, tmp_path / "a.pt", "--epochs", "1", LIGHTNING_RESUME_KEY="torn").returncode == 0
-    run_dir = next((root / "runs").glob("*/*/*"))
+    run_dir = next(root.glob("[0-9]*/[0-9]*/*"))
     last = run_dir / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     report = json.loads(cli("inspect", run_dir, "--json").stdout)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from lightning_resume._resume.lightning_internals import (
     point_logger_at_version,
     redo_validation_on_restart,
     replace_train_loader_states,
+    report_checkpoint_path,
     restart_train_iterator,
     saves_directory,
     set_mlflow_run,
@@ -364,3 +367,36 @@ def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp
     assert redirected == [str(tmp_path / "two.ckpt")]
     assert again.global_step == 5  # resumed at 4, not 2
     assert "load_checkpoint" not in again.strategy.__dict__
+
+
+def test_the_reported_checkpoint_path_is_what_lightning_logs_as_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = tiny_fit(tmp_path, 2)
+    trainer.save_checkpoint(tmp_path / "two.ckpt")
+    shutil.copy(tmp_path / "two.ckpt", tmp_path / "also-two.ckpt")
+
+    class Report(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            original = trainer.strategy.load_checkpoint
+
+            def load(path: Any, *args: Any, **kwargs: Any) -> Any:
+                report_checkpoint_path(trainer, str(tmp_path / "also-two.ckpt"))
+                return original(path, *args, **kwargs)
+
+            trainer.strategy.load_checkpoint = load  # type: ignore[method-assign]
+
+    again = pl.Trainer(
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[Report()],
+    )
+    caplog.set_level(logging.INFO)
+    again.fit(BoringModel(), ckpt_path=tmp_path / "two.ckpt")
+    restored = [r.getMessage() for r in caplog.records if "Restored all states" in r.getMessage()]
+    assert restored == [f"Restored all states from the checkpoint at {tmp_path / 'also-two.ckpt'}"]
+    assert again.ckpt_path == str(tmp_path / "also-two.ckpt")

@@ -29,8 +29,8 @@ RESTART = read_session({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})
 def test_fresh_run_creates_dated_dir_meta_and_index(tmp_path: Path) -> None:
     res = resolve(tmp_path, FIRST)
     assert not res.is_resumed
-    assert res.path.relative_to(tmp_path).parts[0] == "runs"
-    assert len(res.path.relative_to(tmp_path).parts) == 4
+    day, time, _ = res.path.relative_to(tmp_path).parts  # straight under the root
+    assert len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit()
     meta = json.loads((res.path / RUN_META).read_text())
     assert meta["run_id"] == res.run_id == res.path.name
     assert meta["session_key"] == "42"

@@ -86,7 +86,11 @@ def test_hydra_submitit_job_is_requeued_once_and_resumes_exactly(slurm: SlurmClu
         (job_id,) = found
         slurm.submitted.append(job_id)
         wait_for(
-            lambda: any(work.glob("runs/runs/*/*/*/checkpoints/last.ckpt")), "checkpoint", 240, launcher, log
+            lambda: any((work / "runs").glob("[0-9]*/[0-9]*/*/checkpoints/last.ckpt")),
+            "checkpoint",
+            240,
+            launcher,
+            log,
         )
         slurm.run("scontrol", "requeue", job_id)  # what a preemption by the scheduler does
         launcher.wait(timeout=300)  # the launcher waits for the job's result, as a multirun does
@@ -102,7 +106,7 @@ def test_hydra_submitit_job_is_requeued_once_and_resumes_exactly(slurm: SlurmClu
     (folder,) = work.glob(f"multirun/*/*/.submitit/{job_id}")
     output = "".join(p.read_text() for p in sorted(folder.glob(f"{job_id}_0_log.*")))
     assert "Traceback" not in output, output[-3000:]
-    (run_dir,) = work.glob("runs/runs/*/*/*")
+    (run_dir,) = (work / "runs").glob("[0-9]*/[0-9]*/*")
     assert "Preempted by SIGTERM" in output, output[-3000:]
     assert f"restart of session '{job_id}'" in output, output[-3000:]
     assert "Restored all states from the checkpoint" in output
@@ -111,7 +115,7 @@ def test_hydra_submitit_job_is_requeued_once_and_resumes_exactly(slurm: SlurmClu
     assert len(list(work.glob("multirun/*/*/0/.hydra"))) == 1
 
     assert reference.wait(timeout=300) == 0
-    (ref_dir,) = ref_work.glob("runs/runs/*/*/*")
+    (ref_dir,) = (ref_work / "runs").glob("[0-9]*/[0-9]*/*")
     spec = importlib.util.spec_from_file_location("recipe_compare", RECIPES / "compare.py")
     assert spec is not None and spec.loader is not None
     compare = importlib.util.module_from_spec(spec)

@@ -61,7 +61,7 @@ def last_step(run_dir_root: Path) -> int:
     """global_step of the newest last.ckpt under ``run_dir_root`` (-1 if none yet)."""
     steps = [
         torch.load(p, weights_only=False)["global_step"]
-        for p in run_dir_root.glob("runs/*/*/*/checkpoints/last.ckpt")
+        for p in run_dir_root.glob("[0-9]*/[0-9]*/*/checkpoints/last.ckpt")
     ]
     return max(steps, default=-1)
 
@@ -95,7 +95,7 @@ def finish(slurm: SlurmCluster, job: str, log: Path, timeout: float = 150) -> No
 
 
 def check(tmp_path: Path, reference: Path, name: str = "job") -> None:
-    run_dirs = list((tmp_path / "runs" / "runs").glob("*/*/*"))
+    run_dirs = list((tmp_path / "runs").glob("[0-9]*/[0-9]*/*"))
     assert len(run_dirs) == 1, run_dirs
     assert same_weights(tmp_path / f"{name}.pt", reference)
     # SLURMEnvironment(auto_requeue=True) is active in these jobs and must have saved nothing.
@@ -208,12 +208,13 @@ def test_time_limit_with_usr1_warning(
 def test_array_tasks_resume_into_their_own_dirs(slurm: SlurmCluster, tmp_path: Path, reference: Path) -> None:
     job = submit(slurm, tmp_path, "--array=0-1", name="task")
     root = tmp_path / "runs"
-    wait_for(lambda: len(list(root.glob("runs/*/*/*/checkpoints/last.ckpt"))) == 2, 90, "both tasks saving")
+    checkpoints = "[0-9]*/[0-9]*/*/checkpoints/last.ckpt"
+    wait_for(lambda: len(list(root.glob(checkpoints))) == 2, 90, "both tasks saving")
     for task in (0, 1):
         slurm.run("scancel", "--signal=USR1", f"{job}_{task}")
     for task in (0, 1):
         slurm.wait_sacct_state(f"{job}_{task}", "COMPLETED", timeout=180)
-    run_dirs = sorted((root / "runs").glob("*/*/*"))
+    run_dirs = sorted(root.glob("[0-9]*/[0-9]*/*"))
     assert len(run_dirs) == 2
     for task in (0, 1):
         log = (tmp_path / f"task-{task}.log").read_text()

@@ -47,7 +47,7 @@ class Submitted:
         return "".join(p.read_text() for p in self.logs if p.exists())
 
     def has_checkpoint(self) -> bool:
-        return any(self.work.glob("runs/runs/*/*/*/checkpoints/last.ckpt"))
+        return any((self.work / "runs").glob("[0-9]*/[0-9]*/*/checkpoints/last.ckpt"))
 
 
 def launch(cmd: list[str], work: Path, env: dict[str, str]) -> str:
@@ -119,7 +119,7 @@ def restarts(cluster: SlurmCluster, job_id: str) -> int:
 def check_resumed(cluster: SlurmCluster, job: Submitted) -> str:
     output = job.output
     assert "Traceback" not in output, output[-3000:]
-    run_dirs = list(job.work.glob("runs/runs/*/*/*"))
+    run_dirs = list((job.work / "runs").glob("[0-9]*/[0-9]*/*"))
     assert len(run_dirs) == 1, run_dirs
     assert f"Preempted by SIG{job.signal}" in output, output[-3000:]
     assert f"restart of session '{job.job_id}'" in output, output[-3000:]

@@ -5,13 +5,21 @@ reader and from ``metrics.csv``."""
 from __future__ import annotations
 
 import csv
+import logging
 import random
 import warnings
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
+import yaml
 from _tracker_data import only_run_dir, read_sidecar_file, run_tracker_job
+from conftest import tiny_trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from lightning_resume import LocalLoggerResume, RequeueCheckpoint, RunDir
 from lightning_resume._resume.quiet_lightning import QuietLightning
 from lightning_resume.trackers import _local_logs
 
@@ -96,6 +104,62 @@ def test_explicit_tensorboard_and_csv_loggers_with_fixed_versions_continue(tmp_p
     # CSVLogger(version=0) deletes metrics.csv when its writer starts in a non-empty dir: the rows of the
     # interrupted attempts survive only because they were set aside before fit.
     assert every_step_once(csv_steps(logs / "version_0")), f"{chosen}: {csv_steps(logs / 'version_0')}"
+
+
+class Echo(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("echo", float(self.global_step))
+        return super().training_step(batch, batch_idx)
+
+
+class StopAtTrainStart(pl.Callback):
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        raise RuntimeError("stopped before the first batch")
+
+
+def attempt(tmp_path: Path, steps: int, hparams: dict[str, Any], *extra: pl.Callback) -> pl.Trainer:
+    """One attempt in this process, its loggers given ``hparams`` before ``fit`` (as
+    lightning-hydra-template's ``log_hyperparameters`` does)."""
+    logs = tmp_path / "logs"
+    loggers = [CSVLogger(logs, name="csv"), TensorBoardLogger(logs, name="tb", default_hp_metric=False)]
+    callbacks = [RunDir(root=tmp_path / "runs", key="k"), RequeueCheckpoint(every_n_train_steps=1)]
+    trainer = tiny_trainer(
+        *callbacks,
+        LocalLoggerResume(),
+        *extra,
+        tmp_path=tmp_path,
+        logger=loggers,
+        max_steps=steps,
+        max_epochs=3,
+        log_every_n_steps=1,
+    )
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hparams)
+    trainer.fit(Echo())
+    return trainer
+
+
+def test_hparams_logged_before_fit_leave_one_version_dir_per_logger(tmp_path: Path) -> None:
+    attempt(tmp_path, 3, {"lr": 0.1, "launch": 1})
+    attempt(tmp_path, 6, {"lr": 0.1, "launch": 2})
+    for name in ("csv", "tb"):
+        assert sorted(p.name for p in (tmp_path / "logs" / name).iterdir()) == ["version_0"], name
+    version = tmp_path / "logs" / "csv" / "version_0"
+    assert yaml.safe_load((version / "hparams.yaml").read_text()) == {"lr": 0.1, "launch": 2}
+    assert [step for step, _ in csv_steps(version)] == list(range(6))
+
+
+def test_a_restart_stopped_before_its_first_batch_says_the_rows_are_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempt(tmp_path, 3, {"launch": 1})
+    caplog.set_level(logging.INFO, logger="lightning_resume")
+    with pytest.raises(RuntimeError, match="stopped before the first batch"):
+        attempt(tmp_path, 6, {"launch": 2}, StopAtTrainStart())
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("lightning_resume.trackers")]
+    assert not [line for line in lines if "None" in line], lines
+    assert "Restart: csv logs of the interrupted attempt kept whole (this attempt ran no batch)" in lines
+    assert [step for step, _ in csv_steps(tmp_path / "logs" / "csv" / "version_0")] == [0, 1, 2]
 
 
 # -- the file functions -----------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_in_process_restart_continues_the_run_and_puts_the_environment_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_swanlab(tmp_path, SwanLabResume(), steps=3)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     sidecar = read_sidecar_file(run_dir, "swanlab")
     assert sidecar["identity"] == {
         "id": first[0],
@@ -129,7 +129,7 @@ def test_sidecar_from_another_project_is_refused_and_a_new_run_starts(
         (first[0], "alpha"),
         (second[0], "beta"),
     }
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     assert read_sidecar_file(run_dir, "swanlab")["identity"]["id"] == second[0]
 
 
@@ -149,7 +149,7 @@ def test_corrupt_sidecar_warns_and_the_checkpoint_resume_proceeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_swanlab(tmp_path, SwanLabResume(), steps=3)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     (run_dir / "swanlab_resume.json").write_bytes(b"\x00\xff garbage")
     restart(monkeypatch)
     counter = StepCounter()

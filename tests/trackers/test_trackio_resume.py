@@ -71,7 +71,7 @@ def test_in_process_restart_continues_the_run(
     tmp_path: Path, project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_trackio(tmp_path, project, TrackioResume(), steps=3, group="g")
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     sidecar = read_sidecar_file(run_dir, "trackio")
     rows = trackio_rows(TRACKIO_DIR, project)
     assert sidecar["identity"] == {
@@ -112,14 +112,14 @@ def test_sidecar_from_another_project_is_refused_and_a_new_run_starts(
     assert second != first
     assert [row.step for row in trackio_rows(TRACKIO_DIR, other)] == [2, 3], "training resumed"
     assert {row.run_id for row in trackio_rows(TRACKIO_DIR, project)} == {first}, "nothing written there"
-    assert read_sidecar_file(next((tmp_path / "runs").glob("*/*/*")), "trackio")["identity"]["id"] == second
+    assert read_sidecar_file(next(tmp_path.glob("[0-9]*/[0-9]*/*")), "trackio")["identity"]["id"] == second
 
 
 def test_sidecar_from_another_storage_dir_is_refused(
     tmp_path: Path, project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_trackio(tmp_path, project, TrackioResume(), steps=2)
-    sidecar = next((tmp_path / "runs").glob("*/*/*/trackio_resume.json"))
+    sidecar = next(tmp_path.glob("[0-9]*/[0-9]*/*/trackio_resume.json"))
     data = json.loads(sidecar.read_text())
     data["identity"]["dir"] = str(tmp_path / "elsewhere")  # as if written with another TRACKIO_DIR
     sidecar.write_text(json.dumps(data))
@@ -151,7 +151,7 @@ def test_corrupt_sidecar_warns_once_and_the_checkpoint_resume_proceeds(
     tmp_path: Path, project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_trackio(tmp_path, project, TrackioResume(), steps=3)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     (run_dir / "trackio_resume.json").write_text('{"tracker": "trackio", "identity": {"id": "x"}}')
     restart(monkeypatch)
     counter = StepCounter()

@@ -172,7 +172,7 @@ def test_wandb_reads_the_run_id_variable_when_its_session_starts(tmp_path: Path)
 
 def test_sidecar_and_checkpoint_record_the_run(tmp_path: Path) -> None:
     run_id = fit_wandb(tmp_path, WandbResume(), steps=3)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     sidecar = read_sidecar_file(run_dir, "wandb")
     assert sidecar["identity"] == {
         "id": run_id,
@@ -193,7 +193,7 @@ def test_run_id_is_handed_back_before_the_run_exists_in_either_order(
     tmp_path: Path, run_dir_first: bool
 ) -> None:
     RunDir(root=tmp_path, key="k")  # the first attempt
-    run_dir = next(tmp_path.glob("runs/*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     write_sidecar(sidecar_path(run_dir, "wandb"), "wandb", Sidecar({"id": "abc123"}, {"WANDB_PROJECT": None}))
     PROCESS.reset()  # a new process
     if run_dir_first:
@@ -233,7 +233,7 @@ def test_corrupt_sidecar_warns_and_the_checkpoint_resume_proceeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_wandb(tmp_path, WandbResume(), steps=3)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     (run_dir / "wandb_resume.json").write_text('{"identity": {"id": "trunc')
     restart(monkeypatch)
     counter = StepCounter()
@@ -253,7 +253,7 @@ def test_missing_sidecar_is_explained_from_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = fit_wandb(tmp_path, WandbResume(), steps=2)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     (run_dir / "wandb_resume.json").unlink()
     restart(monkeypatch)
     with pytest.warns(UserWarning, match=f"found no wandb sidecar.*written while logging to run '{first}'"):
@@ -267,14 +267,14 @@ def test_several_wandb_loggers_logging_to_one_run_are_handled(tmp_path: Path) ->
     ]
     with pytest.warns(UserWarning, match="reuse this run"):  # Lightning's own note on the second logger
         fit_tiny(tmp_path, loggers, WandbResume(), steps=2)
-    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    run_dir = next(tmp_path.glob("[0-9]*/[0-9]*/*"))
     assert read_sidecar_file(run_dir, "wandb")["identity"]["id"] == loggers[0].experiment.id
 
 
 def test_trainer_without_a_wandb_logger_gets_one_warning(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="the Trainer has no wandb logger"):
         fit_tiny(tmp_path, False, WandbResume(), steps=2)
-    assert not list((tmp_path / "runs").glob("*/*/*/wandb_resume.json"))
+    assert not list(tmp_path.glob("[0-9]*/[0-9]*/*/wandb_resume.json"))
 
 
 def test_unknown_mode_is_rejected() -> None:
