@@ -118,7 +118,7 @@ def replayed_permutation(
     :func:`~lightning_resume._resume.data_position.capture_generators` lists them. The process's own
     random state is left as it was.
     """
-    loader_state, sampler_state = (list(generators or []) + [None, None])[:2]
+    loader_state, sampler_state = [*(generators or []), None, None][:2]
     loader_generator = _generator(loader_state)
     sampler_generator = _generator(sampler_state)
     before = rng.capture()

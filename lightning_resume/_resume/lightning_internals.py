@@ -35,8 +35,9 @@ def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
     relations Lightning reads its restart stage from hold. Call from ``on_train_start``.
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress
-    delta = batches - progress.current.processed
-    for tracker in (progress.current, progress.total):
+    trackers: list[Any] = [progress.current, progress.total]  # _ProcessedTracker at runtime
+    delta = batches - trackers[0].processed
+    for tracker in trackers:
         tracker.ready += delta
         tracker.started += delta
         tracker.processed += delta

@@ -68,9 +68,7 @@ def _sampler(loader: DataLoader) -> Any:
 
 def _is_random(sampler: Any, length: int) -> bool:
     """A one-process ``RandomSampler`` whose epoch is one permutation drawn from the global state."""
-    return (
-        type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == length
-    )
+    return type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == length
 
 
 def order_problem(loaders: list[Any]) -> str | None:
@@ -88,7 +86,8 @@ def order_problem(loaders: list[Any]) -> str | None:
     sampler = _sampler(loader)
     if isinstance(sampler, DistributedSampler):
         inner = wrapped_sampler(sampler)
-        if inner is not None:
+        # torchdata's RandomSampler is replaced by a plain DistributedSampler (stateful_loaders).
+        if inner is not None and not stateful_loaders._is_torchdata_random_sampler(inner):
             return (
                 f"Lightning wraps the train sampler {type(inner).__name__} in its DistributedSamplerWrapper, "
                 "whose order depends on the number of ranks"
@@ -153,7 +152,7 @@ class WorldChange:
     # -- saving ------------------------------------------------------------------------------------
 
     def to_save(self, trainer: pl.Trainer | None, loaders: list[Any], batches: int) -> dict[str, Any]:
-        """The checkpoint's entries: ``order`` (``None`` when it cannot be followed) and ``seed``."""
+        """The checkpoint's entries: ``order`` (``None`` when it cannot be followed), ``seed``, ``step``."""
         order = None
         if trainer is not None and order_problem(loaders) is None:
             epoch = trainer.current_epoch
@@ -171,6 +170,7 @@ class WorldChange:
         return {
             "order": order.to_dict() if order is not None else None,
             "seed": rank_states.run_seed(os.environ),
+            "step": int(trainer.global_step) if trainer is not None else 0,
         }
 
     # -- restoring ---------------------------------------------------------------------------------
@@ -180,14 +180,14 @@ class WorldChange:
         self._order = GlobalOrder.from_dict(state.get("order"))
         seed = state.get("seed")
         self._seed = int(seed) if seed is not None else None
-        self._step = int(state.get("global_step") or 0)
+        self._step = int(state.get("step") or 0)
         self._origin = None
         self._logged_states = False
 
     @staticmethod
     def resplits(state: dict[str, Any], trainer: pl.Trainer) -> bool:
-        """Whether a restart from ``state`` splits the rest of its epoch anew (known in ``on_load_checkpoint``,
-        before the loaders exist): its loader states are then not loaded."""
+        """Whether a restart from ``state`` splits the rest of its epoch anew (known in
+        ``on_load_checkpoint``, before the loaders exist): its loader states are then not loaded."""
         order = GlobalOrder.from_dict(state.get("order"))
         if order is None or not state.get("mid_epoch", True):
             return False
@@ -204,9 +204,12 @@ class WorldChange:
                     "Restart on %d rank(s) of a checkpoint written by %d rank(s): %s%s",
                     trainer.world_size,
                     len(ranks),
-                    f"ranks 0 to {kept - 1} continue their saved random states" if kept > 1 else "rank 0 "
-                    "continues its saved random state",
-                    f"; {new} new rank(s) seed theirs from the run's seed, their rank and the step" if new else "",
+                    f"ranks 0 to {kept - 1} continue their saved random states"
+                    if kept > 1
+                    else "rank 0 continues its saved random state",
+                    f"; {new} new rank(s) seed theirs from the run's seed, their rank and the step"
+                    if new
+                    else "",
                 )
         return rank_states.rank_state(ranks, trainer.global_rank, self._seed, self._step)
 
@@ -221,15 +224,13 @@ class WorldChange:
         if loaded is None or order is None:
             self._warn_if_inexact(trainer, loaded, order_problem(loaders) or "the checkpoint has no record")
             return Positioned.NOTHING
+        loader = loaders[0] if len(loaders) == 1 and isinstance(loaders[0], DataLoader) else None
+        stateful = loader is not None and stateful_loaders.is_stateful(loader)
+        kept = loader is not None and self._keep_order(loader, order)
         problem = order_problem(loaders)
-        if problem is not None:
-            self._warn_if_inexact(trainer, loaded, problem)
+        if loader is None or problem is not None:
+            self._warn_if_inexact(trainer, loaded, problem or "no train loader")
             return Positioned.NOTHING
-        loader: DataLoader = loaders[0]
-        stateful = stateful_loaders.is_stateful(loader)
-        if stateful:
-            stateful_loaders.unwrap_random_sampler(loader)
-        kept = self._keep_order(loader, order)
         sampler = _sampler(loader)
         batch_note = self._global_batch(trainer, loader, order)
         mid_epoch = loaded.mid_epoch and order.epoch == trainer.current_epoch
@@ -250,6 +251,8 @@ class WorldChange:
         if not isinstance(sampler, DistributedSampler):
             self._warn_if_inexact(trainer, loaded, f"the train sampler {type(sampler).__name__} has no split")
             return Positioned.SAMPLER if kept else Positioned.NOTHING
+        if stateful_loaders.unwrap_random_sampler(loader):  # as ExactResume does under DDP
+            sampler = _sampler(loader)
         full = self._epoch_order(order, loaded)
         if full is None or len(full) != len(loader.dataset):  # type: ignore[arg-type]
             self._warn_if_inexact(trainer, loaded, "the train data set changed its length")
@@ -288,9 +291,10 @@ class WorldChange:
         sampler = _sampler(loader)
         if order.kind is not OrderKind.PERMUTATION or not order.shuffle:
             return False
-        if isinstance(sampler, DistributedSampler) or not hasattr(sampler, "__len__"):
+        length = len(loader.dataset)  # type: ignore[arg-type]
+        if not (_is_random(sampler, length) or stateful_loaders._is_torchdata_random_sampler(sampler)):
             return False
-        kept = DistributedSampler(
+        kept: DistributedSampler[int] = DistributedSampler(
             loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=order.seed, drop_last=order.drop_last
         )
         loader.batch_sampler.sampler = kept  # type: ignore[union-attr]
@@ -304,7 +308,9 @@ class WorldChange:
         if not start:
             return None
         generators = start.get("generators") or []
-        return global_order.replayed_permutation(order.length, start["rng"], generators[0] if generators else None)
+        return global_order.replayed_permutation(
+            order.length, start["rng"], generators[0] if generators else None
+        )
 
     def _global_batch(self, trainer: pl.Trainer, loader: DataLoader, order: GlobalOrder) -> str:
         """Keep the global batch (``keep_global_batch``) or say how it changed."""
@@ -330,7 +336,9 @@ class WorldChange:
                 "the per-rank batch instead."
             )
         trainer.accumulate_grad_batches = before // per_step
-        return f"global batch {before} samples kept (accumulate_grad_batches={trainer.accumulate_grad_batches})"
+        return (
+            f"global batch {before} samples kept (accumulate_grad_batches={trainer.accumulate_grad_batches})"
+        )
 
     def _warn_if_inexact(self, trainer: pl.Trainer, loaded: Loaded | None, problem: str) -> None:
         """One warning for a restart inside an epoch on another number of ranks that cannot be exact."""

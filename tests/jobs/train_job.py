@@ -286,8 +286,12 @@ def notice_callbacks(args: argparse.Namespace) -> list[pl.Callback]:
 def add_world_size_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch-log", default=None, help="write 'epoch step ranks: indices' per batch and rank")
     p.add_argument("--nodes-from-env", action="store_true", help="num_nodes from an elastic torchrun's env")
-    p.add_argument("--kill-node-at", type=int, default=None, help="SIGKILL this node (agent too) after a step")
-    p.add_argument("--keep-global-batch", action="store_true", help="RequeueCheckpoint(keep_global_batch=True)")
+    p.add_argument(
+        "--kill-node-at", type=int, default=None, help="SIGKILL this node (agent too) after a step"
+    )
+    p.add_argument(
+        "--keep-global-batch", action="store_true", help="RequeueCheckpoint(keep_global_batch=True)"
+    )
     p.add_argument("--accumulate", type=int, default=1, help="Trainer(accumulate_grad_batches=...)")
     p.add_argument("--no-dropout", action="store_true", help="a model that draws no random numbers")
 
@@ -300,7 +304,9 @@ class EpochLog(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         where = f"{trainer.current_epoch} {trainer.global_step} {trainer.world_size}"
-        _append(f"{self.path}.rank{trainer.global_rank}", f"{where}: {' '.join(map(str, batch[2].tolist()))}\n")
+        _append(
+            f"{self.path}.rank{trainer.global_rank}", f"{where}: {' '.join(map(str, batch[2].tolist()))}\n"
+        )
 
 
 class KillNode(pl.Callback):
