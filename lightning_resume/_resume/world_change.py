@@ -328,12 +328,16 @@ class WorldChange:
                 "RequeueCheckpoint(keep_global_batch=True) keeps the global batch)"
             )
         if before % per_step:
+            fix = (
+                f"restart on a number of ranks that divides {before // batch_size}"
+                if before % batch_size == 0
+                else f"use a per-rank batch size that divides {before}"
+            )
             raise ResumeError(
                 f"RequeueCheckpoint(keep_global_batch=True): the checkpoint's global batch of {before} "
                 f"samples is not a multiple of the {per_step} samples one step takes on {replicas} rank(s) "
-                f"with batches of {batch_size}: restart on a number of ranks that divides "
-                f"{before // batch_size} (or change the batch size), or set keep_global_batch=False to keep "
-                "the per-rank batch instead."
+                f"with batches of {batch_size}: {fix}, or set keep_global_batch=False to keep the "
+                "per-rank batch instead."
             )
         trainer.accumulate_grad_batches = before // per_step
         return (
