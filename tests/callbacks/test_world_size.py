@@ -31,6 +31,7 @@ from lightning_resume import RequeueCheckpoint, RunDir
 from lightning_resume._resume import global_order, rank_states
 from lightning_resume._resume.global_order import GlobalOrder, OrderKind
 from lightning_resume._run.binding import PROCESS
+from lightning_resume.cli import inspect
 from lightning_resume.exceptions import ResumeError
 
 SEED = 1234  # train_job's seed_everything: Lightning's DistributedSampler seed
@@ -210,6 +211,8 @@ def two_attempts(
         root, out, *args, "--devices", before, "--kill-at", kill_at, "--epoch-log", tmp_path / "a"
     )
     assert first.returncode == -9, first.output[-4000:]
+    (run_dir,) = (root / "runs").glob("*/*/*")
+    assert inspect.verify(run_dir / "checkpoints" / "last.ckpt")["world_size"] == before  # inspect's ranks
     second = run_job(root, out, *args, "--devices", after, "--epoch-log", tmp_path / "b")
     assert second.returncode == 0, second.output[-4000:]
     return batches(tmp_path / "a"), batches(tmp_path / "b"), first_step(second.output), second.output
