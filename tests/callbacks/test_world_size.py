@@ -199,6 +199,14 @@ def test_keep_global_batch_that_the_new_batch_does_not_divide_is_a_clear_error(t
 # -- real ranks: the Lightning launcher -----------------------------------------------------------
 
 SMALL = ("--samples", 24, "--batch-size", 4, "--epochs", 2, "--every", 1, "--sanity", 0, "--val-samples", 8)
+# For 3 ranks: 30 samples in batches of 3, so that neither the 24 left after the first step of 2 ranks
+# nor a whole epoch needs padding (DistributedSampler pads by repeating samples).
+THIRTY = ("--samples", 30, "--batch-size", 3)
+
+
+def sizes(ranks: int) -> tuple[tuple[str | int, ...], int]:
+    """The data set's knobs and length for a restart on ``ranks`` ranks."""
+    return (THIRTY, 30) if ranks == 3 else ((), 24)
 
 
 def two_attempts(
@@ -233,8 +241,9 @@ def test_two_ranks_killed_mid_epoch_resume_on_one_rank_seeing_every_sample_once(
 @pytest.mark.parametrize(("loader", "after"), [("plain", 3), ("stateful", 1), ("stateful", 3)])
 def test_two_ranks_killed_mid_epoch_resume_on_other_ranks(tmp_path: Path, loader: str, after: int) -> None:
     workers = ("--workers", 2) if loader == "stateful" else ()
-    first, second, resumed_at, output = two_attempts(tmp_path, 2, after, "--loader", loader, *workers)
-    check_data(first, second, resumed_at, samples=24, ranks=after)
+    knobs, samples = sizes(after)
+    first, second, resumed_at, output = two_attempts(tmp_path, 2, after, "--loader", loader, *workers, *knobs)
+    check_data(first, second, resumed_at, samples=samples, ranks=after)
     assert f"Restart on {after} rank(s) of a checkpoint written by 2 rank(s)" in output
 
 
@@ -285,13 +294,15 @@ def torchrun(tmp_path: Path, nproc: int, *args: str | int, log: str) -> subproce
 @pytest.mark.slow
 @pytest.mark.parametrize("after", [1, 3])
 def test_torchrun_two_ranks_killed_mid_epoch_resume_on_other_ranks(tmp_path: Path, after: int) -> None:
-    args = (*SMALL, "--loader", "plain")
+    knobs, samples = sizes(after)
+    args = (*SMALL, "--loader", "plain", *knobs)
     first = torchrun(tmp_path, 2, *args, "--kill-at", 2, log="a")
     assert first.returncode != 0, first.stdout + first.stderr
     second = torchrun(tmp_path, after, *args, log="b")
     output = second.stdout + second.stderr
     assert second.returncode == 0, output[-4000:]
-    check_data(batches(tmp_path / "a"), batches(tmp_path / "b"), first_step(output), samples=24, ranks=after)
+    resumed_at = first_step(output)
+    check_data(batches(tmp_path / "a"), batches(tmp_path / "b"), resumed_at, samples=samples, ranks=after)
 
 
 def free_port() -> int:
