@@ -20,19 +20,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import JOB_MODULE, job_env, run_job, same_weights, tiny_trainer
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset, RandomIterableDataset
-from torch.utils.data import DataLoader, DistributedSampler
+from conftest import JOB_MODULE, job_env, run_job, same_weights
+from torch.utils.data import DistributedSampler
 
-from lightning_resume import RequeueCheckpoint, RunDir
 from lightning_resume._resume import global_order, rank_states
 from lightning_resume._resume.global_order import GlobalOrder, OrderKind
-from lightning_resume._run.binding import PROCESS
 from lightning_resume.cli import inspect
-from lightning_resume.exceptions import ResumeError
 
 SEED = 1234  # train_job's seed_everything: Lightning's DistributedSampler seed
 KEY = "ranks"
@@ -135,65 +130,6 @@ def test_the_order_record_survives_a_round_trip_and_old_checkpoints_have_none() 
     assert GlobalOrder.from_dict(order.to_dict()) == order
     assert GlobalOrder.from_dict(None) is None
     assert GlobalOrder.from_dict({"kind": "something newer"}) is None
-
-
-# -- in one process: what cannot be exact, and keep_global_batch's error ---------------------------
-
-
-class StopAt(pl.Callback):
-    """Fail at a global step, after that step's save (a crash in the middle of the epoch)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
-            raise RuntimeError(f"stopped at step {self.step}")
-
-
-def _fit(tmp_path: Path, loader: DataLoader, steps: int, *extra: pl.Callback, **callback: bool) -> RunDir:
-    """One process's fit of session ``k``, saving every step, up to ``steps``."""
-    PROCESS.reset()
-    run_dir = RunDir(root=tmp_path / "root", key="k")
-    requeue = RequeueCheckpoint(every_n_train_steps=1, **callback)
-    callbacks = (run_dir, requeue, *extra)
-    trainer = tiny_trainer(
-        *callbacks, tmp_path=tmp_path, max_steps=steps, max_epochs=5, limit_train_batches=None
-    )
-    trainer.fit(BoringModel(), loader)
-    return run_dir
-
-
-def _as_if_two_ranks_wrote(checkpoint: Path) -> None:
-    """Give a one-rank checkpoint a second rank's states, as a 2-rank run writes them (each rank's).
-
-    Two real ranks cost two processes; all a restart reads of them is this list.
-    """
-    data = torch.load(checkpoint, weights_only=False)
-    (key,) = [k for k in data["callbacks"] if k.startswith("RequeueCheckpoint")]
-    state = data["callbacks"][key]
-    state["ranks"] = [state["ranks"][0], state["ranks"][0]]
-    if state.get("order"):
-        state["order"]["replicas"] = 2
-    torch.save(data, checkpoint)
-
-
-def test_an_iterable_dataset_resumed_mid_epoch_on_other_ranks_gets_one_warning(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="stopped at step 3"):
-        _fit(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), 9, StopAt(3))
-    (run_dir,) = [d for d in (tmp_path / "root" / "runs").glob("*/*/*") if d.is_dir()]
-    _as_if_two_ranks_wrote(run_dir / "checkpoints" / "last.ckpt")
-    with pytest.warns(
-        UserWarning, match=r"cannot continue that epoch's order exactly \(.*IterableDataset"
-    ) as w:
-        _fit(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), steps=6)
-    assert len([m for m in w if "cannot continue" in str(m.message)]) == 1
-
-
-def test_keep_global_batch_that_the_new_batch_does_not_divide_is_a_clear_error(tmp_path: Path) -> None:
-    _fit(tmp_path, DataLoader(RandomDataset(32, 64), batch_size=6), steps=2)
-    with pytest.raises(ResumeError, match=r"global batch of 6 samples is not a multiple of the 4 samples"):
-        _fit(tmp_path, DataLoader(RandomDataset(32, 64), batch_size=4), steps=4, keep_global_batch=True)
 
 
 # -- real ranks: the Lightning launcher -----------------------------------------------------------
