@@ -63,14 +63,16 @@ def first_step(output: str) -> int:
     return steps.pop()
 
 
-def expected_order(samples: int, ranks: int, rank: int, epoch: int) -> list[int]:
+def expected_order(samples: int, ranks: int, rank: int, epoch: int, seed: int = SEED) -> list[int]:
     """What an uninterrupted run on ``ranks`` ranks gives ``rank`` in ``epoch``."""
-    sampler = DistributedSampler(range(samples), num_replicas=ranks, rank=rank, shuffle=True, seed=SEED)
+    sampler = DistributedSampler(range(samples), num_replicas=ranks, rank=rank, shuffle=True, seed=seed)
     sampler.set_epoch(epoch)
     return list(sampler)
 
 
-def check_data(first: list[Batch], second: list[Batch], resumed_at: int, samples: int, ranks: int) -> None:
+def check_data(
+    first: list[Batch], second: list[Batch], resumed_at: int, samples: int, ranks: int, seed: int = SEED
+) -> None:
     """Epoch 0 (interrupted) seen exactly once over both attempts; later epochs as on ``ranks`` ranks."""
     kept = [b for b in first if b.epoch == 0 and b.step < resumed_at]  # saved before the kill
     assert kept and all(b.epoch == 0 for b in first), first
@@ -81,7 +83,7 @@ def check_data(first: list[Batch], second: list[Batch], resumed_at: int, samples
     for epoch in later:
         for rank in range(ranks):
             mine = [i for b in second if b.epoch == epoch and b.rank == rank for i in b.indices]
-            assert mine == expected_order(samples, ranks, rank, epoch), (epoch, rank)
+            assert mine == expected_order(samples, ranks, rank, epoch, seed), (epoch, rank)
     assert {b.ranks for b in second} == {ranks}
 
 
@@ -239,6 +241,19 @@ def test_torchrun_two_ranks_killed_mid_epoch_resume_on_other_ranks(tmp_path: Pat
     assert second.returncode == 0, output[-4000:]
     resumed_at = first_step(output)
     check_data(batches(tmp_path / "a"), batches(tmp_path / "b"), resumed_at, samples=samples, ranks=after)
+
+
+@pytest.mark.slow
+def test_torchrun_with_a_distributed_sampler_of_ones_own_resumes_on_one_rank(tmp_path: Path) -> None:
+    """``use_distributed_sampler=False`` and the user's ``DistributedSampler`` (seed 4321): 2 -> 1 rank."""
+    args = (*SMALL, "--loader", "plain", "--own-sampler")
+    first = torchrun(tmp_path, 2, *args, "--kill-at", 2, log="a")
+    assert first.returncode != 0, first.stdout + first.stderr
+    second = torchrun(tmp_path, 1, *args, log="b")
+    output = second.stdout + second.stderr
+    assert second.returncode == 0, output[-4000:]
+    found, resumed_at = batches(tmp_path / "b"), first_step(output)
+    check_data(batches(tmp_path / "a"), found, resumed_at, samples=24, ranks=1, seed=4321)
 
 
 def free_port() -> int:

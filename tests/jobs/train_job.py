@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_resume import (
     DurableCheckpointIO,
@@ -294,6 +294,7 @@ def add_world_size_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--accumulate", type=int, default=1, help="Trainer(accumulate_grad_batches=...)")
     p.add_argument("--no-dropout", action="store_true", help="a model that draws no random numbers")
+    p.add_argument("--own-sampler", action="store_true", help="a DistributedSampler of ours (torchrun only)")
 
 
 class EpochLog(pl.Callback):
@@ -310,7 +311,8 @@ class EpochLog(pl.Callback):
 
 
 class KillNode(pl.Callback):
-    """SIGKILL this process's group after a global step: under torchrun, the node's agent leaves too."""
+    """SIGKILL this node after a global step: the torchrun agent (the parent; its workers run in
+    sessions of their own), then this process's group."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -318,6 +320,7 @@ class KillNode(pl.Callback):
     def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
         if trainer.global_step == self.step:
             print(f"KILL_NODE rank={trainer.global_rank} step={trainer.global_step}", flush=True)
+            os.kill(os.getppid(), signal.SIGKILL)
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
@@ -337,6 +340,15 @@ def world_size_model(model: pl.LightningModule, args: argparse.Namespace) -> pl.
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     return model
+
+
+def world_size_loader(args: argparse.Namespace, train: Dataset, made: DataLoader) -> DataLoader:
+    """``--own-sampler``: the train loader with a ``DistributedSampler`` made here, from torchrun's env."""
+    if not args.own_sampler:
+        return made
+    ranks, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    sampler = DistributedSampler(train, num_replicas=ranks, rank=rank, shuffle=True, seed=4321)
+    return DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=args.drop_last)
 
 
 # -- end of another number of ranks ----------------------------------------------------------------
@@ -474,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         val_check_interval=args.val_check_interval,
         num_sanity_val_steps=args.sanity,
         accumulate_grad_batches=args.accumulate,
+        use_distributed_sampler=not args.own_sampler,
     )
     if args.setup_sleep:
         with open(args.out + ".setup", "w") as f:
@@ -483,7 +496,9 @@ def main(argv: list[str] | None = None) -> None:
     validation = Noisy(args.val_samples)
     trainer.fit(
         world_size_model(SlowValidation(args.sample_log, args.val_sleep), args),
-        train_dataloaders=loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last),
+        train_dataloaders=world_size_loader(
+            args, train, loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last)
+        ),
         val_dataloaders=loader(args.loader, validation, args.val_batch_size, False, args.val_workers),
         ckpt_path=args.ckpt_path,
     )
