@@ -2010,6 +2010,69 @@ def reset_crash_loop_of_a_non_run_dir(tmp_path: Path) -> None:
         assert code == 2 and len(err.strip().splitlines()) == 1 and "not a run dir" in err, err
 
 
+# -- another number of ranks (issue 25) ---------------------------------------------------------
+
+
+def _fit_loader(tmp_path: Path, loader: object, steps: int, *extra: pl.Callback, **requeue: bool) -> None:
+    """A process's fit of session ``k`` on ``loader``, saving every step."""
+    PROCESS.reset()
+    callbacks = (RunDir(root=tmp_path / "root", key="k"), RequeueCheckpoint(every_n_train_steps=1, **requeue))
+    trainer = tiny_trainer(
+        *callbacks, *extra, tmp_path=tmp_path, max_steps=steps, max_epochs=5, limit_train_batches=None
+    )
+    trainer.fit(BoringModel(), loader)  # type: ignore[arg-type]
+
+
+@case(
+    "a restart with `RequeueCheckpoint(keep_global_batch=True)` whose ranks and batch size do not divide "
+    "the checkpoint's global batch",
+    "`ResumeError` at train start naming both numbers and what to do",
+)
+def keep_global_batch_that_does_not_divide(tmp_path: Path) -> None:
+    from lightning.pytorch.demos.boring_classes import RandomDataset
+    from torch.utils.data import DataLoader
+
+    _fit_loader(tmp_path, DataLoader(RandomDataset(32, 64), batch_size=6), steps=2)
+    with pytest.raises(ResumeError, match=r"global batch of 6 samples is not a multiple of the 4 samples"):
+        _fit_loader(tmp_path, DataLoader(RandomDataset(32, 64), batch_size=4), 4, keep_global_batch=True)
+
+
+class _StopAt(pl.Callback):
+    """Fail at a global step, after that step's save (a crash in the middle of the epoch)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"stopped at step {self.step}")
+
+
+@case(
+    "a mid-epoch restart on another number of ranks with an `IterableDataset` (or a custom sampler, "
+    "several train loaders)",
+    "one warning: the epoch's rest cannot be split exactly (samples repeated or skipped) and what to do",
+)
+def other_ranks_with_an_iterable_dataset(tmp_path: Path) -> None:
+    from lightning.pytorch.demos.boring_classes import RandomIterableDataset
+    from torch.utils.data import DataLoader
+
+    with pytest.raises(RuntimeError, match="stopped at step 3"):
+        _fit_loader(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), 9, _StopAt(3))
+    (run_dir,) = [d for d in (tmp_path / "root" / "runs").glob("*/*/*") if d.is_dir()]
+    # Two real ranks cost two processes; all a restart reads of them is the list of rank states.
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    data = torch.load(checkpoint, weights_only=False)
+    state = data["callbacks"]["RequeueCheckpoint"]
+    state["ranks"] = [state["ranks"][0], state["ranks"][0]]
+    torch.save(data, checkpoint)
+    with pytest.warns(
+        UserWarning, match=r"cannot continue that epoch's order exactly \(.*IterableDataset"
+    ) as w:
+        _fit_loader(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), 6)
+    assert len([m for m in w if "cannot continue" in str(m.message)]) == 1
+
+
 def test_catalogue_entries_are_unique() -> None:
     assert len({c.name for c in CATALOGUE}) == len(CATALOGUE)
     assert len({c.given for c in CATALOGUE}) == len(CATALOGUE)

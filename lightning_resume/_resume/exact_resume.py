@@ -34,6 +34,7 @@ from lightning_resume._resume.lightning_internals import (
 )
 from lightning_resume._resume.quiet_lightning import NOT_RESUMABLE, QuietLightning
 from lightning_resume._resume.resume_state import EpochStart, Loaded, RankState, ResumeState, Stage
+from lightning_resume._resume.world_change import Positioned, WorldChange
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._warnings import warn
 
@@ -54,10 +55,14 @@ def _epoch_start(loaders: list[DataLoader]) -> EpochStart:
 
 
 class ExactResume:
-    """Save and restore the random and data state; ``state_key`` is the callback's in the checkpoint."""
+    """Save and restore the random and data state; ``state_key`` is the callback's in the checkpoint.
 
-    def __init__(self, state_key: str) -> None:
+    ``keep_global_batch``: see :class:`~lightning_resume._resume.world_change.WorldChange`.
+    """
+
+    def __init__(self, state_key: str, keep_global_batch: bool = False) -> None:
         self.state_key = state_key
+        self._world = WorldChange(keep_global_batch)  # another number of ranks (issue 25)
         self.state = ResumeState()
         self._validated_after: Path | None = None
         self._epoch_start: EpochStart | None = None
@@ -66,7 +71,6 @@ class ExactResume:
         self._positioned = False  # plain loaders that this resume puts back at their batch
         self._stateful = False  # every train loader restores its own position
         self._loader_states: list[Any] | None = None  # this rank's saved loader states, to reload
-        self._warned_world_size = False
         self._quiet: QuietLightning | None = None
 
     @property
@@ -96,6 +100,7 @@ class ExactResume:
             and (in_validation or not (epoch_ended or trainer.is_last_batch)),
             "in_validation": in_validation,
             "batches": int(batches),
+            **self._world.to_save(trainer, _train_loaders(trainer), int(batches)),  # issue 25
         }
 
     @contextlib.contextmanager
@@ -135,8 +140,11 @@ class ExactResume:
         if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
             state["before_validation"] = True
         ranks = state.get("ranks") or []
+        if state and WorldChange.resplits(state, trainer):  # issue 25: the epoch's rest is split anew
+            replace_train_loader_states(checkpoint, [])
+            return
         if trainer.world_size <= 1 or len(ranks) != trainer.world_size:
-            return  # rank 0's loader states for everyone (the world size changed: _mine warns)
+            return  # rank 0's loader states for everyone (the world size changed: see world_change)
         loaders = ranks[trainer.global_rank].get("loaders")
         if loaders is not None and replace_train_loader_states(checkpoint, loaders):
             self._loader_states = loaders if state.get("mid_epoch", True) else None
@@ -146,7 +154,7 @@ class ExactResume:
         loaded = Loaded.from_state_dict(state_dict)
         if loaded is not None:
             self.state = self.state.load(loaded)
-            self._warned_world_size = False
+        self._world.load(state_dict)
 
     def after_restore(self, trainer: pl.Trainer) -> None:
         """In ``on_fit_start``: at an epoch boundary the random state goes back now, before the next
@@ -160,13 +168,17 @@ class ExactResume:
         """In ``on_train_start``: the data back at its batch, then the random state."""
         redo_first = self.state.loaded is not None and self.state.loaded.before_validation
         loaders = self._inspect_loaders(trainer, saves_mid_epoch)
-        if self._positioned:
+        # Issue 25: on another number of ranks, the rest of the epoch split over them.
+        positioned = self._world.at_train_start(trainer, self.state.loaded, _train_loaders(trainer))
+        if positioned is Positioned.RESPLIT:
+            self._resplit(trainer, loaders)
+        elif self._positioned:
             self._position_plain_loaders(trainer, loaders)
             self._unquiet()
             self._quiet = QuietLightning(self, NOT_RESUMABLE)  # until the first batch: the position is exact
             self._continue(trainer, at_batch=False)
-        elif self._stateful and trainer.world_size > 1:
-            self._position_stateful_loaders(trainer)
+        elif self._stateful and (trainer.world_size > 1 or positioned is Positioned.SAMPLER):
+            self._position_stateful_loaders(trainer, changed=positioned is Positioned.SAMPLER)
         if redo_first:
             # The validation that followed the saved step runs first: it must draw from the state the
             # step ended with, as it did in the interrupted run (plain loaders restored it above).
@@ -284,7 +296,20 @@ class ExactResume:
         for skipper in skippers:
             skipper.start()
 
-    def _position_stateful_loaders(self, trainer: pl.Trainer) -> None:
+    def _resplit(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
+        """The epoch's rest was split over the ranks (issue 25): a new iterator; plain loaders get
+        their random state back now, as when positioned."""
+        for loader in loaders:
+            data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        self._epoch_start = _epoch_start(loaders)
+        self._loader_states = None
+        restart_train_iterator(trainer)
+        if self._positioned:
+            self._unquiet()
+            self._quiet = QuietLightning(self, NOT_RESUMABLE)
+            self._continue(trainer, at_batch=False)
+
+    def _position_stateful_loaders(self, trainer: pl.Trainer, changed: bool = False) -> None:
         """Under DDP: an order that depends on seed and epoch only, this rank's state, a new iterator.
 
         Lightning made the first iterator in ``FitLoop.setup_data``, before ``set_epoch`` and with the
@@ -292,7 +317,6 @@ class ExactResume:
         runs draw alike.
         """
         loaders = _plain(trainer)
-        changed = False
         for loader in loaders:
             changed |= stateful_loaders.unwrap_random_sampler(loader)
             problem = stateful_loaders.hidden_sampler_problem(loader)
@@ -312,19 +336,9 @@ class ExactResume:
         restart_train_iterator(trainer)
 
     def _mine(self, trainer: pl.Trainer) -> RankState:
-        """This rank's saved states (rank 0's, with one warning, if the world size changed)."""
+        """This rank's saved states (on another number of ranks, the rule of ``rank_states``)."""
         assert self.state.loaded is not None
-        ranks = self.state.loaded.ranks
-        if len(ranks) == trainer.world_size:
-            return ranks[trainer.global_rank]
-        if not self._warned_world_size:
-            self._warned_world_size = True
-            warn(
-                f"The checkpoint holds random states for {len(ranks)} rank(s) but this run has "
-                f"{trainer.world_size}: continuing with rank 0's, so random draws will not match an "
-                "uninterrupted run."
-            )
-        return ranks[0]
+        return self._world.rank_state(self.state.loaded.ranks, trainer)
 
     def _unquiet(self) -> None:
         quiet, self._quiet = self._quiet, None

@@ -26,6 +26,24 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
     iter(fetcher)
 
 
+def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
+    """Make the restored training epoch count ``batches`` of its batches as done (issue 25).
+
+    After a restart on another number of ranks the epoch goes on as an uninterrupted run on the new
+    ranks would, from the same point of its data: the loop's progress (restored from the checkpoint,
+    in batches of the old number of ranks) is moved by the same amount in every counter, so the
+    relations Lightning reads its restart stage from hold. Call from ``on_train_start``.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    trackers: list[Any] = [progress.current, progress.total]  # _ProcessedTracker at runtime
+    delta = batches - trackers[0].processed
+    for tracker in trackers:
+        tracker.ready += delta
+        tracker.started += delta
+        tracker.processed += delta
+        tracker.completed += delta
+
+
 # Where Lightning keeps the training loaders' states in a checkpoint: ``_FitLoop.on_save_checkpoint``
 # stores ``CombinedLoader._state_dicts()`` (one entry per stateful loader, of the saving rank only)
 # and ``_FitLoop.on_load_checkpoint`` takes them from the same place, to load them into the loaders

@@ -104,11 +104,13 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
         if target is None or target.name != choice.path.name:
             swap_pointer(pointer, choice.path.name)
         if choice.manifest is not None and choice.manifest.world_size != trainer.world_size:
-            warn(
-                f"Resuming {str(pointer)!r}, written by {choice.manifest.world_size} rank(s), on "
-                f"{trainer.world_size} rank(s): torch.distributed.checkpoint reshards the model and "
-                "optimizer state; the random state continues from rank 0's and the data order follows the "
-                "new number of ranks, so the run is not bitwise comparable with an uninterrupted one."
+            # The data and random states follow the rules of RequeueCheckpoint's exact resume (issue 25).
+            log.info(
+                "Resuming %r, written by %d rank(s), on %d rank(s): torch.distributed.checkpoint reshards "
+                "the model and optimizer state",
+                str(pointer),
+                choice.manifest.world_size,
+                trainer.world_size,
             )
     barrier(strategy, "lightning_resume.repoint")
     return choice

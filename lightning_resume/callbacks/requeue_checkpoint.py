@@ -92,11 +92,16 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             the mirror (once per node) when the plugin is constructed, before ``fit`` looks for
             ``last.ckpt``. The record that the run has saved (``checkpoints/.saved``) stays in the run
             dir.
+        keep_global_batch: On a restart with another number of ranks, keep the samples per optimizer
+            step of the checkpoint's run by setting ``trainer.accumulate_grad_batches`` (the per-rank
+            batch stays). ``False`` (the default) keeps Lightning's behaviour: the per-rank batch and the
+            accumulation stay, so the global batch scales with the number of ranks.
 
     Raises:
         ValueError: for a non-positive interval.
         MissingCallbackError: at ``setup`` without exactly one ``RunDir`` in the Trainer.
-        ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``.
+        ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``; with
+            ``keep_global_batch``, on a restart whose ranks do not divide the global batch.
 
     Example::
 
@@ -110,12 +115,14 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_minutes: float | None = None,
         save_on_train_epoch_end: bool = True,
         dirpath: str | Path | None = None,
+        keep_global_batch: bool = False,
     ) -> None:
         if every_n_train_steps is not None:
             whole_number("every_n_train_steps", every_n_train_steps, 1, "whole number of steps or None")
         if every_n_minutes is not None:
             positive_number("every_n_minutes", every_n_minutes, "number of minutes or None")
         flag("save_on_train_epoch_end", save_on_train_epoch_end)
+        flag("keep_global_batch", keep_global_batch)
         if dirpath is not None and (not isinstance(dirpath, (str, Path)) or not str(dirpath).strip()):
             raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
         if dirpath is not None:
@@ -128,7 +135,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._run_dir: RunDir | None = None
         self._trainer: pl.Trainer | None = None
         self._redirect = RestartRedirect()
-        self._resume = ExactResume(self.state_key)
+        self.keep_global_batch = keep_global_batch
+        self._resume = ExactResume(self.state_key, keep_global_batch)
         self._epoch_ended = False  # the save in progress is at an epoch end
         self._last_save_step, self._last_save_time = -1, time.monotonic()
         self._marked = False  # checkpoints/.saved is known to exist

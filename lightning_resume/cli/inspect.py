@@ -42,12 +42,31 @@ _RESULTS = {
 }
 
 
+def _world_size_from_file(path: Path) -> int | None:
+    """How many ranks wrote a checkpoint file: the rank states ``RequeueCheckpoint`` stores (one per rank).
+
+    ``None`` for a checkpoint without them (written without ``RequeueCheckpoint``) or one that does not load.
+    """
+    import torch
+
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # the verification column says what is wrong with it
+        return None
+    callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, dict) else None
+    for state in (callbacks or {}).values():
+        if isinstance(state, dict) and isinstance(state.get("ranks"), list) and state["ranks"]:
+            return len(state["ranks"])
+    return None
+
+
 def verify(path: Path) -> dict[str, Any]:
     """Size, checksum and step of one checkpoint file, and whether it can be trusted.
 
     ``result`` is ``verified`` (matches its manifest), ``corrupt`` (torn or corrupt: a manifest exists
     and nothing in it matches), ``unverifiable`` (its manifest cannot be read), ``loads`` (no
-    manifest, but the file loads), ``unreadable``, ``missing`` (a link to nothing) or ``not a file``.
+    manifest, but the file loads), ``unreadable``, ``missing`` (a link to nothing) or ``not a file``;
+    ``world_size``: the ranks that wrote it, where its ``RequeueCheckpoint`` states say (else ``None``).
     A checkpoint directory (a sharded checkpoint, or a link to one) is checked by
     :func:`verify_directory`.
     """
@@ -64,12 +83,14 @@ def verify(path: Path) -> dict[str, Any]:
         step = (
             verdict.manifest.global_step if verdict.status is Status.VERIFIED and verdict.manifest else None
         )
-        return {**info, "step": step, "result": _RESULTS[verdict.status], "reason": verdict.detail}
+        ranks = _world_size_from_file(path) if verdict.status is Status.VERIFIED else None
+        result = _RESULTS[verdict.status]
+        return {**info, "step": step, "world_size": ranks, "result": result, "reason": verdict.detail}
     try:
         info["step"] = step_from_file(path)
     except Exception as e:  # any load failure means the file cannot be resumed from
         return {**info, "result": "unreadable", "error": f"{type(e).__name__}: {e}"}
-    return {**info, "result": "loads"}
+    return {**info, "world_size": _world_size_from_file(path), "result": "loads"}
 
 
 def _is_checkpoint_directory(path: Path) -> bool:

@@ -96,11 +96,12 @@ def run(report: dict[str, Any]) -> None:
             "" if c["size"] is None else f"{c['size']:,}",
             str(c["checksum"] or ""),
             "" if c["step"] is None else str(c["step"]),
+            "" if c.get("world_size") is None else str(c["world_size"]),
             c["result"],
         )
         for c in report["checkpoints"]
     ]
-    table("checkpoints", ("file", "bytes", "checksum", "step", "verification"), rows)
+    table("checkpoints", ("file", "bytes", "checksum", "step", "ranks", "verification"), rows)
     directories = [
         (
             ("-> " if d.get("current") else "") + d["name"],

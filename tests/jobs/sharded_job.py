@@ -60,7 +60,7 @@ class Sharded(pl.LightningModule):
         fully_shard(self.layers, mesh=mesh)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
+        x, y = batch[0], batch[1]  # a third tensor: the sample indices (--epoch-log)
         x = x + 0.01 * torch.randn_like(x)  # exact resume needs the random state back
         return nn.functional.mse_loss(self.layers(x), y)
 
@@ -154,6 +154,31 @@ class Harness(pl.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+# -- another number of ranks (tests/callbacks/test_world_size.py) ----------------------------------
+
+
+class EpochLog(pl.Callback):
+    """Write the epoch, global step, number of ranks and sample indices of every training batch."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        where = f"{trainer.current_epoch} {trainer.global_step} {trainer.world_size}"
+        with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
+            f.write(f"{where}: {' '.join(map(str, batch[2].tolist()))}\n")
+
+
+def indexed(data: TensorDataset, args: argparse.Namespace) -> TensorDataset:
+    """The data set, with each sample's index as a third tensor when the batches are logged."""
+    if not args.epoch_log:
+        return data
+    return TensorDataset(*data.tensors, torch.arange(len(data)))
+
+
+# -- end of another number of ranks ----------------------------------------------------------------
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -173,6 +198,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--mirror-endpoint", default=None, help="an S3 endpoint URL (moto) for --mirror")
     p.add_argument("--preempt-rank", type=int, default=None)
     p.add_argument("--preempt-step", type=int, default=None)
+    p.add_argument("--epoch-log", default=None, help="write 'epoch step ranks: indices' per batch and rank")
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -190,6 +216,8 @@ def main(argv: list[str]) -> None:
     callbacks: list[pl.Callback] = [harness, RequeueCheckpoint(every_n_train_steps=args.every), run_dir]
     if args.preempt_step is not None:
         callbacks.append(PreemptionHandler(requeue=False))
+    if args.epoch_log:
+        callbacks.append(EpochLog(args.epoch_log))
     plugins = None
     if args.durable or args.mirror:
         options: dict[str, Any] = {}
@@ -229,7 +257,7 @@ def main(argv: list[str]) -> None:
     g = torch.Generator().manual_seed(1234)
     data = TensorDataset(torch.randn(64, 32, generator=g), torch.randn(64, 1, generator=g))
     torch.manual_seed(0)
-    trainer.fit(Sharded(), DataLoader(data, batch_size=4, shuffle=True))
+    trainer.fit(Sharded(), DataLoader(indexed(data, args), batch_size=4, shuffle=True))
     if trainer.is_global_zero:
         result = {
             "run_dir": str(run_dir.path),

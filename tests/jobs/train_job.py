@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_resume import (
     DurableCheckpointIO,
@@ -280,6 +280,79 @@ def notice_callbacks(args: argparse.Namespace) -> list[pl.Callback]:
 
 # -- end of preemption notices ---------------------------------------------------------------------
 
+# -- another number of ranks (tests/callbacks/test_world_size.py) ----------------------------------
+
+
+def add_world_size_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epoch-log", default=None, help="write 'epoch step ranks: indices' per batch and rank")
+    p.add_argument("--nodes-from-env", action="store_true", help="num_nodes from an elastic torchrun's env")
+    p.add_argument(
+        "--kill-node-at", type=int, default=None, help="SIGKILL this node (agent too) after a step"
+    )
+    p.add_argument(
+        "--keep-global-batch", action="store_true", help="RequeueCheckpoint(keep_global_batch=True)"
+    )
+    p.add_argument("--accumulate", type=int, default=1, help="Trainer(accumulate_grad_batches=...)")
+    p.add_argument("--no-dropout", action="store_true", help="a model that draws no random numbers")
+    p.add_argument("--own-sampler", action="store_true", help="a DistributedSampler of ours (torchrun only)")
+
+
+class EpochLog(pl.Callback):
+    """Write the epoch, global step, number of ranks and sample indices of every training batch."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        where = f"{trainer.current_epoch} {trainer.global_step} {trainer.world_size}"
+        _append(
+            f"{self.path}.rank{trainer.global_rank}", f"{where}: {' '.join(map(str, batch[2].tolist()))}\n"
+        )
+
+
+class KillNode(pl.Callback):
+    """SIGKILL this node after a global step: the torchrun agent (the parent; its workers run in
+    sessions of their own), then this process's group."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step == self.step:
+            print(f"KILL_NODE rank={trainer.global_rank} step={trainer.global_step}", flush=True)
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def world_size_setup(args: argparse.Namespace, callbacks: list[pl.Callback]) -> None:
+    """Apply the knobs that come before the Trainer: nodes from the environment, callbacks."""
+    if args.nodes_from_env:  # an elastic job: as many nodes as the rendezvous admitted
+        args.nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"])
+    if args.epoch_log:
+        callbacks.append(EpochLog(args.epoch_log))
+    if args.kill_node_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        callbacks.insert(0, KillNode(args.kill_node_at))
+
+
+def world_size_model(model: pl.LightningModule, args: argparse.Namespace) -> pl.LightningModule:
+    if args.no_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    return model
+
+
+def world_size_loader(args: argparse.Namespace, train: Dataset, made: DataLoader) -> DataLoader:
+    """``--own-sampler``: the train loader with a ``DistributedSampler`` made here, from torchrun's env."""
+    if not args.own_sampler:
+        return made
+    ranks, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    sampler = DistributedSampler(train, num_replicas=ranks, rank=rank, shuffle=True, seed=4321)
+    return DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=args.drop_last)
+
+
+# -- end of another number of ranks ----------------------------------------------------------------
+
 # A node-local checkpoint directory, expanded by the process that uses it.
 LOCAL_CKPT = "$TMPDIR/ckpt"
 
@@ -338,6 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
     add_notice_arguments(p)
+    add_world_size_arguments(p)
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -358,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
                 every_n_train_steps=args.every or None,
                 save_on_train_epoch_end=not args.no_epoch_end,
                 dirpath=LOCAL_CKPT if args.local_ckpt else None,
+                keep_global_batch=args.keep_global_batch,
             ),
         )
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
@@ -383,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         callbacks.insert(0, where)
     callbacks[:0] = notice_callbacks(args)
+    world_size_setup(args, callbacks)
     callbacks.insert(0, Probe())
     logger: Any = False
     if args.tracker == "trackio":
@@ -409,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         default_root_dir=args.root,
         val_check_interval=args.val_check_interval,
         num_sanity_val_steps=args.sanity,
+        accumulate_grad_batches=args.accumulate,
+        use_distributed_sampler=not args.own_sampler,
     )
     if args.setup_sleep:
         with open(args.out + ".setup", "w") as f:
@@ -417,8 +495,10 @@ def main(argv: list[str] | None = None) -> None:
     train = Noisy(args.samples, augment=args.augment)
     validation = Noisy(args.val_samples)
     trainer.fit(
-        SlowValidation(args.sample_log, args.val_sleep),
-        train_dataloaders=loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last),
+        world_size_model(SlowValidation(args.sample_log, args.val_sleep), args),
+        train_dataloaders=world_size_loader(
+            args, train, loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last)
+        ),
         val_dataloaders=loader(args.loader, validation, args.val_batch_size, False, args.val_workers),
         ckpt_path=args.ckpt_path,
     )

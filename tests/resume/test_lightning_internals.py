@@ -15,7 +15,7 @@ from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_resume._resume.lightning_internals import (
     MLflowTarget,
@@ -28,12 +28,14 @@ from lightning_resume._resume.lightning_internals import (
     report_checkpoint_path,
     restart_train_iterator,
     saves_directory,
+    set_epoch_position,
     set_mlflow_run,
     settle_validation_progress,
     train_loader_states,
     wrapped_sampler,
 )
 from lightning_resume._resume.redirect import RedirectFirstLoad
+from lightning_resume._resume.remaining_order import RemainingOrder
 
 
 class Recorder(BoringModel):
@@ -131,6 +133,40 @@ def test_train_loader_states_live_where_the_fit_loop_reads_them(tmp_path: Path) 
     model = Seen()
     trainer_for(tmp_path, Replace()).fit(model, ckpt_path=tmp_path / "a.ckpt")
     assert model.first[0] == 5.0  # Lightning loaded the replaced state, not the saved one
+
+
+def test_set_epoch_position_makes_the_resumed_epoch_count_from_the_given_batch(tmp_path: Path) -> None:
+    """Issue 25: a restart that continues an epoch with 2 of its 6 batches left (another split)."""
+
+    class SaveAt2(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 2:
+                trainer.save_checkpoint(tmp_path / "a.ckpt")
+
+    trainer_for(tmp_path, SaveAt2()).fit(Recorder())
+
+    class Rest(pl.Callback):
+        def __init__(self) -> None:
+            self.batch_idx: list[int] = []
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            # As a restart on another number of ranks does: the rest of epoch 0, the whole length kept.
+            whole = DistributedSampler(range(6), num_replicas=1, rank=0, shuffle=False)
+            trainer.train_dataloader.batch_sampler.sampler = RemainingOrder(whole, 0, [4, 5])
+            set_epoch_position(trainer, 4)
+            restart_train_iterator(trainer)
+
+        def on_train_batch_start(
+            self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            self.batch_idx.append(batch_idx)
+
+    model, rest = Recorder(), Rest()
+    trainer = trainer_for(tmp_path, rest, max_epochs=2)
+    trainer.fit(model, ckpt_path=tmp_path / "a.ckpt")
+    assert model.seen == [4, 5, 0, 1, 2, 3, 4, 5]
+    assert rest.batch_idx == [4, 5, 0, 1, 2, 3, 4, 5]  # the epoch ended after its last batch, 5
+    assert trainer.global_step == 2 + 2 + 6
 
 
 def test_the_sampler_lightning_wraps_is_reachable() -> None:
