@@ -56,13 +56,20 @@ def _one_line(exception: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _signal_name(trainer: pl.Trainer, exception: BaseException) -> str:
-    """The preemption signal, as ``PreemptionHandler`` received it (``SIGTERM`` for Lightning's own)."""
+def _signal_name(trainer: pl.Trainer, exception: BaseException) -> tuple[str, str | None]:
+    """The preemption signal (or notice) as ``PreemptionHandler`` stopped on it, and the notice's source.
+
+    ``SIGTERM`` for Lightning's own handling.
+    """
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        report = getattr(callback, "stop_report", None)
+        if report is not None and isinstance(getattr(report, "signal", None), str):
+            notice = getattr(report, "notice", None)
+            return report.signal, getattr(notice, "source", None)
         received = getattr(callback, "received", None)
         if isinstance(received, str):
-            return received
-    return "SIGTERM" if isinstance(exception, SIGTERMException) else "a signal"
+            return received, None
+    return ("SIGTERM" if isinstance(exception, SIGTERMException) else "a signal"), None
 
 
 class AttemptRecorder:
@@ -204,6 +211,26 @@ class AttemptRecorder:
         if self._attempt is not None:
             self._attempt = replace(self._attempt, saves=self._attempt.saves.add(seconds))
 
+    @_never_raises
+    def saved_last_ckpt(self, stall: float | None = None, to_durable: float | None = None) -> None:
+        """Record a save of ``last.ckpt``: its ``stall`` of training, and (once known) its ``to_durable``."""
+        if self._attempt is None:
+            return
+        times = self._attempt.last_ckpt_saves
+        times = times.stalled(stall) if stall is not None else times
+        times = times.durable(to_durable) if to_durable is not None else times
+        self._attempt = replace(self._attempt, last_ckpt_saves=times)
+
+    @_never_raises
+    def chose_cadence(self, choice: dict[str, Any]) -> None:
+        """Record the interval ``every_n_train_steps="auto"`` chose (written at once: ``doctor`` shows it)."""
+        if self._attempt is None:
+            return
+        changes = (self._attempt.cadence or {}).get("changes", -1) + 1
+        cadence = {**choice, "time": round(time.time(), 3), "changes": changes}
+        self._attempt = replace(self._attempt, cadence=cadence)
+        self._flush()
+
     def _close(self, trainer: pl.Trainer, end: End) -> None:
         if self._attempt is None:
             return
@@ -250,8 +277,9 @@ class AttemptRecorder:
         if isinstance(exception, CrashLoopStopped):
             end = End(time.time(), Cause.CRASH_LOOP_STOP, exception.message)
         elif isinstance(exception, (Preempted, SIGTERMException)):
-            sig = _signal_name(trainer, exception)
-            end = End(time.time(), Cause.PREEMPTED, f"preempted by {sig}", signal=sig)
+            sig, notice = _signal_name(trainer, exception)
+            after = f" after a {notice} notice" if notice is not None and not sig.endswith("notice") else ""
+            end = End(time.time(), Cause.PREEMPTED, f"preempted by {sig}{after}", signal=sig, notice=notice)
         else:
             error = _one_line(exception)
             end = End(time.time(), Cause.FAILED, f"failed: {error}", error=error)
