@@ -93,7 +93,7 @@ class End:
         notice: ``preempted``: the source of the preemption notice acted on before the stop, if any.
         error: ``failed``: the exception type and the first line of its message.
         section: ``hung``: where the first rank to report was.
-        step: ``hung``: the step it had reached.
+        step: ``hung``: the step it had reached; ``killed``: its last step, when its step beat told.
         seconds: ``hung``: how long it had made no progress.
         timeout: ``hung``: the timeout it exceeded.
         rank: ``hung``: the first rank to report.
@@ -513,11 +513,51 @@ def with_notes(history: History, notes: Sequence[HangNote]) -> History:
     return history
 
 
+# -- the step beat: the last step of an attempt that is killed ---------------------------------------
+
+#: The file rank 0 overwrites at every step with its attempt, step and time (no fsync: it outlives a
+#: killed process, in the page cache), so that the next attempt knows where a killed one stopped.
+BEAT = ".attempt-step"
+_BEAT_FORMAT = "{:>12d} {:>20d} {:>20.3f}\n"  # one fixed width: an overwrite never leaves a tail
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The last step an attempt reported: its number, the step and when."""
+
+    attempt: int
+    step: int
+    time: float
+
+
+def beat_line(beat: Beat) -> bytes:
+    """The bytes of ``beat`` in the beat file (always the same length)."""
+    return _BEAT_FORMAT.format(beat.attempt, beat.step, beat.time).encode()
+
+
+def read_beat(run_dir: Path) -> Beat | None:
+    """The run dir's step beat (``None`` when there is none or it cannot be read)."""
+    try:
+        attempt, step, when = (run_dir / BEAT).read_text().split()
+        return Beat(int(attempt), int(step), float(when))
+    except (OSError, ValueError):
+        return None
+
+
+def _killed(attempt: Attempt, beat: Beat | None) -> Attempt:
+    """An open record closed as killed: at its beat's step and time when the beat is its own."""
+    if beat is not None and beat.attempt == attempt.number and beat.step >= (attempt.last_step or 0):
+        end = End(beat.time, Cause.KILLED, f"killed after step {beat.step} (no word from it)", step=beat.step)
+        return replace(attempt, last_step=beat.step, last_step_time=beat.time, end=end)
+    return replace(attempt, end=End(attempt.last_seen, Cause.KILLED, "ended without a word (killed?)"))
+
+
 def begin(
     history: History,
     attempt: Attempt,
     checkpoint: Checkpoint | None,
     notes: Sequence[HangNote] = (),
+    beat: Beat | None = None,
 ) -> History:
     """``history`` with ``attempt`` added, and every earlier attempt closed.
 
@@ -529,12 +569,12 @@ def begin(
         attempt: This attempt (its number from :meth:`History.next_number`).
         checkpoint: The newest durable checkpoint now.
         notes: The run dir's hang notes.
+        beat: The run dir's step beat: where a killed attempt stopped.
     """
     history = with_notes(history, notes)
     for earlier in history.attempts:
         if earlier.end is None:
-            ended = End(earlier.last_seen, Cause.KILLED, "ended without a word (killed?)")
-            history = history.with_attempt(replace(earlier, end=ended))
+            history = history.with_attempt(_killed(earlier, beat))
     last = history.last
     # Nothing writes checkpoints between two attempts: the newest one now is the last one's.
     if (

@@ -329,3 +329,23 @@ def duration(seconds: float) -> str:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.0f} s"
 
+
+
+def choice_from_dict(data: Mapping[str, Any]) -> Choice | None:
+    """The :class:`Choice` recorded in an attempt's ``cadence`` (``None`` when it is not one)."""
+    try:
+        bound = data.get("bound")
+        return Choice(
+            steps=int(data["steps"]),
+            seconds=float(data["seconds"]),
+            young_daly=float(data["young_daly"]),
+            bound=Bound(bound) if bound is not None else None,
+            save_stall=float(data["save_stall"]),
+            to_durable=float(data["to_durable"]),
+            step_seconds=float(data["step_seconds"]),
+            between=float(data["between"]),
+            between_source=str(data["between_source"]),
+            between_detail=str(data["between_detail"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -92,6 +92,7 @@ class AttemptRecorder:
         self._durable: Checkpoint | None = None
         self._last_flush = 0.0
         self._failed = False  # an error writing the record was reported once
+        self._beat: int | None = None  # the step beat's file descriptor (rank 0, while training)
 
     @property
     def number(self) -> int | None:
@@ -174,7 +175,8 @@ class AttemptRecorder:
                 launch=launch_key(os.environ),
                 started=process_start_time(),
             )
-            history = attempts.begin(history, attempt, self.durable(trainer), notes)
+            beat = attempts.read_beat(self.run_dir)
+            history = attempts.begin(history, attempt, self.durable(trainer), notes, beat)
             self._history, self._attempt = history, history.get(attempt.number)
             hangs.prune(self.run_dir, {a.number for a in history.attempts})
             self._flush()
@@ -197,6 +199,7 @@ class AttemptRecorder:
         if self._attempt is None:
             return
         self._last_step, self._last_step_time = trainer.global_step, time.time()
+        self._write_beat()
         if self._attempt.first_step is None:
             self._attempt = replace(self._attempt, first_step=self._last_step_time)
             self._last_flush = 0.0  # written at once: the restart's overhead is known
@@ -231,7 +234,25 @@ class AttemptRecorder:
         self._attempt = replace(self._attempt, cadence=cadence)
         self._flush()
 
+    def _write_beat(self) -> None:
+        """Overwrite the step beat in place: one small write per step, no fsync (a kill leaves it)."""
+        assert self._attempt is not None and self._last_step is not None
+        if self._beat == -1:
+            return  # it could not be written: reported once
+        try:
+            if self._beat is None:
+                self._beat = os.open(self.run_dir / attempts.BEAT, os.O_WRONLY | os.O_CREAT, 0o644)
+            beat = attempts.Beat(self._attempt.number, self._last_step, self._last_step_time or 0.0)
+            os.pwrite(self._beat, attempts.beat_line(beat), 0)
+        except OSError as e:
+            self._beat = -1
+            self._report(e)
+
     def _close(self, trainer: pl.Trainer, end: End) -> None:
+        if self._beat is not None and self._beat >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._beat)
+        self._beat = None
         if self._attempt is None:
             return
         checkpoint = self._attempt.checkpoint

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from lightning_resume._run import layout
+from lightning_resume._run import cadence, layout
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
 from lightning_resume.cli.report import GoodputReport
@@ -155,6 +155,9 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
     ]
     if rows:
         table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)
+    chosen = cadence.choice_from_dict(report.get("cadence") or {})
+    if chosen is not None:
+        console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")
 
 
 def _seconds(value: float | None) -> str:

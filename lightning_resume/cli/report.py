@@ -19,8 +19,9 @@ measured here. The definitions (also on the command-line docs page):
 - **save overhead** is the stall of its checkpoint saves (all of them when ``ProgressWatchdog`` timed
   them, else ``RequeueCheckpoint``'s saves of ``last.ckpt``).
 
-The record of a running attempt is written every 30 s: for an attempt that was killed, the last step
-and time are the last ones written, so its steps lost are a lower bound (marked ``>=``).
+A killed attempt's last step comes from its step beat (``attempts.BEAT``, overwritten at every step);
+without one (a node lost with its page cache) it is the last one its record holds, written every 30
+s, and its steps lost are a lower bound (marked ``>=``).
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
                 steps_trained=steps_trained,
                 steps_kept=kept,
                 steps_lost=steps_trained - kept,
-                lost_at_least=cause == Cause.KILLED.value and steps_trained > 0,
+                lost_at_least=cause == Cause.KILLED.value and attempt.end is not None and attempt.end.step is None,
                 step_seconds=step,
                 useful_seconds=kept * (step or 0.0),
                 save_seconds=saved,
