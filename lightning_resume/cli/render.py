@@ -191,7 +191,7 @@ def goodput(found: GoodputReport) -> None:
     ]
     table(
         f"attempts of {found.run_dir}",
-        ("#", "start", "wait", "resumed", "restart", "last step", "end", "lost", "saves", "auto every"),
+        ("#", "start", "wait", "from", "restart", "reached", "end", "lost", "saves", "auto N"),
         rows,
     )
     share = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
