@@ -204,7 +204,9 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
         detail = f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run"
         return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
     if seen.seconds > before.seconds:
-        detail = f"no interruption in {duration(seen.seconds)} of this run, more than the prior {before.detail}"
+        detail = (
+            f"no interruption in {duration(seen.seconds)} of this run, more than the prior {before.detail}"
+        )
         return Between(seen.seconds, "history", f"the history: {detail}")
     return Between(before.seconds, before.source.value, f"the prior: {before.detail}")
 
@@ -274,7 +276,7 @@ class Choice:
         elif self.bound is Bound.ONE_STEP:
             why += ", raised to one step"
         return (
-            f"every {self.steps} steps (~{duration(self.seconds)} at {duration(self.step_seconds)} per step): "
+            f"every {self.steps} steps (~{duration(self.seconds)} at {duration(self.step_seconds)} a step): "
             f"{why}; time between interruptions from {self.between_detail}"
         )
 
@@ -328,7 +330,6 @@ def duration(seconds: float) -> str:
         if seconds >= 1.5 * size:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.0f} s"
-
 
 
 def choice_from_dict(data: Mapping[str, Any]) -> Choice | None:

@@ -222,7 +222,8 @@ class AttemptRecorder:
         times = self._attempt.last_ckpt_saves
         times = times.stalled(stall) if stall is not None else times
         times = times.durable(to_durable) if to_durable is not None else times
-        first = times.count == 1 and stall is not None or times.durable_count == 1 and to_durable is not None
+        first_stall = times.count == 1 and stall is not None
+        first = first_stall or (times.durable_count == 1 and to_durable is not None)
         self._attempt = replace(self._attempt, last_ckpt_saves=times)
         if first:
             self._flush()  # at once: a restart after a kill starts from these figures

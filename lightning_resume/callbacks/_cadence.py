@@ -45,9 +45,11 @@ def checked_interval(value: Any) -> int | str | None:
         TypeError, ValueError: anything else.
     """
     if value is None or value == AUTO:
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, str):
-        raise ValueError(f"every_n_train_steps must be a whole number of steps, 'auto' or None, got {value!r}.")
+        raise ValueError(
+            f"every_n_train_steps must be a whole number of steps, 'auto' or None, got {value!r}."
+        )
     return whole_number("every_n_train_steps", value, 1, "whole number of steps, 'auto' or None")
 
 
@@ -95,7 +97,9 @@ class Cadence:
         expected_interruption_every: The user's prior, in seconds (checked), or ``None``.
     """
 
-    def __init__(self, every_n_train_steps: int | str | None, expected_interruption_every: float | None) -> None:
+    def __init__(
+        self, every_n_train_steps: int | str | None, expected_interruption_every: float | None
+    ) -> None:
         self.fixed = every_n_train_steps if isinstance(every_n_train_steps, int) else None
         self.auto = every_n_train_steps == AUTO
         self.expected_seconds = expected_interruption_every
@@ -218,7 +222,9 @@ class Cadence:
         if durable is None and self._writing is None and stall is not None:
             durable = stall
         step = statistics.median(self._step_times) if len(self._step_times) >= WINDOW else recorded_step
-        step = step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
+        step = (
+            step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
+        )
         if stall is None or durable is None or step is None or self._run_dir is None:
             return self.steps  # measuring: the first save comes after FIRST_SAVE_STEPS
         assert self._prior is not None
@@ -229,7 +235,11 @@ class Cadence:
         if self.choice is None or cadence.material(self.steps, choice.steps):
             first = self.choice is None
             self.choice = choice
-            log.info("RequeueCheckpoint(every_n_train_steps='auto') %s %s", "saves" if first else "now saves", choice.describe())
+            log.info(
+                "RequeueCheckpoint(every_n_train_steps='auto') %s %s",
+                "saves" if first else "now saves",
+                choice.describe(),
+            )
             self._run_dir.attempts.chose_cadence(choice.to_dict())
             return choice.steps
         return self.steps

@@ -233,7 +233,8 @@ def _run_report(args: argparse.Namespace) -> int:
     if not layout.is_run_dir(run_dir):
         raise UsageError(f"{PROG} report: {str(args.run_dir)!r} is not a run dir (no run_meta.json)")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
-        raise UsageError(f"{PROG} report: --plot writes a PNG: give a path ending in .png, got {str(args.plot)!r}")
+        what = f"--plot writes a PNG: give a path ending in .png, got {str(args.plot)!r}"
+        raise UsageError(f"{PROG} report: {what}")
     found = report.report(run_dir)
     if args.json:
         print(json.dumps(found.to_dict(), indent=2))

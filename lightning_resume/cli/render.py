@@ -211,4 +211,5 @@ def goodput(found: GoodputReport) -> None:
             f"{found.cadence.get('between_detail', '')}"
         )
     if found.earlier.get("attempts"):
-        console.print(f"{found.earlier['attempts']} earlier attempt(s) are summed up in attempts.json and left out")
+        earlier = found.earlier["attempts"]
+        console.print(f"{earlier} earlier attempt(s) are summed up in attempts.json and left out")

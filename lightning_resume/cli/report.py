@@ -178,7 +178,9 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         final = last.last_step if last.last_step is not None else 0
     else:
         final = last.checkpoint.step if last.checkpoint is not None else 0
-    per_step = [s for a in found if a.number in trained and (s := _step_seconds(a, a.resumed_from or 0)) is not None]
+    per_step = [
+        s for a in found if a.number in trained and (s := _step_seconds(a, a.resumed_from or 0)) is not None
+    ]
     typical = statistics.median(per_step) if per_step else None
     previous_end: float | None = None
     for index, attempt in enumerate(found):
@@ -210,7 +212,9 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
                 steps_trained=steps_trained,
                 steps_kept=kept,
                 steps_lost=steps_trained - kept,
-                lost_at_least=cause == Cause.KILLED.value and attempt.end is not None and attempt.end.step is None,
+                lost_at_least=cause == Cause.KILLED.value
+                and attempt.end is not None
+                and attempt.end.step is None,
                 step_seconds=step,
                 useful_seconds=kept * (step or 0.0),
                 save_seconds=saved,
@@ -291,14 +295,20 @@ def plot(found: GoodputReport, path: Path) -> Path:
     for index, row in enumerate(rows):
         y = len(rows) - index
         if row.first_step_at is not None:
-            bars.broken_barh([(row.at / scale, (row.first_step_at - row.at) / scale)], (y - 0.3, 0.6), color="#bdbdbd")
+            bars.broken_barh(
+                [(row.at / scale, (row.first_step_at - row.at) / scale)], (y - 0.3, 0.6), color="#bdbdbd"
+            )
             end = row.last_step_at if row.last_step_at is not None else row.first_step_at
             span = max(end - row.first_step_at, 0.0)
             kept_share = row.steps_kept / row.steps_trained if row.steps_trained else 1.0
             kept = span * kept_share
             bars.broken_barh([(row.first_step_at / scale, kept / scale)], (y - 0.3, 0.6), color="#66bb6a")
             if span - kept > 0:
-                bars.broken_barh([((row.first_step_at + kept) / scale, (span - kept) / scale)], (y - 0.3, 0.6), color="#ef5350")
+                bars.broken_barh(
+                    [((row.first_step_at + kept) / scale, (span - kept) / scale)],
+                    (y - 0.3, 0.6),
+                    color="#ef5350",
+                )
             steps.plot(
                 [row.first_step_at / scale, (row.first_step_at + kept) / scale],
                 [(row.resumed_from or 0) + 1, (row.resumed_from or 0) + row.steps_kept],
@@ -313,12 +323,15 @@ def plot(found: GoodputReport, path: Path) -> Path:
                 )
         end_at = row.end_at if row.end_at is not None else (row.last_step_at or row.at)
         bars.plot([end_at / scale], [y], marker="|", markersize=14, color=COLOURS.get(row.cause, "black"))
-        bars.annotate(row.how if row.cause == "preempted" else row.cause, (end_at / scale, y + 0.35), fontsize=7)
+        bars.annotate(
+            row.how if row.cause == "preempted" else row.cause, (end_at / scale, y + 0.35), fontsize=7
+        )
     bars.set_yticks(range(1, len(rows) + 1), [f"attempt {r.attempt}" for r in reversed(rows)])
     bars.set_ylim(0.4, len(rows) + 0.9)  # room for the names of the endings
     goodput = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
     bars.set_title(
-        f"goodput {goodput}: {found.useful_seconds / scale:.1f} {unit} useful of {found.wall_seconds / scale:.1f} "
+        f"goodput {goodput}: {found.useful_seconds / scale:.1f} {unit} useful of "
+        f"{found.wall_seconds / scale:.1f} "
         f"{unit}; {found.steps_lost} steps lost; grey: start to first step, green: kept, red: lost",
         fontsize=9,
     )

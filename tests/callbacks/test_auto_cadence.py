@@ -44,7 +44,9 @@ def test_kills_shorten_the_interval_and_a_restart_starts_from_the_recorded_save_
     assert third.cadence["between_detail"].startswith("the history: 2 interruption(s)")
     assert third.cadence["steps"] < second.cadence["steps"] < first.cadence["steps"]
     # One log line when it is first chosen (and when it changes materially), with the reasons.
-    line = re.search(r"RequeueCheckpoint\(every_n_train_steps='auto'\) saves every (\d+) steps .*", last.output)
+    line = re.search(
+        r"RequeueCheckpoint\(every_n_train_steps='auto'\) saves every (\d+) steps .*", last.output
+    )
     assert line is not None and "save stall" in line.group(0) and "2 interruption(s)" in line.group(0)
 
 
@@ -72,7 +74,9 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
 
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG.format(root=tmp_path / "runs"))
-    cli = LightningCLI(BoringModel, args=["fit", "--config", str(path)], save_config_kwargs={"overwrite": True})
+    cli = LightningCLI(
+        BoringModel, args=["fit", "--config", str(path)], save_config_kwargs={"overwrite": True}
+    )
     (callback,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, RequeueCheckpoint)]
     assert callback.every_n_train_steps == "auto"
     assert callback.expected_interruption_every == timedelta(hours=1, minutes=30)
@@ -81,7 +85,11 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
     assert attempt.cadence is not None and attempt.cadence["between"] == 5400.0  # chosen after its first save
     assert attempt.cadence["between_detail"] == "the prior: expected_interruption_every=1.5 h"
     hydra = instantiate(
-        {"_target_": "lightning_resume.RequeueCheckpoint", "every_n_train_steps": "auto", "expected_interruption_every": 600}
+        {
+            "_target_": "lightning_resume.RequeueCheckpoint",
+            "every_n_train_steps": "auto",
+            "expected_interruption_every": 600,
+        }
     )
     assert hydra.every_n_train_steps == "auto" and hydra._cadence.expected_seconds == 600.0
 
@@ -93,10 +101,16 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
         ({"every_n_train_steps": 0}, ValueError, "every_n_train_steps must be >= 1"),
         ({"every_n_train_steps": True}, TypeError, "every_n_train_steps must be"),
         ({"every_n_train_steps": "auto", "expected_interruption_every": -5}, ValueError, "must be > 0"),
-        ({"every_n_train_steps": "auto", "expected_interruption_every": "1h"}, TypeError, "timedelta, a number"),
+        (
+            {"every_n_train_steps": "auto", "expected_interruption_every": "1h"},
+            TypeError,
+            "timedelta, a number",
+        ),
     ],
 )
-def test_bad_values_are_refused_naming_them(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+def test_bad_values_are_refused_naming_them(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
     with pytest.raises(error, match=re.escape(match)):
         RequeueCheckpoint(**kwargs)
 

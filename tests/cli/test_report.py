@@ -64,7 +64,9 @@ def test_report_reads_back_a_run_with_every_kind_of_ending(
     assert "lost: 2 steps" in text and "1 killed, 1 preempted (SIGTERM), 1 preempted (file notice)" in text
 
 
-def test_report_refuses_what_is_not_a_run_dir_or_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_refuses_what_is_not_a_run_dir_or_a_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "is not a run dir (no run_meta.json)" in capsys.readouterr().err
     (tmp_path / "run_meta.json").write_text("{}")

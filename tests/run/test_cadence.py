@@ -26,7 +26,9 @@ def run_of(*endings: tuple[Cause, int, int | None], seconds: float = 100.0) -> H
         history = attempts.begin(history, Attempt(number, "node", number, None, started=start), saved)
         end = End(start + seconds, cause, cause.value)
         history = history.with_attempt(
-            Attempt(number, "node", number, None, started=start, last_step=last_step, checkpoint=saved, end=end)
+            Attempt(
+                number, "node", number, None, started=start, last_step=last_step, checkpoint=saved, end=end
+            )
         )
     return history
 
@@ -41,7 +43,9 @@ def interval(history: History, now: float, prior_seconds: float = DAY) -> int:
 def test_more_interruptions_in_the_history_choose_a_shorter_interval() -> None:
     calm = run_of((Cause.PREEMPTED, 40, 40), (Cause.FINISHED, 80, 80))
     one_kill = run_of((Cause.KILLED, 40, 30), (Cause.FINISHED, 80, 80))
-    kills = run_of((Cause.KILLED, 40, 30), (Cause.KILLED, 70, 60), (Cause.KILLED, 90, 80), (Cause.FAILED, 95, 90))
+    kills = run_of(
+        (Cause.KILLED, 40, 30), (Cause.KILLED, 70, 60), (Cause.KILLED, 90, 80), (Cause.FAILED, 95, 90)
+    )
     now = 10_000.0
     # The graceful preemption saved its last step: it lost nothing and does not count.
     assert cadence.interruptions(calm, now).count == 0
@@ -118,7 +122,9 @@ def test_save_times_choices_and_endings_round_trip_through_attempts_json(tmp_pat
         started=1.0,
         last_ckpt_saves=times,
         cadence=choice.to_dict(),
-        end=End(9.0, Cause.PREEMPTED, "preempted by SIGTERM after a file notice", signal="SIGTERM", notice="file"),
+        end=End(
+            9.0, Cause.PREEMPTED, "preempted by SIGTERM after a file notice", signal="SIGTERM", notice="file"
+        ),
     )
     attempts.write(tmp_path, History(attempts=(attempt,)))
     back = attempts.read(tmp_path)
@@ -140,10 +146,20 @@ def test_a_killed_attempt_ends_at_its_step_beat_when_the_beat_is_its_own(tmp_pat
     (tmp_path / attempts.BEAT).write_bytes(attempts.beat_line(Beat(1, 57, 1234.5)))
     beat = attempts.read_beat(tmp_path)
     assert beat == Beat(1, 57, 1234.5)
-    open_record = History(attempts=(Attempt(1, "node", 1, None, started=1000.0, last_step=3, last_step_time=1001.0),))
-    closed = attempts.begin(open_record, Attempt(2, "node", 2, None, started=1300.0), Checkpoint(50, 1200.0), beat=beat)
+    open_record = History(
+        attempts=(Attempt(1, "node", 1, None, started=1000.0, last_step=3, last_step_time=1001.0),)
+    )
+    closed = attempts.begin(
+        open_record, Attempt(2, "node", 2, None, started=1300.0), Checkpoint(50, 1200.0), beat=beat
+    )
     first = closed.attempts[0]
-    assert first.end is not None and (first.end.cause, first.end.step, first.end.time) == (Cause.KILLED, 57, 1234.5)
+    assert first.end is not None and (first.end.cause, first.end.step, first.end.time) == (
+        Cause.KILLED,
+        57,
+        1234.5,
+    )
     assert first.last_step == 57
-    stale = attempts.begin(open_record, Attempt(2, "node", 2, None, started=1300.0), None, beat=Beat(9, 1, 0.0))
+    stale = attempts.begin(
+        open_record, Attempt(2, "node", 2, None, started=1300.0), None, beat=Beat(9, 1, 0.0)
+    )
     assert stale.attempts[0].end is not None and stale.attempts[0].end.step is None  # another attempt's beat
