@@ -522,7 +522,7 @@ def cadence_checks(root: Path) -> list[Finding]:
         record = attempts.last_cadence(attempts.read(run_dir))
         chosen = cadence.choice_from_dict(record) if record is not None else None
         if chosen is not None:
-            detail = f"{run_dir.name}: 'auto' saves {chosen.describe()}"
+            detail = f"{run_dir.name}: every_n_train_steps='auto' saves {chosen.describe()}"
             return [Finding(Level.OK, "checkpoint cadence", detail)]
     return []
 
