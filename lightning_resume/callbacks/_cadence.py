@@ -42,12 +42,13 @@ def checked_interval(value: Any) -> int | str | None:
     """``every_n_train_steps``: a whole number >= 1, ``"auto"`` or ``None``.
 
     Raises:
-        TypeError, ValueError: anything else.
+        TypeError: a string other than ``"auto"``, or not a whole number.
+        ValueError: a number below 1.
     """
     if value is None or value == AUTO:
         return value
-    if isinstance(value, str):
-        raise ValueError(
+    if isinstance(value, str):  # "5" stays a wrong type, as before "auto" existed
+        raise TypeError(
             f"every_n_train_steps must be a whole number of steps, 'auto' or None, got {value!r}."
         )
     return whole_number("every_n_train_steps", value, 1, "whole number of steps, 'auto' or None")

@@ -104,8 +104,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             the SLURM time limit, 6 hours on a cloud machine, else a day.
 
     Raises:
-        ValueError: for a non-positive interval, or a string other than ``"auto"``.
-        TypeError: for arguments of the wrong type.
+        ValueError: for a non-positive interval.
+        TypeError: for arguments of the wrong type (a string other than ``"auto"`` included).
         MissingCallbackError: at ``setup`` without exactly one ``RunDir`` in the Trainer.
         ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``.
 

@@ -129,7 +129,7 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"every_n_train_steps": "often"}, ValueError, "'auto' or None, got 'often'"),
+        ({"every_n_train_steps": "often"}, TypeError, "'auto' or None, got 'often'"),
         ({"every_n_train_steps": 0}, ValueError, "every_n_train_steps must be >= 1"),
         ({"every_n_train_steps": True}, TypeError, "every_n_train_steps must be"),
         ({"every_n_train_steps": "auto", "expected_interruption_every": -5}, ValueError, "must be > 0"),
