@@ -5,7 +5,10 @@ its first step ended, the last step it reached, the newest durable checkpoint it
 ended: ``finished``, ``preempted`` (the signal), ``failed`` (the error in one line), ``hung`` (the
 section, step, seconds and stacks files from the ranks' hang notes, see
 ``lightning_resume._run.hangs``), ``killed`` (a record nobody closed: the next attempt deduces it) or
-``crash-loop-stop``. ``ProgressWatchdog`` adds the time its saves took.
+``crash-loop-stop``. ``ProgressWatchdog`` adds the time its saves took (every checkpoint save);
+``RequeueCheckpoint`` adds the stall and the time to durable of its saves of ``last.ckpt`` (what a
+restart starts its estimates from) and the interval ``every_n_train_steps="auto"`` chose (see
+``lightning_resume._run.cadence``).
 
 The file, version 1 (times are wall clock, seconds since the epoch)::
 
@@ -21,6 +24,9 @@ The file, version 1 (times are wall clock, seconds since the epoch)::
         "last_step": 655, "last_step_time": 1717000390.0,
         "checkpoint": {"step": 600, "time": 1717000350.0},   # newest durable one it saw
         "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
+        "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
+                            "durable_count": 3, "max_to_durable": 5.2, "last_to_durable": 4.8},
+        "cadence": {"steps": 120, "seconds": 300.0, ...},   # RequeueCheckpoint(every_n_train_steps="auto")
         "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step",
                 "step": 655, "seconds": 300.2, "timeout": 300.0, "rank": 1,
                 "stacks": ["hangs/attempt-3-rank-0.txt", "hangs/attempt-3-rank-1.txt"]}}]}
@@ -83,10 +89,11 @@ class End:
         time: When it ended (for ``killed``: the last sign of life).
         cause: How.
         detail: One line for people.
-        signal: ``preempted``: the signal's name.
+        signal: ``preempted``: the signal's name, or the notice that stopped it (``"the file notice"``).
+        notice: ``preempted``: the source of the preemption notice acted on before the stop, if any.
         error: ``failed``: the exception type and the first line of its message.
         section: ``hung``: where the first rank to report was.
-        step: ``hung``: the step it had reached.
+        step: ``hung``: the step it had reached; ``killed``: its last step, when its step beat told.
         seconds: ``hung``: how long it had made no progress.
         timeout: ``hung``: the timeout it exceeded.
         rank: ``hung``: the first rank to report.
@@ -97,6 +104,7 @@ class End:
     cause: Cause
     detail: str = ""
     signal: str | None = None
+    notice: str | None = None
     error: str | None = None
     section: str | None = None
     step: int | None = None
@@ -119,6 +127,46 @@ class Saves:
 
 
 @dataclass(frozen=True)
+class LastCkptSaves:
+    """``RequeueCheckpoint``'s saves of ``last.ckpt`` in an attempt, timed around its ``save``.
+
+    Attributes:
+        count: Saves.
+        stall_seconds: Their total stall of the training thread.
+        max_stall: The longest stall.
+        last_stall: The newest save's stall.
+        durable_count: Saves whose time to durable is known (a background write is known once done).
+        max_to_durable: The longest time from the start of a save until it was durable.
+        last_to_durable: The newest one.
+    """
+
+    count: int = 0
+    stall_seconds: float = 0.0
+    max_stall: float = 0.0
+    last_stall: float | None = None
+    durable_count: int = 0
+    max_to_durable: float = 0.0
+    last_to_durable: float | None = None
+
+    def stalled(self, seconds: float) -> LastCkptSaves:
+        return replace(
+            self,
+            count=self.count + 1,
+            stall_seconds=self.stall_seconds + seconds,
+            max_stall=max(self.max_stall, seconds),
+            last_stall=seconds,
+        )
+
+    def durable(self, seconds: float) -> LastCkptSaves:
+        return replace(
+            self,
+            durable_count=self.durable_count + 1,
+            max_to_durable=max(self.max_to_durable, seconds),
+            last_to_durable=seconds,
+        )
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One attempt of the run (one launch of the job), as rank 0 recorded it.
 
@@ -135,6 +183,9 @@ class Attempt:
         last_step_time: When it was seen there.
         checkpoint: The newest durable checkpoint it saw (when it ended, once it has).
         saves: Its checkpoint saves (when ``ProgressWatchdog`` timed them).
+        last_ckpt_saves: Its saves of ``last.ckpt`` (``RequeueCheckpoint`` times them).
+        cadence: The interval ``every_n_train_steps="auto"`` chose last in it (``Choice.to_dict()`` of
+            ``lightning_resume._run.cadence``, with ``time`` and ``changes``), if any.
         end: How it ended (``None``: running, or ended without a word, until the next attempt).
     """
 
@@ -150,6 +201,8 @@ class Attempt:
     last_step_time: float | None = None
     checkpoint: Checkpoint | None = None
     saves: Saves = field(default_factory=Saves)
+    last_ckpt_saves: LastCkptSaves = field(default_factory=LastCkptSaves)
+    cadence: dict[str, Any] | None = None
     end: End | None = None
 
     @property
@@ -226,6 +279,7 @@ def _end(data: Any) -> End | None:
         cause=Cause(data["cause"]),
         detail=str(data.get("detail") or ""),
         signal=data.get("signal"),
+        notice=data.get("notice"),
         error=data.get("error"),
         section=data.get("section"),
         step=data.get("step"),
@@ -239,6 +293,7 @@ def _end(data: Any) -> End | None:
 def attempt_from_dict(data: dict[str, Any]) -> Attempt:
     """An :class:`Attempt` from its JSON object."""
     saves = data.get("saves") or {}
+    last = data.get("last_ckpt_saves") or {}
     return Attempt(
         number=int(data["attempt"]),
         host=str(data.get("host", "")),
@@ -254,12 +309,22 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
         saves=Saves(
             int(saves.get("count", 0)), float(saves.get("seconds", 0.0)), float(saves.get("max_seconds", 0.0))
         ),
+        last_ckpt_saves=LastCkptSaves(
+            count=int(last.get("count", 0)),
+            stall_seconds=float(last.get("stall_seconds", 0.0)),
+            max_stall=float(last.get("max_stall", 0.0)),
+            last_stall=last.get("last_stall"),
+            durable_count=int(last.get("durable_count", 0)),
+            max_to_durable=float(last.get("max_to_durable", 0.0)),
+            last_to_durable=last.get("last_to_durable"),
+        ),
+        cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
         end=_end(data.get("end")),
     )
 
 
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
@@ -268,12 +333,13 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
     def checkpoint(c: Checkpoint | None) -> dict[str, Any] | None:
         return None if c is None else {"step": c.step, "time": _rounded(c.time)}
 
-    end = attempt.end
+    end, last = attempt.end, attempt.last_ckpt_saves
     end_data: dict[str, Any] | None = None
     if end is not None:
         end_data = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
         optional = {
             "signal": end.signal,
+            "notice": end.notice,
             "error": end.error,
             "section": end.section,
             "step": end.step,
@@ -301,6 +367,16 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
             "seconds": round(attempt.saves.seconds, 3),
             "max_seconds": round(attempt.saves.max_seconds, 3),
         },
+        "last_ckpt_saves": {
+            "count": last.count,
+            "stall_seconds": round(last.stall_seconds, 4),
+            "max_stall": round(last.max_stall, 4),
+            "last_stall": _rounded(last.last_stall, 4),
+            "durable_count": last.durable_count,
+            "max_to_durable": round(last.max_to_durable, 4),
+            "last_to_durable": _rounded(last.last_to_durable, 4),
+        },
+        "cadence": attempt.cadence,
         "end": end_data,
     }
 
@@ -437,11 +513,51 @@ def with_notes(history: History, notes: Sequence[HangNote]) -> History:
     return history
 
 
+# -- the step beat: the last step of an attempt that is killed ---------------------------------------
+
+#: The file rank 0 overwrites at every step with its attempt, step and time (no fsync: it outlives a
+#: killed process, in the page cache), so that the next attempt knows where a killed one stopped.
+BEAT = ".attempt-step"
+_BEAT_FORMAT = "{:>12d} {:>20d} {:>20.3f}\n"  # one fixed width: an overwrite never leaves a tail
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The last step an attempt reported: its number, the step and when."""
+
+    attempt: int
+    step: int
+    time: float
+
+
+def beat_line(beat: Beat) -> bytes:
+    """The bytes of ``beat`` in the beat file (always the same length)."""
+    return _BEAT_FORMAT.format(beat.attempt, beat.step, beat.time).encode()
+
+
+def read_beat(run_dir: Path) -> Beat | None:
+    """The run dir's step beat (``None`` when there is none or it cannot be read)."""
+    try:
+        attempt, step, when = (run_dir / BEAT).read_text().split()
+        return Beat(int(attempt), int(step), float(when))
+    except (OSError, ValueError):
+        return None
+
+
+def _killed(attempt: Attempt, beat: Beat | None) -> Attempt:
+    """An open record closed as killed: at its beat's step and time when the beat is its own."""
+    if beat is not None and beat.attempt == attempt.number and beat.step >= (attempt.last_step or 0):
+        end = End(beat.time, Cause.KILLED, f"killed after step {beat.step} (no word from it)", step=beat.step)
+        return replace(attempt, last_step=beat.step, last_step_time=beat.time, end=end)
+    return replace(attempt, end=End(attempt.last_seen, Cause.KILLED, "ended without a word (killed?)"))
+
+
 def begin(
     history: History,
     attempt: Attempt,
     checkpoint: Checkpoint | None,
     notes: Sequence[HangNote] = (),
+    beat: Beat | None = None,
 ) -> History:
     """``history`` with ``attempt`` added, and every earlier attempt closed.
 
@@ -453,12 +569,12 @@ def begin(
         attempt: This attempt (its number from :meth:`History.next_number`).
         checkpoint: The newest durable checkpoint now.
         notes: The run dir's hang notes.
+        beat: The run dir's step beat: where a killed attempt stopped.
     """
     history = with_notes(history, notes)
     for earlier in history.attempts:
         if earlier.end is None:
-            ended = End(earlier.last_seen, Cause.KILLED, "ended without a word (killed?)")
-            history = history.with_attempt(replace(earlier, end=ended))
+            history = history.with_attempt(_killed(earlier, beat))
     last = history.last
     # Nothing writes checkpoints between two attempts: the newest one now is the last one's.
     if (
@@ -524,3 +640,22 @@ def exposure(history: History) -> tuple[float, int]:
         seconds += max(attempt.end.time - attempt.started, 0.0)
         interruptions += attempt.end.cause in INTERRUPTIONS
     return seconds, interruptions
+
+
+def last_measured(history: History) -> LastCkptSaves | None:
+    """The ``last.ckpt`` save times of the newest attempt that saved one (what a restart starts from)."""
+    for attempt in reversed(history.attempts):
+        if attempt.last_ckpt_saves.count:
+            return attempt.last_ckpt_saves
+    return None
+
+
+def last_cadence(history: History) -> dict[str, Any] | None:
+    """The interval ``every_n_train_steps="auto"`` chose last in the run, if any."""
+    return next((a.cadence for a in reversed(history.attempts) if a.cadence is not None), None)
+
+
+def recorded_to_durable(run_dir: Path) -> float | None:
+    """The longest time to durable of the newest attempt of ``run_dir`` that measured one (or ``None``)."""
+    measured = last_measured(read(run_dir))
+    return measured.max_to_durable if measured is not None and measured.durable_count else None

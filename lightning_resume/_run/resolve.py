@@ -628,13 +628,11 @@ def process_start_time() -> float:
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
+        # The boot time from the uptime (10 ms), not /proc/stat's btime (whole seconds): the start is
+        # compared with time.time() (a restart's overhead, the wait between attempts).
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
         return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 

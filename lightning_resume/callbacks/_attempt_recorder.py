@@ -57,13 +57,20 @@ def _one_line(exception: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _signal_name(trainer: pl.Trainer, exception: BaseException) -> str:
-    """The preemption signal, as ``PreemptionHandler`` received it (``SIGTERM`` for Lightning's own)."""
+def _signal_name(trainer: pl.Trainer, exception: BaseException) -> tuple[str, str | None]:
+    """The preemption signal (or notice) as ``PreemptionHandler`` stopped on it, and the notice's source.
+
+    ``SIGTERM`` for Lightning's own handling.
+    """
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        report = getattr(callback, "stop_report", None)
+        if report is not None and isinstance(getattr(report, "signal", None), str):
+            notice = getattr(report, "notice", None)
+            return report.signal, getattr(notice, "source", None)
         received = getattr(callback, "received", None)
         if isinstance(received, str):
-            return received
-    return "SIGTERM" if isinstance(exception, SIGTERMException) else "a signal"
+            return received, None
+    return ("SIGTERM" if isinstance(exception, SIGTERMException) else "a signal"), None
 
 
 class AttemptRecorder:
@@ -86,6 +93,7 @@ class AttemptRecorder:
         self._durable: Checkpoint | None = None
         self._last_flush = 0.0
         self._failed = False  # an error writing the record was reported once
+        self._beat: int | None = None  # the step beat's file descriptor (rank 0, while training)
 
     @property
     def number(self) -> int | None:
@@ -166,7 +174,8 @@ class AttemptRecorder:
                 launch=launch_key(os.environ),
                 started=process_start_time(),
             )
-            history = attempts.begin(history, attempt, self.durable(trainer), notes)
+            beat = attempts.read_beat(self.run_dir)
+            history = attempts.begin(history, attempt, self.durable(trainer), notes, beat)
             self._history, self._attempt = history, history.get(attempt.number)
             hangs.prune(self.run_dir, {a.number for a in history.attempts})
             self._flush()
@@ -189,6 +198,7 @@ class AttemptRecorder:
         if self._attempt is None:
             return
         self._last_step, self._last_step_time = trainer.global_step, time.time()
+        self._write_beat()
         if self._attempt.first_step is None:
             self._attempt = replace(self._attempt, first_step=self._last_step_time)
             self._last_flush = 0.0  # written at once: the restart's overhead is known
@@ -203,7 +213,49 @@ class AttemptRecorder:
         if self._attempt is not None:
             self._attempt = replace(self._attempt, saves=self._attempt.saves.add(seconds))
 
+    @_never_raises
+    def saved_last_ckpt(self, stall: float | None = None, to_durable: float | None = None) -> None:
+        """Record a save of ``last.ckpt``: its ``stall`` of training, and (once known) its ``to_durable``."""
+        if self._attempt is None:
+            return
+        times = self._attempt.last_ckpt_saves
+        times = times.stalled(stall) if stall is not None else times
+        times = times.durable(to_durable) if to_durable is not None else times
+        first_stall = times.count == 1 and stall is not None
+        first = first_stall or (times.durable_count == 1 and to_durable is not None)
+        self._attempt = replace(self._attempt, last_ckpt_saves=times)
+        if first:
+            self._flush()  # at once: a restart after a kill starts from these figures
+
+    @_never_raises
+    def chose_cadence(self, choice: dict[str, Any]) -> None:
+        """Record the interval ``every_n_train_steps="auto"`` chose (written at once: ``doctor`` shows it)."""
+        if self._attempt is None:
+            return
+        changes = (self._attempt.cadence or {}).get("changes", -1) + 1
+        cadence = {**choice, "time": round(time.time(), 3), "changes": changes}
+        self._attempt = replace(self._attempt, cadence=cadence)
+        self._flush()
+
+    def _write_beat(self) -> None:
+        """Overwrite the step beat in place: one small write per step, no fsync (a kill leaves it)."""
+        assert self._attempt is not None and self._last_step is not None
+        if self._beat == -1:
+            return  # it could not be written: reported once
+        try:
+            if self._beat is None:
+                self._beat = os.open(self.run_dir / attempts.BEAT, os.O_WRONLY | os.O_CREAT, 0o644)
+            beat = attempts.Beat(self._attempt.number, self._last_step, self._last_step_time or 0.0)
+            os.pwrite(self._beat, attempts.beat_line(beat), 0)
+        except OSError as e:
+            self._beat = -1
+            self._report(e)
+
     def _close(self, trainer: pl.Trainer, end: End) -> None:
+        if self._beat is not None and self._beat >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._beat)
+        self._beat = None
         if self._attempt is None:
             return
         checkpoint = self._attempt.checkpoint
@@ -249,8 +301,9 @@ class AttemptRecorder:
         if isinstance(exception, CrashLoopStopped):
             end = End(time.time(), Cause.CRASH_LOOP_STOP, exception.message)
         elif isinstance(exception, (Preempted, SIGTERMException)):
-            sig = _signal_name(trainer, exception)
-            end = End(time.time(), Cause.PREEMPTED, f"preempted by {sig}", signal=sig)
+            sig, notice = _signal_name(trainer, exception)
+            after = f" after a {notice} notice" if notice is not None and not sig.endswith("notice") else ""
+            end = End(time.time(), Cause.PREEMPTED, f"preempted by {sig}{after}", signal=sig, notice=notice)
         else:
             error = _one_line(exception)
             end = End(time.time(), Cause.FAILED, f"failed: {error}", error=error)

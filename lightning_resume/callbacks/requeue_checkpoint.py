@@ -9,8 +9,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
@@ -18,7 +19,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from lightning_resume._checks import flag, positive_number, whole_number
+from lightning_resume._checks import flag, positive_number
 from lightning_resume._collectives import broadcast
 from lightning_resume._resume.exact_resume import ExactResume
 from lightning_resume._resume.lightning_internals import saves_directory
@@ -32,6 +33,7 @@ from lightning_resume._sharded.choice import prepare_resume
 from lightning_resume._sharded.saver import DirectorySaver
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
+from lightning_resume.callbacks._cadence import Cadence, checked_interval, checked_seconds
 from lightning_resume.callbacks._find import find_one, missing
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import Preempted
@@ -81,8 +83,14 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     ``checkpoint_io`` plugin that writes atomically (such as
     :class:`~lightning_resume.DurableCheckpointIO`), the plugin writes ``last.ckpt`` itself.
 
+    With ``every_n_train_steps="auto"`` the interval is chosen from the measured stall of a save and
+    the run's expected time between interruptions (Young/Daly, see the RequeueCheckpoint page), at
+    least the measured time a save takes to be durable, re-evaluated after each save, the same on
+    every rank, logged and recorded in the run's ``attempts.json``.
+
     Args:
-        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps).
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
+            an interval chosen from measurements, see above).
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch.
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
@@ -96,9 +104,13 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             step of the checkpoint's run by setting ``trainer.accumulate_grad_batches`` (the per-rank
             batch stays). ``False`` (the default) keeps Lightning's behaviour: the per-rank batch and the
             accumulation stay, so the global batch scales with the number of ranks.
+        expected_interruption_every: With ``"auto"``: how often this job expects to be interrupted
+            (a ``timedelta``, seconds, or ``"h:m:s"`` in YAML), until its own history says; default:
+            the SLURM time limit, 6 hours on a cloud machine, else a day.
 
     Raises:
         ValueError: for a non-positive interval.
+        TypeError: for arguments of the wrong type (a string other than ``"auto"`` included).
         MissingCallbackError: at ``setup`` without exactly one ``RunDir`` in the Trainer.
         ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``; with
             ``keep_global_batch``, on a restart whose ranks do not divide the global batch.
@@ -111,14 +123,15 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     def __init__(
         self,
-        every_n_train_steps: int | None = None,
+        every_n_train_steps: int | Literal["auto"] | None = None,
         every_n_minutes: float | None = None,
         save_on_train_epoch_end: bool = True,
         dirpath: str | Path | None = None,
         keep_global_batch: bool = False,
+        expected_interruption_every: timedelta | float | None = None,
     ) -> None:
-        if every_n_train_steps is not None:
-            whole_number("every_n_train_steps", every_n_train_steps, 1, "whole number of steps or None")
+        every_n_train_steps = checked_interval(every_n_train_steps)  # type: ignore[assignment]
+        expected = checked_seconds(expected_interruption_every)
         if every_n_minutes is not None:
             positive_number("every_n_minutes", every_n_minutes, "number of minutes or None")
         flag("save_on_train_epoch_end", save_on_train_epoch_end)
@@ -130,6 +143,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         super().__init__(dirpath=".", filename=LAST)
         self._dirpath = dirpath  # Lightning's own ``dirpath`` attribute stays unused (ckpt_path is ours)
         self.every_n_train_steps = every_n_train_steps
+        self.expected_interruption_every = expected_interruption_every
+        self._cadence = Cadence(every_n_train_steps, expected)  # times every save; chooses "auto"
         self.every_n_minutes = every_n_minutes
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._run_dir: RunDir | None = None
@@ -221,6 +236,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        assert self._run_dir is not None
+        self._cadence.start(trainer, self._run_dir)
         self._resume.at_train_start(
             trainer, saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes)
         )
@@ -304,7 +321,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         step = trainer.global_step
         if step == self._last_save_step:
             return False  # gradient accumulation: no optimizer step since the last save
-        due = bool(self.every_n_train_steps and step % self.every_n_train_steps == 0)
+        due = self._cadence.due(trainer, self._last_save_step)  # every N steps, or the "auto" interval
         if self.every_n_minutes is not None:
             elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
             # Clocks differ between ranks: rank 0 decides for all of them.
@@ -320,6 +337,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
         the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
         """
+        self._cadence.saving(trainer)
         # An epoch can end before its last batch (max_steps, limit_train_batches): Lightning then
         # resumes at the next epoch, so the random state belongs to an epoch boundary.
         self._epoch_ended = epoch_ended or trainer.is_last_batch
@@ -342,6 +360,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
                 fsync_file(partial)
                 replace_durably(partial, self.ckpt_path)
         self._mark_saved(trainer)
+        self._cadence.saved(trainer)  # the stall; the time to durable now or once written
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._epoch_ended = False
         self._last_save_step = trainer.global_step

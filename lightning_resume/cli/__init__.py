@@ -208,6 +208,50 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- report (goodput) -----------------------------------------------------------------------------------
+
+
+def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir (it holds run_meta.json)")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="also draw the timeline as a PNG at this path (needs matplotlib)",
+    )
+    _add_json(parser)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    import json
+
+    from lightning_resume._run import layout
+    from lightning_resume.cli import render, report
+
+    run_dir = args.run_dir.expanduser().resolve()
+    if not layout.is_run_dir(run_dir):
+        raise UsageError(f"{PROG} report: {str(args.run_dir)!r} is not a run dir (no run_meta.json)")
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        what = f"--plot writes a PNG: give a path ending in .png, got {str(args.plot)!r}"
+        raise UsageError(f"{PROG} report: {what}")
+    found = report.report(run_dir)
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        render.goodput(found)
+    if args.plot is not None:
+        try:
+            path = report.plot(found, args.plot.expanduser())
+        except ImportError as e:
+            raise UsageError(f"{PROG} report: {e}") from None
+        except OSError as e:
+            print(f"{PROG} report: could not write {args.plot}: {e}", file=sys.stderr)
+            return 1
+        print(f"timeline: {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
 # -- reset-crash-loop (ProgressWatchdog) ----------------------------------------------------------------
 
 
@@ -273,6 +317,18 @@ COMMANDS: dict[str, Command] = {
         ),
         add_arguments=_add_doctor_arguments,
         run=_run_doctor,
+    ),
+    "report": Command(
+        help="show a run's attempts on a timeline, what each interruption cost, and its goodput",
+        description=(
+            "From the run dir's attempts.json: each attempt's start, the step it resumed from, how it ended "
+            "(preempted by a signal or a notice, killed, hung, crashed, finished), the steps it lost, its "
+            "restart overhead (start to first step) and save overhead, and the run's goodput: the time of "
+            "the steps that are part of the final result over the wall time. --plot FILE.png also draws the "
+            "timeline (matplotlib)."
+        ),
+        add_arguments=_add_report_arguments,
+        run=_run_report,
     ),
     "reset-crash-loop": Command(
         help="let the next attempt of a run stopped by ProgressWatchdog's crash-loop rule train again",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._run import grace, layout, signals, watchdog_timeouts
+from lightning_resume._run import attempts, cadence, grace, layout, signals, watchdog_timeouts
 from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
 from lightning_resume._run.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
@@ -507,6 +507,26 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     ]
 
 
+def cadence_checks(root: Path) -> list[Finding]:
+    """The interval ``RequeueCheckpoint(every_n_train_steps="auto")`` chose last, in the newest run under
+    ``root`` that used it, and why (nothing when no run did)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.glob(f"{layout.RUN_GLOB}/{layout.ATTEMPTS}"):
+        try:
+            found.append((path.stat().st_mtime, path.parent))
+        except OSError:
+            continue
+    for _, run_dir in sorted(found, reverse=True):
+        record = attempts.last_cadence(attempts.read(run_dir))
+        chosen = cadence.choice_from_dict(record) if record is not None else None
+        if chosen is not None:
+            detail = f"{run_dir.name}: every_n_train_steps='auto' saves {chosen.describe()}"
+            return [Finding(Level.OK, "checkpoint cadence", detail)]
+    return []
+
+
 def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAULT_BYTES) -> list[Finding]:
     """All checks, in the order they are shown (``write_bytes=0`` skips the timed write)."""
     speed = measure_root(root, write_bytes)  # once, for the write speed and the grace windows
@@ -517,5 +537,6 @@ def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAUL
         *write_speed_checks(root, speed),
         *grace_checks(root, environ, speed),
         *hang_checks(root, environ),
+        *cadence_checks(root),
         *tracker_checks(environ),
     ]

@@ -260,6 +260,7 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
             "reset_after": history.reset_after,
         },
         "watchdog_timeouts": settings.get("timeouts"),
+        "cadence": attempts.last_cadence(history),
     }
 
 

@@ -9,9 +9,10 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from lightning_resume._run import layout
+from lightning_resume._run import cadence, layout
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
+from lightning_resume.cli.report import GoodputReport
 
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
 
@@ -155,3 +156,61 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
     ]
     if rows:
         table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)
+    chosen = cadence.choice_from_dict(report.get("cadence") or {})
+    if chosen is not None:
+        console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    if value >= 90:
+        return _age(value)
+    return f"{value:.1f}s"
+
+
+def goodput(found: GoodputReport) -> None:
+    """``lightning-resume report``: the attempts, then the run's totals and goodput."""
+    console = Console()
+    if not found.attempts:
+        console.print(f"{found.run_dir}: no attempts recorded (attempts.json is missing or empty)")
+        return
+    rows = [
+        (
+            str(r.attempt),
+            f"+{_seconds(r.at)}" if r.at else "0",
+            _seconds(r.wait_before),
+            "fresh" if r.resumed_from is None else str(r.resumed_from),
+            _seconds(r.restart_overhead),
+            "" if r.last_step is None else str(r.last_step),
+            r.how if r.cause in ("preempted", "failed", "running") else r.cause,
+            (">=" if r.lost_at_least else "") + str(r.steps_lost),
+            f"{_seconds(r.save_seconds)} ({r.saves})" if r.saves else "",
+            "" if r.cadence_steps is None else str(r.cadence_steps),
+        )
+        for r in found.attempts
+    ]
+    table(
+        f"attempts of {found.run_dir}",
+        ("#", "start", "wait", "from", "restart", "reached", "end", "lost", "saves", "auto N"),
+        rows,
+    )
+    share = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
+    console.print(
+        f"goodput {share}: {_seconds(found.useful_seconds)} of training kept in the final result (step "
+        f"{found.final_step}) over {_seconds(found.wall_seconds)} of wall time"
+    )
+    console.print(
+        f"lost: {found.steps_lost} steps; restart overhead {_seconds(found.restart_seconds)}, save stall "
+        f"{_seconds(found.save_seconds)}, waiting between attempts {_seconds(found.wait_seconds)}"
+    )
+    if found.interruptions:
+        console.print("interruptions: " + ", ".join(f"{n} {why}" for why, n in found.interruptions.items()))
+    if found.cadence:
+        console.print(
+            f"every_n_train_steps='auto': every {found.cadence.get('steps')} steps, "
+            f"{found.cadence.get('between_detail', '')}"
+        )
+    if found.earlier.get("attempts"):
+        earlier = found.earlier["attempts"]
+        console.print(f"{earlier} earlier attempt(s) are summed up in attempts.json and left out")

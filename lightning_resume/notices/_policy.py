@@ -31,10 +31,13 @@ def stop_time(deadline: float, seconds_to_durable: float, margin: float) -> floa
     return deadline - seconds_to_durable - margin
 
 
-def expected_seconds_to_durable(*measured: float | None) -> float:
-    """The longest measured time to durable (saves of this run), or the default before any."""
+def expected_seconds_to_durable(*measured: float | None, recorded: float | None = None) -> float:
+    """The longest time to durable measured in this attempt; before any, the one ``recorded`` in the
+    run's attempt history (an earlier attempt's saves of ``last.ckpt``), else the default."""
     known = [seconds for seconds in measured if seconds is not None]
-    return max(known) if known else DEFAULT_SECONDS_TO_DURABLE
+    if known:
+        return max(known)
+    return recorded if recorded is not None else DEFAULT_SECONDS_TO_DURABLE
 
 
 def decide(

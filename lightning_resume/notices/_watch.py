@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_resume._checks import positive_number
+from lightning_resume._run.attempts import recorded_to_durable
+from lightning_resume._run.binding import PROCESS
 from lightning_resume._warnings import warn
 from lightning_resume.notices._aws_spot_notice import AwsSpotNotice
 from lightning_resume.notices._azure_notice import AzureNotice
@@ -139,6 +141,7 @@ class NoticeWatch:
         self.poller: NoticePoller | None = None
         self.record: NoticeRecord | None = None
         self.measured: float | None = None  # the longest time to durable of the saves made for notices
+        self.recorded: float | None = None  # the run's, from its attempt history (before any measurement)
         self._last_check: float | None = None
         self._periods: collections.deque[float] = collections.deque(maxlen=PERIOD_WINDOW)
 
@@ -150,6 +153,7 @@ class NoticeWatch:
         """
         self.stop()
         self.record, self.measured, self._last_check = None, None, None  # a new fit
+        self.recorded = recorded_to_durable(PROCESS.current.path) if PROCESS.current is not None else None
         self._periods.clear()
         mine = [
             source
@@ -191,7 +195,7 @@ class NoticeWatch:
 
     def seconds_to_durable(self, written: float | None) -> float:
         """Expected seconds from the start of a save until it is durable."""
-        return expected_seconds_to_durable(self.measured, written)
+        return expected_seconds_to_durable(self.measured, written, recorded=self.recorded)
 
     def acting_on(self, notice: Notice) -> NoticeRecord:
         """The record of the first notice the ranks act on (begun now for ``notice`` if none is)."""

@@ -369,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--kill-rank", type=int, default=0, help="the rank that SIGKILLs its process group")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--every", type=int, default=2)
+    p.add_argument("--every", type=lambda v: v if v == "auto" else int(v), default=2, help="N or auto")
+    p.add_argument("--expect-every", type=float, default=None, help="expected_interruption_every (s)")
     p.add_argument("--loader", choices=["stateful", "plain"], default="stateful")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--ckpt-path", default=None)
@@ -430,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             0,
             RequeueCheckpoint(
                 every_n_train_steps=args.every or None,
+                expected_interruption_every=args.expect_every,
                 save_on_train_epoch_end=not args.no_epoch_end,
                 dirpath=LOCAL_CKPT if args.local_ckpt else None,
                 keep_global_batch=args.keep_global_batch,

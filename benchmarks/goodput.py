@@ -1,0 +1,560 @@
+"""Goodput under preemption: plain Lightning against lightning_resume, side by side in one run.
+
+A training job runs under a seeded preemption process and is relaunched after every exit, the way a
+SLURM requeue relaunches it (same run dir key, ``--requeue-wait`` seconds later), until it finishes.
+Preemptions arrive as a Poisson process in wall-clock time (mean ``--mtbp`` seconds; the same seeded
+arrivals for every row of a rate), each one of three kinds (``--mix``):
+
+- ``sigterm``: SIGTERM to the trainer, SIGKILL to its process group ``--grace`` seconds later
+  (a scheduler's preemption with a grace window: SLURM's KillWait, Kubernetes' grace period);
+- ``notice``: a warning ``--notice-lead`` seconds before the SIGTERM, then SIGKILL ``--notice-grace``
+  seconds after it (a spot reclaim). lightning_resume rows with notices poll a ``FileNotice`` the
+  preemption process writes (with the deadline); plain Lightning gets SIGUSR1 at the warning, what
+  ``sbatch --signal=USR1@lead`` delivers to its SLURM auto-requeue handler;
+- ``sigkill``: SIGKILL to the process group, no warning (node loss, OOM killer).
+
+Arrivals while no job is running (between attempts) or while one is already being stopped are dropped.
+
+The job: a small MLP whose step is padded to ``--step-ms`` with a sleep (a GPU step, as the CPU sees
+it), with ``--state-mb`` MB of extra state in a buffer (a checkpoint of that size: the saves are
+real), trained for ``--steps`` optimizer steps on one epoch of a plain shuffled ``DataLoader``.
+Rows:
+
+- ``plain Lightning every N``: ``ModelCheckpoint(every_n_train_steps=N, save_last=True)`` and
+  ``fit(ckpt_path="last")``, run with SLURM's variables set so that ``SLURMEnvironment`` and its
+  auto-requeue handler are active (``scontrol`` is a stub that succeeds: the relaunch loop is the
+  requeue). On SIGUSR1 that handler writes ``hpc_ckpt_N.ckpt``, which ``ckpt_path="last"`` never
+  loads; on SIGTERM Lightning stops at the next step with no save. Its resume is not exact (a plain
+  ``DataLoader`` is restarted from its first batch, no random state is restored).
+- ``ours every N``: ``RunDir`` + ``RequeueCheckpoint(every_n_train_steps=N)`` + ``PreemptionHandler``
+  (+ ``DurableCheckpointIO()``, asynchronous, unless ``--sync``); a sweep over ``--sweep`` values of N.
+- ``ours auto``: ``RequeueCheckpoint(every_n_train_steps="auto", expected_interruption_every=MTBP)``
+  (the user's rough idea of the preemption rate; ``--no-prior``: none, the history alone).
+- ``ours auto + notices``: the same with ``PreemptionHandler(notices=[FileNotice(...)], notice_margin=1)``.
+
+Columns: goodput (the steps' own time, ``--steps`` x the median step time of an uninterrupted run,
+over the row's wall time from the first launch to the finish, requeue waits included); steps lost per
+preemption (the steps trained and not part of the final result, read from a per-step progress file,
+over the preemptions that hit a running job), per noticed one, and per SIGKILL; the mean restart
+overhead (a relaunch to the end of its first step: imports, the checkpoint load, the first step);
+whether the final weights are bitwise equal to the uninterrupted run's; for our rows, the goodput
+``lightning-resume report`` computes from ``attempts.json`` (a check of the report). A last table
+compares, per rate, plain Lightning, the best fixed N of the sweep, ``auto`` and ``auto + notices``,
+and a PNG plots goodput against the mean time between preemptions (its path is printed).
+
+Usage::
+
+    python benchmarks/goodput.py --quick        # 300 steps, 6 rows, one rate: about 5 min quiet
+                                                # (--quick's rate: half the uninterrupted run's wall time)
+    python benchmarks/goodput.py                # 4 rates x 9 rows of 2000 steps: about 2 hours, quiet machine
+
+Targets (of the issue, not asserted): with notices, <= 1 step lost per noticed preemption on average;
+``auto`` within 2 goodput points of the best fixed N at every rate; ours ahead of plain Lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = ("sigterm", "notice", "sigkill")
+#: --quick's mean time between preemptions, in uninterrupted runs' wall times.
+QUICK_MTBP_SHARE = 0.5
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- the job (run as ``goodput.py --job ...`` in a process of its own) --------------------------------
+
+
+def job(args: argparse.Namespace) -> None:
+    """Train the benchmark's model with the row's checkpointing; write every step to the progress file."""
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            generator = torch.Generator().manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+            # The rest of a large model's state: it makes the checkpoints (and their saves) that large.
+            self.register_buffer("ballast", torch.randn(int(args.state_mb * 2**20 / 4), generator=generator))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            time.sleep(args.step_ms / 1000)  # the rest of a GPU step, as the CPU sees it
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.net.parameters(), lr=0.01)
+
+    class Progress(pl.Callback):
+        def __init__(self) -> None:
+            # Open for the job's life; one line per step survives a SIGKILL.
+            self.out = open(args.progress, "a", buffering=1)  # noqa: SIM115
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+            self.out.write(f"{args.attempt} {trainer.global_step} {time.time():.4f}\n")
+
+    pl.seed_everything(1234, workers=True)
+    generator = torch.Generator().manual_seed(1)
+    n = args.steps * args.batch
+    data = TensorDataset(torch.randn(n, 32, generator=generator), torch.randn(n, 1, generator=generator))
+    loader = DataLoader(data, batch_size=args.batch, shuffle=True)
+    callbacks: list[pl.Callback] = [Progress()]
+    plugins: list[Any] = []
+    ckpt_path: str | None = None
+    if args.row_kind == "plain":
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks.append(
+            ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_last=True)
+        )
+        ckpt_path = "last"
+    else:
+        from lightning_resume import DurableCheckpointIO, PreemptionHandler, RequeueCheckpoint, RunDir
+        from lightning_resume.notices import FileNotice
+
+        every: int | str = "auto" if args.every == 0 else args.every
+        expected = args.expected if args.expected > 0 else None
+        notices = [FileNotice(args.notice_file, interval=0.05)] if args.row_kind == "notices" else None
+        callbacks += [
+            RunDir(root=args.root),
+            RequeueCheckpoint(
+                every_n_train_steps=every, save_on_train_epoch_end=False, expected_interruption_every=expected
+            ),
+            PreemptionHandler(notices=notices, notice_margin=1.0),
+        ]
+        plugins = [] if args.sync else [DurableCheckpointIO()]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.steps,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        plugins=plugins or None,
+        default_root_dir=args.root,
+    )
+    trainer.fit(Net(), train_dataloaders=loader, ckpt_path=ckpt_path)
+    if trainer.global_step >= args.steps:
+        torch.save(trainer.lightning_module.state_dict(), args.final)
+
+
+# -- the preemption process and the relaunch loop -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """A preemption: ``at`` seconds after the row's first launch, of one of :data:`KINDS`."""
+
+    at: float
+    kind: str
+
+
+def arrivals(seed: int, mean: float, horizon: float, mix: dict[str, float]) -> list[Event]:
+    """Poisson arrivals (mean ``mean`` s apart) up to ``horizon`` s, each of a kind drawn by ``mix``."""
+    rng = random.Random(seed)
+    kinds, weights = list(mix), list(mix.values())
+    events, now = [], 0.0
+    while True:
+        now += rng.expovariate(1.0 / mean)
+        if now > horizon:
+            return events
+        events.append(Event(now, rng.choices(kinds, weights)[0]))
+
+
+@dataclass(frozen=True)
+class Row:
+    """A configuration: ``kind`` ``plain``, ``ours`` or ``notices``; ``every`` N, or 0 for ``"auto"``."""
+
+    kind: str
+    every: int
+
+    @property
+    def name(self) -> str:
+        if self.kind == "plain":
+            return f"plain Lightning every {self.every}"
+        cadence = "auto" if self.every == 0 else f"every {self.every}"
+        return f"ours {cadence}" + (" + notices" if self.kind == "notices" else "")
+
+
+@dataclass
+class Launch:
+    """One attempt as the relaunch loop saw it."""
+
+    started: float  # time.time() at the launch
+    ended_by: str | None = None  # the kind of the preemption delivered to it
+    returncode: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What one row did."""
+
+    row: Row
+    wall: float
+    launches: list[Launch]
+    progress: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # attempt: (step, time)
+    finished: bool = False
+    exact: bool | None = None
+    report_goodput: float | None = None
+
+    def losses(self) -> list[tuple[str | None, int]]:
+        """Per attempt that trained: the preemption that ended it and the steps it lost."""
+        trained = [a for a in sorted(self.progress) if self.progress[a]]
+        found = []
+        for index, attempt in enumerate(trained):
+            steps = self.progress[attempt]
+            reached = steps[-1][0]
+            later = [self.progress[a][0][0] - 1 for a in trained[index + 1 :]]  # the steps they resumed from
+            kept_to = min(later) if later else reached
+            found.append((self.launches[attempt - 1].ended_by, max(reached - max(kept_to, 0), 0)))
+        return found
+
+    def restart_overhead(self) -> float | None:
+        """Mean of the relaunches' time from launch to the end of their first step."""
+        times = [
+            self.progress[a][0][1] - self.launches[a - 1].started
+            for a in sorted(self.progress)
+            if a > 1 and self.progress[a]
+        ]
+        return statistics.mean(times) if times else None
+
+
+def _kill(pid: int, sig: signal.Signals, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig) if group else os.kill(pid, sig)
+
+
+def run_row(row: Row, events: list[Event], args: argparse.Namespace, work: Path, expected: float) -> Outcome:
+    """Run ``row`` under ``events`` until the job finishes (or ``--row-timeout``), relaunching it."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    stub = work / "bin"
+    stub.mkdir()
+    (stub / "scontrol").write_text('#!/bin/sh\necho "stub scontrol $*"\nexit 0\n')
+    (stub / "scontrol").chmod(0o755)
+    progress, final, notice = work / "progress.log", work / "final.pt", work / "preempted"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LIGHTNING_RESUME_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONWARNINGS"] = "ignore"
+    if row.kind == "plain":
+        # SLURMEnvironment is detected from these; the stub scontrol answers its requeue.
+        env.update(
+            SLURM_JOB_ID="4242",
+            SLURM_NTASKS="1",
+            SLURM_JOB_NAME="goodput",
+            SLURM_NODELIST="localhost",
+            SLURM_PROCID="0",
+            SLURM_LOCALID="0",
+            SLURM_NODEID="0",
+            PATH=f"{stub}{os.pathsep}{env['PATH']}",
+        )
+    else:
+        env["LIGHTNING_RESUME_KEY"] = "goodput"
+    pending = list(events)
+    launches: list[Launch] = []
+    origin = time.monotonic()
+    while not final.exists():
+        if time.monotonic() - origin > args.row_timeout:
+            break
+        now = time.monotonic() - origin
+        pending = [e for e in pending if e.at > now]  # nothing to preempt between attempts
+        notice.unlink(missing_ok=True)
+        launch = Launch(time.time())
+        launches.append(launch)
+        command = [
+            sys.executable, __file__, "--job", "--row-kind", row.kind, "--every", str(row.every),
+            "--attempt", str(len(launches)), "--progress", str(progress), "--final", str(final),
+            "--root", str(work / "runs"), "--ckpt-dir", str(work / "ckpt"), "--notice-file", str(notice),
+            "--steps", str(args.steps), "--step-ms", str(args.step_ms), "--state-mb", str(args.state_mb),
+            "--batch", str(args.batch), "--expected", str(0 if args.no_prior else expected),
+        ] + (["--sync"] if args.sync else [])  # fmt: skip
+        with open(work / "job.log", "a") as log:
+            proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        scheduled: list[tuple[float, signal.Signals, bool]] = []
+        while proc.poll() is None:
+            now = time.monotonic() - origin
+            while pending and pending[0].at <= now:
+                event = pending.pop(0)
+                if launch.ended_by is not None:
+                    continue  # already being stopped
+                launch.ended_by = event.kind
+                if event.kind == "sigkill":
+                    _kill(proc.pid, signal.SIGKILL, group=True)
+                elif event.kind == "sigterm":
+                    _kill(proc.pid, signal.SIGTERM, group=False)
+                    scheduled.append((now + args.grace, signal.SIGKILL, True))
+                else:
+                    if row.kind == "plain":
+                        _kill(proc.pid, signal.SIGUSR1, group=False)
+                    else:
+                        deadline = time.time() + args.notice_lead
+                        (work / "preempted.tmp").write_text(f"{deadline:.3f}\n")
+                        os.replace(work / "preempted.tmp", notice)
+                    scheduled.append((now + args.notice_lead, signal.SIGTERM, False))
+                    scheduled.append((now + args.notice_lead + args.notice_grace, signal.SIGKILL, True))
+            for item in [s for s in scheduled if s[0] <= now]:
+                scheduled.remove(item)
+                _kill(proc.pid, item[1], item[2])
+            time.sleep(0.01)
+        launch.returncode = proc.returncode
+        _kill(proc.pid, signal.SIGKILL, group=True)  # a checkpoint writer left behind: this node is gone
+        if not final.exists():
+            time.sleep(args.requeue_wait)
+    outcome = Outcome(row, time.monotonic() - origin, launches, finished=final.exists())
+    for line in progress.read_text().splitlines() if progress.exists() else []:
+        attempt, step, when = line.split()
+        outcome.progress.setdefault(int(attempt), []).append((int(step), float(when)))
+    if row.kind != "plain":
+        from lightning_resume._run import layout
+        from lightning_resume.cli.report import report
+
+        run_dirs = layout.run_dirs(work / "runs")
+        if run_dirs:
+            outcome.report_goodput = report(run_dirs[0]).goodput
+    return outcome
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    left, right = torch.load(a), torch.load(b)
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+# -- tables and the picture ---------------------------------------------------------------------------
+
+
+def _mean(values: list[int]) -> str:
+    return f"{statistics.mean(values):.1f}" if values else "-"
+
+
+def summarise(outcome: Outcome, useful: float) -> dict[str, Any]:
+    losses = outcome.losses()
+    hit = [lost for kind, lost in losses if kind is not None]
+    overhead = outcome.restart_overhead()
+    return {
+        "row": outcome.row.name,
+        "goodput": useful / outcome.wall if outcome.finished else None,
+        "report_goodput": outcome.report_goodput,
+        "preemptions": sum(1 for launch in outcome.launches if launch.ended_by),
+        "lost_per_preemption": _mean(hit),
+        "lost_per_notice": _mean([lost for kind, lost in losses if kind == "notice"]),
+        "lost_per_sigkill": _mean([lost for kind, lost in losses if kind == "sigkill"]),
+        "restart_overhead": overhead,
+        "wall": outcome.wall,
+        "exact": outcome.exact,
+        "finished": outcome.finished,
+    }
+
+
+def print_rate(mtbp: float, rows: list[dict[str, Any]]) -> None:
+    from lightning_resume.cli.render import table
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    table(
+        f"mean time between preemptions {mtbp:g} s",
+        ("row", "goodput", "report", "preempt.", "lost/preempt.", "lost/notice", "lost/SIGKILL", "restart s",
+         "wall s", "bitwise"),
+        [
+            (
+                r["row"], pct(r["goodput"]) if r["finished"] else "did not finish", pct(r["report_goodput"]),
+                str(r["preemptions"]), r["lost_per_preemption"], r["lost_per_notice"], r["lost_per_sigkill"],
+                "-" if r["restart_overhead"] is None else f"{r['restart_overhead']:.1f}", f"{r['wall']:.0f}",
+                {True: "yes", False: "no", None: "-"}[r["exact"]],
+            )
+            for r in rows
+        ],
+    )  # fmt: skip
+
+
+def best_of(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
+    found = [r for r in rows if r["row"].startswith(prefix) and r["goodput"] is not None]
+    return max(found, key=lambda r: r["goodput"]) if found else None
+
+
+def plot(results: dict[float, list[dict[str, Any]]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted(results)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    lines = {
+        "plain Lightning": lambda rows: best_of(rows, "plain Lightning"),
+        "ours, best fixed N": lambda rows: best_of(
+            [r for r in rows if "notices" not in r["row"]], "ours every"
+        ),
+        "ours auto": lambda rows: next((r for r in rows if r["row"] == "ours auto"), None),
+        "ours auto + notices": lambda rows: next(
+            (r for r in rows if r["row"] == "ours auto + notices"), None
+        ),
+    }
+    for label, pick in lines.items():
+        points = [(rate, row["goodput"]) for rate in rates if (row := pick(results[rate])) and row["goodput"]]
+        if points:
+            axes.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=label)
+    axes.set_xscale("log")
+    axes.set_xlabel("mean time between preemptions (s)")
+    axes.set_ylabel("goodput (%)")
+    axes.set_title("Goodput under preemption (useful step time / wall time)")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument(
+        "--quick", action="store_true", help="one rate (from the machine's speed), 300 steps, 3 fixed N"
+    )
+    parser.add_argument("--mtbp", type=float, nargs="+", default=None, help="mean s between preemptions")
+    parser.add_argument("--sweep", type=int, nargs="+", default=None, help="fixed N for our rows")
+    parser.add_argument("--plain-every", type=int, default=50, help="N of the plain Lightning row")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the job")
+    parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--state-mb", type=float, default=64.0, help="checkpoint size (MB)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--mix", default="sigterm=0.4,notice=0.3,sigkill=0.3")
+    parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, kind sigterm")
+    parser.add_argument("--notice-lead", type=float, default=6.0, help="notice to SIGTERM, kind notice")
+    parser.add_argument("--notice-grace", type=float, default=0.5, help="SIGTERM to SIGKILL, kind notice")
+    parser.add_argument("--requeue-wait", type=float, default=2.0, help="seconds between exit and relaunch")
+    parser.add_argument("--seed", type=int, default=None, help="of the arrivals (default: 0; --quick: 1)")
+    parser.add_argument("--sync", action="store_true", help="our rows without DurableCheckpointIO")
+    parser.add_argument("--no-prior", action="store_true", help="'auto' without expected_interruption_every")
+    parser.add_argument("--row-timeout", type=float, default=None, help="give a row up after this many s")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: temporary)")
+    parser.add_argument("--plot", type=Path, default=Path("goodput.png"), help="the PNG written")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    # The job's own arguments.
+    parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--row-kind", "--progress", "--final", "--root", "--ckpt-dir", "--notice-file"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    parser.add_argument("--every", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--expected", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.job:
+        job(args)
+        return
+    args.mtbp = args.mtbp or (None if args.quick else [30.0, 60.0, 120.0, 300.0])
+    args.sweep = args.sweep or ([25, 50, 100] if args.quick else [10, 25, 50, 100, 200, 400])
+    args.steps = args.steps or (300 if args.quick else 2000)
+    # Seed 1's first arrivals bring each kind of preemption within --quick's few runs' time.
+    args.seed = args.seed if args.seed is not None else (1 if args.quick else 0)
+    args.row_timeout = args.row_timeout or max(600.0, 40 * args.steps * args.step_ms / 1000)
+    mix = {kind: float(weight) for kind, _, weight in (p.partition("=") for p in args.mix.split(","))}
+    if set(mix) - set(KINDS):
+        parser.error(f"--mix kinds are {', '.join(KINDS)}, got {args.mix!r}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="goodput-"))
+    os.environ.setdefault("COLUMNS", "150")  # rich's tables: one line per row in a log file
+    started = time.monotonic()
+    print(
+        f"{args.steps} steps of {args.step_ms:g} ms, {args.state_mb:g} MB checkpoints, preemptions "
+        f"{args.mix} (grace {args.grace:g} s; notice {args.notice_lead:g} s ahead, then "
+        f"{args.notice_grace:g} s), requeue "
+        f"wait {args.requeue_wait:g} s, seed {args.seed}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    try:
+        reference = run_row(Row("ours", 0), [], args, workdir / "reference", expected=0.0)
+        times = [b[1] - a[1] for steps in reference.progress.values() for a, b in itertools.pairwise(steps)]
+        step = statistics.median(times)
+        useful = args.steps * step
+        print(f"uninterrupted: {reference.wall:.1f} s wall, median step {step * 1e3:.1f} ms", flush=True)
+        if not reference.finished:
+            raise SystemExit(f"the uninterrupted run did not finish: see {workdir / 'reference' / 'job.log'}")
+        if args.mtbp is None:
+            # --quick: one rate scaled to this machine (a loaded one starts and steps slower), about two
+            # preemptions per uninterrupted run's time.
+            args.mtbp = [float(round(QUICK_MTBP_SHARE * reference.wall))]
+            print(f"--quick: mean time between preemptions {args.mtbp[0]:g} s", flush=True)
+        rows = [Row("plain", args.plain_every), *(Row("ours", n) for n in args.sweep), Row("ours", 0),
+                Row("notices", 0)]  # fmt: skip
+        results: dict[float, list[dict[str, Any]]] = {}
+        for index, mtbp in enumerate(args.mtbp):
+            horizon = 50 * args.steps * args.step_ms / 1000 + 100 * mtbp
+            events = arrivals(args.seed + index, mtbp, horizon, mix)
+            results[mtbp] = []
+            for row in rows:
+                outcome = run_row(row, events, args, workdir / f"{mtbp:g}" / row.name.replace(" ", "-"), mtbp)
+                final = workdir / f"{mtbp:g}" / row.name.replace(" ", "-") / "final.pt"
+                outcome.exact = (
+                    same_weights(final, workdir / "reference" / "final.pt") if outcome.finished else None
+                )
+                results[mtbp].append(summarise(outcome, useful))
+                print(f"  {row.name}: {results[mtbp][-1]['wall']:.0f} s", flush=True)
+            print_rate(mtbp, results[mtbp])
+        comparison = []
+        for mtbp, found in results.items():
+            plain = best_of(found, "plain Lightning")
+            fixed = best_of([r for r in found if "notices" not in r["row"]], "ours every")
+            auto = next((r for r in found if r["row"] == "ours auto"), None)
+            noticed = next((r for r in found if r["row"] == "ours auto + notices"), None)
+
+            def share(r: dict[str, Any] | None) -> str:
+                return "-" if r is None or r["goodput"] is None else f"{r['goodput']:.1%}"
+
+            gap = (
+                f"{100 * (auto['goodput'] - fixed['goodput']):+.1f}"
+                if auto and fixed and auto["goodput"] is not None and fixed["goodput"] is not None
+                else "-"
+            )
+            comparison.append(
+                (f"{mtbp:g}", share(plain), f"{share(fixed)} ({fixed['row'][5:] if fixed else '-'})",
+                 share(auto), gap, share(noticed), noticed["lost_per_notice"] if noticed else "-")
+            )  # fmt: skip
+        from lightning_resume.cli.render import table
+
+        table(
+            "goodput per rate",
+            ("MTBP s", "plain Lightning", "ours best fixed", "ours auto", "auto - best (points)",
+             "auto + notices", "lost/notice"),
+            comparison,
+        )  # fmt: skip
+        print(f"plot: {plot(results, args.plot).resolve()}")
+        if args.json:
+            args.json.write_text(json.dumps({str(k): v for k, v in results.items()}, indent=2))
+        print(f"total {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

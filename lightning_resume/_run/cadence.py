@@ -1,0 +1,352 @@
+"""The checkpoint interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Young/Daly, bounded. Pure.
+
+An interruption that loses work costs, on average, half an interval of training; a save costs its
+stall on the training thread. Young's first-order optimum of the sum is
+
+    interval = sqrt(2 x save stall x mean time between interruptions)
+
+(Young 1974; Daly 2006 bounds it by the mean time between interruptions when a save is that costly).
+Here:
+
+- the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
+  rank's), not the background write;
+- the **mean time between interruptions** comes from the run's own attempt history
+  (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the
+  interruptions that lost work) as soon as it holds one; before that, from a :class:`Prior`: the
+  user's ``expected_interruption_every``, else the shortest of the SLURM time limit, an assumed
+  :data:`CLOUD_SECONDS` on a cloud virtual machine (possibly spot or preemptible) and
+  :data:`DEFAULT_SECONDS`;
+- the interval is at least the measured **time to durable** (a save is never started while the
+  previous one is still being written) and one step, and at most the mean time between
+  interruptions; it is converted to steps with the measured **step time**;
+- a new interval replaces the current one only when it differs by more than :data:`HYSTERESIS`
+  (:func:`material`), so that noise in the measurements does not move it at every save.
+
+Pure standard library; the callback gathers the measurements and the facts (``callbacks/_cadence.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lightning_resume._run.attempts import INTERRUPTIONS, Attempt, Cause, History
+
+#: The mean time between interruptions assumed when nothing else is known: a day.
+DEFAULT_SECONDS = 24 * 3600.0
+#: The mean time between interruptions assumed on a cloud virtual machine (it may be spot or
+#: preemptible, which the firmware strings do not tell): six hours.
+CLOUD_SECONDS = 6 * 3600.0
+#: Steps trained before the first save of a run that has no save measured yet (it measures one).
+FIRST_SAVE_STEPS = 10
+#: A new interval replaces the current one only when it is this many times longer or shorter.
+HYSTERESIS = 1.25
+
+
+class PriorSource(str, enum.Enum):
+    """Where the expected time between interruptions comes from before the history has any."""
+
+    USER = "user"
+    SLURM_TIME_LIMIT = "slurm time limit"
+    CLOUD = "cloud"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The expected time between interruptions before the run has seen one.
+
+    Attributes:
+        seconds: The expected time.
+        source: Where it comes from.
+        detail: For people (``"RequeueCheckpoint(expected_interruption_every=3600 s)"``).
+    """
+
+    seconds: float
+    source: PriorSource
+    detail: str
+
+
+def prior(
+    user_seconds: float | None = None,
+    time_limit_seconds: float | None = None,
+    cloud: str | None = None,
+) -> Prior:
+    """The prior: the user's value, else the shortest of the scheduler's and machine's, else a day.
+
+    Args:
+        user_seconds: ``RequeueCheckpoint(expected_interruption_every=...)`` in seconds.
+        time_limit_seconds: The SLURM job's time limit (the job ends, and is requeued, that often).
+        cloud: The cloud this machine is a virtual machine of (``"aws"``, ``"gce"``, ``"azure"``).
+    """
+    if user_seconds is not None:
+        return Prior(user_seconds, PriorSource.USER, f"expected_interruption_every={duration(user_seconds)}")
+    found = [Prior(DEFAULT_SECONDS, PriorSource.DEFAULT, f"assumed {duration(DEFAULT_SECONDS)}")]
+    if cloud is not None:
+        detail = f"a {cloud} virtual machine (may be spot): assumed {duration(CLOUD_SECONDS)}"
+        found.append(Prior(CLOUD_SECONDS, PriorSource.CLOUD, detail))
+    if time_limit_seconds is not None and time_limit_seconds > 0:
+        detail = f"the SLURM time limit, {duration(time_limit_seconds)}"
+        found.append(Prior(time_limit_seconds, PriorSource.SLURM_TIME_LIMIT, detail))
+    return min(found, key=lambda p: p.seconds)
+
+
+def parse_time_limit(text: str) -> float | None:
+    """``TimeLimit=`` of ``scontrol -o show job`` in seconds (``None``: ``UNLIMITED`` or absent).
+
+    SLURM writes ``[days-]hours:minutes:seconds`` (``2-00:00:00``, ``01:30:00``, ``30:00``).
+    """
+    found = re.search(r"(?:^|\s)TimeLimit=(\S+)", text)
+    if found is None:
+        return None
+    value = found.group(1)
+    days, _, clock = value.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None  # UNLIMITED, Partition_Limit, NONE
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    if len(parts) == 1:
+        seconds *= 60  # minutes alone
+    return float(seconds + int(days or 0) * 86400)
+
+
+def slurm_time_limit(environ: Mapping[str, str], scontrol_show_job: str | None = None) -> float | None:
+    """The SLURM job's time limit in seconds: ``$SLURM_JOB_END_TIME - $SLURM_JOB_START_TIME`` (SLURM
+    23.02 and later), else ``TimeLimit=`` in ``scontrol -o show job`` output; ``None`` when unknown."""
+    try:
+        start = int(environ.get("SLURM_JOB_START_TIME", "").strip())
+        end = int(environ.get("SLURM_JOB_END_TIME", "").strip())
+    except ValueError:
+        start = end = 0
+    if start > 0 and end > start:
+        return float(end - start)
+    return parse_time_limit(scontrol_show_job) if scontrol_show_job else None
+
+
+# -- the run's own history ---------------------------------------------------------------------------
+
+
+def lost_work(attempt: Attempt) -> bool:
+    """Whether an attempt ended by an interruption that lost the work since its last durable save.
+
+    ``killed`` always counts (nothing says when it died); ``preempted``, ``failed`` and ``hung`` count
+    unless the newest durable checkpoint holds the last step it reached (a preemption whose save at the
+    signal or notice was durable lost nothing, and does not shorten the interval).
+    """
+    end = attempt.end
+    if end is None or end.cause not in INTERRUPTIONS:
+        return False
+    if end.cause is Cause.KILLED:
+        return True
+    if attempt.last_step is None:
+        return False  # ended before training: no work to lose
+    return attempt.checkpoint is None or attempt.checkpoint.step < attempt.last_step
+
+
+@dataclass(frozen=True)
+class Interruptions:
+    """What the run's history says about its interruptions.
+
+    Attributes:
+        seconds: How long its attempts ran (start to end; the running one until now).
+        count: Interruptions that lost work (:func:`lost_work`; the summed-up earlier attempts count
+            every interruption).
+        attempts: Attempts counted.
+    """
+
+    seconds: float
+    count: int
+    attempts: int
+
+
+def interruptions(history: History, now: float) -> Interruptions:
+    """The run's exposure and lossy interruptions; an open record counts as running until ``now``.
+
+    Only the last attempt may be open (the running one); earlier open records are closed by the
+    next attempt's start (``attempts.begin``).
+    """
+    seconds, count = history.earlier.seconds, history.earlier.interruptions
+    for attempt in history.attempts:
+        end = attempt.end.time if attempt.end is not None else now
+        seconds += max(end - attempt.started, 0.0)
+        count += lost_work(attempt)
+    return Interruptions(seconds, count, history.earlier.attempts + len(history.attempts))
+
+
+@dataclass(frozen=True)
+class Between:
+    """The expected time between interruptions and where it comes from.
+
+    Attributes:
+        seconds: The expected time.
+        source: ``"history"`` or the prior's source.
+        detail: For people.
+    """
+
+    seconds: float
+    source: str
+    detail: str
+
+
+def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
+    """From the history once it holds an interruption (its seconds over their number); else the prior.
+
+    Without any interruption yet, the run has gone ``seen.seconds`` without one: the expected time is
+    at least that, and the prior when longer.
+    """
+    if seen.count:
+        detail = f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run"
+        return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
+    if seen.seconds > before.seconds:
+        detail = (
+            f"no interruption in {duration(seen.seconds)} of this run, more than the prior {before.detail}"
+        )
+        return Between(seen.seconds, "history", f"the history: {detail}")
+    return Between(before.seconds, before.source.value, f"the prior: {before.detail}")
+
+
+# -- the interval -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the interval is computed from, measured in this run.
+
+    Attributes:
+        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (the slowest rank).
+        to_durable: Seconds from the start of a save until it is durable (``save_stall`` or more).
+        step_seconds: Seconds per optimizer step (saves left out).
+    """
+
+    save_stall: float
+    to_durable: float
+    step_seconds: float
+
+
+class Bound(str, enum.Enum):
+    """What limited the interval, if anything."""
+
+    TO_DURABLE = "time to durable"
+    BETWEEN = "time between interruptions"
+    ONE_STEP = "one step"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An interval chosen by :func:`choose`, with its inputs (for the log, the history and ``doctor``).
+
+    Attributes:
+        steps: Save every this many optimizer steps.
+        seconds: The interval in seconds (``steps`` x the step time).
+        young_daly: ``sqrt(2 x save stall x time between interruptions)``, before the bounds.
+        bound: What limited it (``None``: Young/Daly's value).
+        save_stall, to_durable, step_seconds: The measurements.
+        between: The expected time between interruptions.
+        between_source: Where it comes from (``"history"``, or the prior's source).
+        between_detail: For people.
+    """
+
+    steps: int
+    seconds: float
+    young_daly: float
+    bound: Bound | None
+    save_stall: float
+    to_durable: float
+    step_seconds: float
+    between: float
+    between_source: str
+    between_detail: str
+
+    def describe(self) -> str:
+        """One line: the interval, and why."""
+        why = (
+            f"sqrt(2 x {duration(self.save_stall)} save stall x {duration(self.between)} between "
+            f"interruptions) = {duration(self.young_daly)}"
+        )
+        if self.bound is Bound.TO_DURABLE:
+            why += f", raised to the {duration(self.to_durable)} a save takes to be durable"
+        elif self.bound is Bound.BETWEEN:
+            why += ", lowered to the time between interruptions"
+        elif self.bound is Bound.ONE_STEP:
+            why += ", raised to one step"
+        return (
+            f"every {self.steps} steps (~{duration(self.seconds)} at {duration(self.step_seconds)} a step): "
+            f"{why}; time between interruptions from {self.between_detail}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["bound"] = self.bound.value if self.bound is not None else None
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
+
+
+def young_daly(save_stall: float, between: float) -> float:
+    """``sqrt(2 x save_stall x between)``: the interval that loses the least time on average."""
+    return math.sqrt(2.0 * max(save_stall, 0.0) * max(between, 0.0))
+
+
+def choose(measured: Measurements, between: Between) -> Choice:
+    """The interval for these measurements: Young/Daly, then the bounds, in steps."""
+    ideal = young_daly(measured.save_stall, between.seconds)
+    seconds, bound = ideal, None
+    if seconds > between.seconds:
+        seconds, bound = between.seconds, Bound.BETWEEN  # Daly: a save that costly, once per interruption
+    if seconds < measured.to_durable:
+        seconds, bound = measured.to_durable, Bound.TO_DURABLE  # never two saves in flight back to back
+    step = max(measured.step_seconds, 1e-9)
+    steps = max(1, math.ceil(seconds / step - 1e-9))
+    if seconds < step:
+        bound = Bound.ONE_STEP
+    return Choice(
+        steps=steps,
+        seconds=steps * measured.step_seconds,
+        young_daly=ideal,
+        bound=bound,
+        save_stall=measured.save_stall,
+        to_durable=measured.to_durable,
+        step_seconds=measured.step_seconds,
+        between=between.seconds,
+        between_source=between.source,
+        between_detail=between.detail,
+    )
+
+
+def material(current: int | None, proposed: int, factor: float = HYSTERESIS) -> bool:
+    """Whether ``proposed`` steps should replace ``current`` (none yet, or beyond ``factor`` either way)."""
+    return current is None or proposed > current * factor or proposed * factor < current
+
+
+def duration(seconds: float) -> str:
+    """``0.25 s``, ``42 s``, ``3.5 min``, ``2.1 h``, ``1.5 d``."""
+    if seconds < 10:
+        return f"{seconds:.3g} s"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 1.5 * size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def choice_from_dict(data: Mapping[str, Any]) -> Choice | None:
+    """The :class:`Choice` recorded in an attempt's ``cadence`` (``None`` when it is not one)."""
+    try:
+        bound = data.get("bound")
+        return Choice(
+            steps=int(data["steps"]),
+            seconds=float(data["seconds"]),
+            young_daly=float(data["young_daly"]),
+            bound=Bound(bound) if bound is not None else None,
+            save_stall=float(data["save_stall"]),
+            to_durable=float(data["to_durable"]),
+            step_seconds=float(data["step_seconds"]),
+            between=float(data["between"]),
+            between_source=str(data["between_source"]),
+            between_detail=str(data["between_detail"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,246 @@
+"""``RequeueCheckpoint``'s cadence: it times every save of ``last.ckpt`` and, for
+``every_n_train_steps="auto"``, chooses the interval (the logic is ``lightning_resume._run.cadence``).
+
+Every rank times its own saves and steps; rank 0 records them in the attempt history and decides the
+interval from the slowest rank's stall (one all-reduce) and broadcasts it, after each save, so that
+every rank saves at the same steps. A restart starts from the figures its history recorded.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_resume._checks import is_number, positive_number, whole_number
+from lightning_resume._collectives import broadcast, max_over_ranks
+from lightning_resume._run import attempts, cadence
+from lightning_resume._run.attempts import History
+from lightning_resume._run.scheduler import ENV, on_slurm
+from lightning_resume._run.slurm import slurm_output
+from lightning_resume.callbacks.run_dir import RunDir
+from lightning_resume.io._protocol import HurryingCheckpointIO
+from lightning_resume.notices._machine import on_aws, on_azure, on_gce, read_machine
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+#: Batches timed before the first decision (a restart decides from its recorded save times then).
+FIRST_DECISION_BATCHES = 5
+#: Recent saves and steps whose median is used (one slow save or a validation does not move it).
+WINDOW = 5
+STEP_WINDOW = 32
+
+
+def checked_interval(value: Any) -> int | str | None:
+    """``every_n_train_steps``: a whole number >= 1, ``"auto"`` or ``None``.
+
+    Raises:
+        TypeError: a string other than ``"auto"``, or not a whole number.
+        ValueError: a number below 1.
+    """
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, str):  # "5" stays a wrong type, as before "auto" existed
+        raise TypeError(
+            f"every_n_train_steps must be a whole number of steps, 'auto' or None, got {value!r}."
+        )
+    return whole_number("every_n_train_steps", value, 1, "whole number of steps, 'auto' or None")
+
+
+def checked_seconds(value: Any) -> float | None:
+    """``expected_interruption_every`` in seconds: a ``timedelta``, a number of seconds or ``None``.
+
+    Raises:
+        TypeError: neither.
+        ValueError: not positive.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    elif not is_number(value):
+        raise TypeError(
+            f"expected_interruption_every must be a timedelta, a number of seconds or None, got {value!r}."
+        )
+    return positive_number("expected_interruption_every", value, "timedelta or number of seconds")
+
+
+def _cloud() -> str | None:
+    machine = read_machine()
+    for name, test in (("aws", on_aws), ("gce", on_gce), ("azure", on_azure)):
+        if test(machine):
+            return name
+    return None
+
+
+def _time_limit() -> float | None:
+    if not on_slurm(os.environ):
+        return None
+    found = cadence.slurm_time_limit(os.environ)
+    if found is not None:
+        return found
+    text = slurm_output(["scontrol", "-o", "show", "job", os.environ[ENV["slurm_job"]]])
+    return cadence.slurm_time_limit(os.environ, text)
+
+
+class Cadence:
+    """Times ``RequeueCheckpoint``'s saves (every rank) and chooses the ``"auto"`` interval (rank 0).
+
+    Args:
+        every_n_train_steps: The callback's argument (checked): a number, ``"auto"`` or ``None``.
+        expected_interruption_every: The user's prior, in seconds (checked), or ``None``.
+    """
+
+    def __init__(
+        self, every_n_train_steps: int | str | None, expected_interruption_every: float | None
+    ) -> None:
+        self.fixed = every_n_train_steps if isinstance(every_n_train_steps, int) else None
+        self.auto = every_n_train_steps == AUTO
+        self.expected_seconds = expected_interruption_every
+        self.steps: int | None = None  # the interval every rank uses ("auto")
+        self.choice: cadence.Choice | None = None
+        self._run_dir: RunDir | None = None
+        self._prior: cadence.Prior | None = None
+        self._recorded: tuple[float | None, float | None, float | None] = (None, None, None)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._start_step = 0
+        self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
+        self._pending = True  # a decision is due: at the start, and after each save
+        self._stalls: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
+        self._last: tuple[int, float] | None = None  # the last optimizer step seen and when
+        self._stalled = 0.0  # save stall since then (left out of the step time)
+        self._save: tuple[float, object] | None = None  # the save in progress: start, plugin's last write
+        self._writing: tuple[float, object] | None = None  # a background write: its save's stall, last write
+
+    # -- every rank ------------------------------------------------------------------------------
+
+    def start(self, trainer: pl.Trainer, run_dir: RunDir) -> None:
+        """At the start of training: the run's recorded figures and the prior (rank 0)."""
+        self._reset()
+        self._run_dir, self._start_step = run_dir, trainer.global_step
+        if self.auto and self.steps is None:
+            self.steps = cadence.FIRST_SAVE_STEPS
+        if not trainer.is_global_zero:
+            return
+        history = run_dir.attempts.history
+        measured, chosen = attempts.last_measured(history), attempts.last_cadence(history)
+        self._recorded = (
+            measured.last_stall if measured is not None else None,
+            measured.last_to_durable if measured is not None else None,
+            float(chosen["step_seconds"]) if chosen and chosen.get("step_seconds") else None,
+        )
+        if self.auto and self._prior is None:
+            self._prior = cadence.prior(self.expected_seconds, _time_limit(), _cloud())
+
+    def saving(self, trainer: pl.Trainer) -> None:
+        """A save of ``last.ckpt`` begins."""
+        io = trainer.strategy.checkpoint_io
+        self._save = (time.monotonic(), io.last_write if isinstance(io, HurryingCheckpointIO) else None)
+
+    def saved(self, trainer: pl.Trainer) -> None:
+        """The save returned: its stall is timed; its time to durable now, or when its write is done."""
+        if self._save is None:
+            return
+        started, write_before = self._save
+        self._save = None
+        stall = time.monotonic() - started
+        self._stalls.append(stall)
+        self._stalled += stall
+        self._pending = True
+        io = trainer.strategy.checkpoint_io
+        background = isinstance(io, HurryingCheckpointIO) and io.last_write is write_before
+        if background:
+            self._writing = (stall, write_before)  # committed later, by the plugin's writer
+        else:
+            self._durables.append(stall)  # written (and fsynced) before save returned
+        self._record(trainer, stall=stall, to_durable=None if background else stall)
+
+    def due(self, trainer: pl.Trainer, last_save_step: int) -> bool:
+        """After a training batch with a new optimizer step (every rank): whether a save is due now."""
+        self._time_step(trainer)
+        self._check_write(trainer)
+        if self.fixed is not None:
+            return trainer.global_step % self.fixed == 0
+        if not self.auto:
+            return False
+        self._batches += 1
+        if self._pending and self._batches >= FIRST_DECISION_BATCHES:
+            self._pending = False
+            self._decide(trainer)
+        base = max(last_save_step, self._start_step)
+        return self.steps is not None and trainer.global_step - base >= self.steps
+
+    def _time_step(self, trainer: pl.Trainer) -> None:
+        now, step = time.monotonic(), trainer.global_step
+        if self._last is not None and step > self._last[0]:
+            seconds = max(now - self._last[1] - self._stalled, 0.0)
+            self._step_times.append(seconds / (step - self._last[0]))
+        self._last, self._stalled = (step, now), 0.0
+
+    def _check_write(self, trainer: pl.Trainer) -> None:
+        """A background write of the newest save is done: its time to durable is the stall plus the write."""
+        if self._writing is None:
+            return
+        io = trainer.strategy.checkpoint_io
+        write = io.last_write if isinstance(io, HurryingCheckpointIO) else None
+        stall, before = self._writing
+        if write is None or write is before:
+            return
+        self._writing = None
+        to_durable = stall + write.seconds
+        self._durables.append(to_durable)
+        self._record(trainer, to_durable=to_durable)
+
+    def _record(self, trainer: pl.Trainer, **times: float | None) -> None:
+        if trainer.is_global_zero and self._run_dir is not None:
+            self._run_dir.attempts.saved_last_ckpt(**times)
+
+    # -- the decision: every rank calls, rank 0 decides ------------------------------------------------
+
+    def _decide(self, trainer: pl.Trainer) -> None:
+        strategy = trainer.strategy
+        mine = round(statistics.median(self._stalls) * 1e6) if self._stalls else -1
+        slowest = max_over_ranks(strategy, mine)  # the slowest rank's stall holds every rank
+        steps = self._choose(slowest / 1e6 if slowest >= 0 else None) if trainer.is_global_zero else None
+        self.steps = broadcast(strategy, steps)
+
+    def _choose(self, stall: float | None) -> int | None:
+        """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""
+        recorded_stall, recorded_durable, recorded_step = self._recorded
+        stall = stall if stall is not None else recorded_stall
+        durable = statistics.median(self._durables) if self._durables else recorded_durable
+        if durable is None and self._writing is None and stall is not None:
+            durable = stall
+        step = statistics.median(self._step_times) if len(self._step_times) >= WINDOW else recorded_step
+        step = (
+            step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
+        )
+        if stall is None or durable is None or step is None or self._run_dir is None:
+            return self.steps  # measuring: the first save comes after FIRST_SAVE_STEPS
+        assert self._prior is not None
+        history: History = self._run_dir.attempts.history
+        seen = cadence.interruptions(history, time.time())
+        between = cadence.time_between_interruptions(seen, self._prior)
+        choice = cadence.choose(cadence.Measurements(stall, max(durable, stall), step), between)
+        if self.choice is None or cadence.material(self.steps, choice.steps):
+            first = self.choice is None
+            self.choice = choice
+            log.info(
+                "RequeueCheckpoint(every_n_train_steps='auto') %s %s",
+                "saves" if first else "now saves",
+                choice.describe(),
+            )
+            self._run_dir.attempts.chose_cadence(choice.to_dict())
+            return choice.steps
+        return self.steps

@@ -1,0 +1,343 @@
+"""``lightning-resume report``: a run's attempts on a timeline, what each interruption cost, and its goodput.
+
+Everything is read from the run's ``attempts.json`` (``lightning_resume._run.attempts``); nothing is
+measured here. The definitions (also on the command-line docs page):
+
+- an attempt **trained** the steps from the one it resumed from (0 for a fresh start) to the last one
+  it reached;
+- of those, it **kept** the steps that are part of the final result: up to the step every later
+  attempt resumed from (a later resume from an earlier step discards the rest) and, for the last
+  attempt of a run that did not finish, up to its newest durable checkpoint (a running one keeps what
+  it trained so far);
+- **steps lost** are the ones trained and not kept;
+- **useful time** is the kept steps times the attempt's training time per step (from the end of its
+  first step to its last step, its save stalls left out);
+- **goodput** is the useful time over the wall time, from the first attempt's start to the last one's
+  end (requeue waits, restarts, saves and lost steps included);
+- **restart overhead** is an attempt's process start to the end of its first step (imports, the
+  checkpoint load, the sanity check, the first step);
+- **save overhead** is the stall of its checkpoint saves (all of them when ``ProgressWatchdog`` timed
+  them, else ``RequeueCheckpoint``'s saves of ``last.ckpt``).
+
+A killed attempt's last step comes from its step beat (``attempts.BEAT``, overwritten at every step);
+without one (a node lost with its page cache) it is the last one its record holds, written every 30
+s, and its steps lost are a lower bound (marked ``>=``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._run import attempts
+from lightning_resume._run.attempts import Attempt, Cause, History
+
+#: What ``--plot`` needs, and how to get it.
+PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    """One attempt in the report (times in seconds; ``at`` values from the run's start).
+
+    Attributes:
+        attempt: Its number.
+        started: Wall-clock start (seconds since the epoch).
+        at: Its start, from the run's start.
+        wait_before: From the previous attempt's end (its last sign of life, when it was killed).
+        resumed_from: The step it resumed from (``None``: a fresh start).
+        restart_overhead: From its start to the end of its first step (``None``: it never trained).
+        first_step_at: When its first step ended, from the run's start.
+        last_step: The last step it reached.
+        last_step_at: When, from the run's start.
+        end_at: When it ended, from the run's start (``None``: running, or killed unrecorded).
+        cause: ``finished``, ``preempted``, ``failed``, ``hung``, ``killed``, ``crash-loop-stop``, or
+            ``running``.
+        how: The ending in words (``"SIGTERM"``, ``"file notice"``, the error).
+        steps_trained: Steps it trained.
+        steps_kept: Of which part of the final result.
+        steps_lost: Trained and not kept.
+        lost_at_least: ``steps_lost`` is a lower bound (killed: its last steps were not recorded).
+        step_seconds: Its training time per step.
+        useful_seconds: ``steps_kept`` x ``step_seconds``.
+        save_seconds: Its save stall.
+        saves: How many saves that is.
+        cadence_steps: The interval ``every_n_train_steps="auto"`` chose last in it.
+    """
+
+    attempt: int
+    started: float
+    at: float
+    wait_before: float | None
+    resumed_from: int | None
+    restart_overhead: float | None
+    first_step_at: float | None
+    last_step: int | None
+    last_step_at: float | None
+    end_at: float | None
+    cause: str
+    how: str
+    steps_trained: int
+    steps_kept: int
+    steps_lost: int
+    lost_at_least: bool
+    step_seconds: float | None
+    useful_seconds: float
+    save_seconds: float
+    saves: int
+    cadence_steps: int | None
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    """A run's attempts and what its interruptions cost.
+
+    Attributes:
+        run_dir: The run dir.
+        attempts: One row per attempt kept in ``attempts.json``, oldest first.
+        wall_seconds: From the first attempt's start to the last one's end.
+        useful_seconds: Time of the steps that are part of the final result.
+        goodput: ``useful_seconds / wall_seconds`` (``None`` with no wall time).
+        final_step: The step the run stands at (the last attempt's kept end).
+        steps_lost: Steps trained and not kept, over all attempts.
+        restart_seconds: Restart overheads, summed.
+        save_seconds: Save stalls, summed.
+        wait_seconds: Time between attempts, summed.
+        interruptions: Attempts per ending, for those that did not finish.
+        earlier: The attempts ``attempts.json`` summed up (beyond its last 100), left out above.
+        cadence: The interval ``every_n_train_steps="auto"`` chose last in the run, if any.
+    """
+
+    run_dir: str
+    attempts: list[AttemptRow]
+    wall_seconds: float
+    useful_seconds: float
+    goodput: float | None
+    final_step: int
+    steps_lost: int
+    restart_seconds: float
+    save_seconds: float
+    wait_seconds: float
+    interruptions: dict[str, int] = field(default_factory=dict)
+    earlier: dict[str, Any] = field(default_factory=dict)
+    cadence: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _how(attempt: Attempt) -> tuple[str, str]:
+    """The ending's category and its words."""
+    end = attempt.end
+    if end is None:
+        return "running", "running, or killed without a record yet"
+    if end.cause is Cause.PREEMPTED:
+        if end.signal and end.signal.endswith(" notice"):
+            return end.cause.value, end.signal.removeprefix("the ")
+        after = f" after a {end.notice} notice" if end.notice else ""
+        return end.cause.value, f"{end.signal or 'a signal'}{after}"
+    if end.cause is Cause.FAILED:
+        return end.cause.value, f"crashed: {end.error or end.detail}"
+    if end.cause is Cause.HUNG:
+        return end.cause.value, end.detail.partition(";")[0]
+    if end.cause is Cause.KILLED:
+        return end.cause.value, "killed (no grace: SIGKILL, OOM, node loss)"
+    return end.cause.value, end.detail or end.cause.value
+
+
+def _save_seconds(attempt: Attempt) -> tuple[float, int]:
+    if attempt.saves.count:
+        return attempt.saves.seconds, attempt.saves.count
+    return attempt.last_ckpt_saves.stall_seconds, attempt.last_ckpt_saves.count
+
+
+def _step_seconds(attempt: Attempt, start: int) -> float | None:
+    """Training time per step: its first step's end to its last step, save stalls left out."""
+    if attempt.first_step is None or attempt.last_step_time is None or attempt.last_step is None:
+        return None
+    steps = attempt.last_step - start - 1  # the steps after the first one
+    if steps < 1:
+        return None
+    seconds = attempt.last_step_time - attempt.first_step - _save_seconds(attempt)[0]
+    return max(seconds, 0.0) / steps
+
+
+def build(history: History, run_dir: Path | str = "") -> GoodputReport:
+    """The report of a run's attempt history (see the module docstring for the definitions)."""
+    rows: list[AttemptRow] = []
+    found = list(history.attempts)
+    if not found:
+        return GoodputReport(str(run_dir), [], 0.0, 0.0, None, 0, 0, 0.0, 0.0, 0.0, earlier=_earlier(history))
+    origin = found[0].started
+    trained = {a.number for a in found if a.last_step is not None and a.first_step is not None}
+    last = found[-1]
+    finished = last.end is not None and last.end.cause is Cause.FINISHED
+    if last.end is None or finished:
+        final = last.last_step if last.last_step is not None else 0
+    else:
+        final = last.checkpoint.step if last.checkpoint is not None else 0
+    per_step = [
+        s for a in found if a.number in trained and (s := _step_seconds(a, a.resumed_from or 0)) is not None
+    ]
+    typical = statistics.median(per_step) if per_step else None
+    previous_end: float | None = None
+    for index, attempt in enumerate(found):
+        start = attempt.resumed_from or 0
+        reached = attempt.last_step if attempt.number in trained else None
+        later = [a.resumed_from or 0 for a in found[index + 1 :] if a.number in trained]
+        cap = min([*later, final])  # a later resume from an earlier step discards the rest
+        steps_trained = max(reached - start, 0) if reached is not None else 0
+        kept = max(min(reached, cap) - start, 0) if reached is not None else 0
+        step = _step_seconds(attempt, start)
+        step = step if step is not None else typical
+        cause, how = _how(attempt)
+        saved, saves = _save_seconds(attempt)
+        end_time = attempt.end.time if attempt.end is not None else None
+        rows.append(
+            AttemptRow(
+                attempt=attempt.number,
+                started=attempt.started,
+                at=attempt.started - origin,
+                wait_before=None if previous_end is None else max(attempt.started - previous_end, 0.0),
+                resumed_from=attempt.resumed_from,
+                restart_overhead=None if attempt.first_step is None else attempt.first_step - attempt.started,
+                first_step_at=None if attempt.first_step is None else attempt.first_step - origin,
+                last_step=attempt.last_step,
+                last_step_at=None if attempt.last_step_time is None else attempt.last_step_time - origin,
+                end_at=None if end_time is None else end_time - origin,
+                cause=cause,
+                how=how,
+                steps_trained=steps_trained,
+                steps_kept=kept,
+                steps_lost=steps_trained - kept,
+                lost_at_least=cause == Cause.KILLED.value
+                and attempt.end is not None
+                and attempt.end.step is None,
+                step_seconds=step,
+                useful_seconds=kept * (step or 0.0),
+                save_seconds=saved,
+                saves=saves,
+                cadence_steps=(attempt.cadence or {}).get("steps"),
+            )
+        )
+        previous_end = end_time if end_time is not None else attempt.last_seen
+    wall = (last.end.time if last.end is not None else last.last_seen) - origin
+    useful = sum(r.useful_seconds for r in rows)
+    interruptions: dict[str, int] = {}
+    for row in rows:
+        if row.cause not in (Cause.FINISHED.value, "running"):
+            key = f"{row.cause} ({row.how})" if row.cause == Cause.PREEMPTED.value else row.cause
+            interruptions[key] = interruptions.get(key, 0) + 1
+    return GoodputReport(
+        run_dir=str(run_dir),
+        attempts=rows,
+        wall_seconds=wall,
+        useful_seconds=useful,
+        goodput=useful / wall if wall > 0 else None,
+        final_step=final,
+        steps_lost=sum(r.steps_lost for r in rows),
+        restart_seconds=sum(r.restart_overhead or 0.0 for r in rows),
+        save_seconds=sum(r.save_seconds for r in rows),
+        wait_seconds=sum(r.wait_before or 0.0 for r in rows),
+        interruptions=interruptions,
+        earlier=_earlier(history),
+        cadence=attempts.last_cadence(history),
+    )
+
+
+def _earlier(history: History) -> dict[str, Any]:
+    earlier = history.earlier
+    return {"attempts": earlier.attempts, "causes": dict(earlier.causes), "seconds": earlier.seconds}
+
+
+def report(run_dir: Path) -> GoodputReport:
+    """The report of the run dir ``run_dir`` (an empty one when it has no ``attempts.json``)."""
+    return build(attempts.read(run_dir), run_dir)
+
+
+# -- the picture ------------------------------------------------------------------------------------
+
+#: Colours of the endings in the picture.
+COLOURS = {
+    "finished": "#2e7d32",
+    "preempted": "#1565c0",
+    "killed": "#c62828",
+    "failed": "#6a1b9a",
+    "hung": "#ef6c00",
+    "crash-loop-stop": "#424242",
+    "running": "#9e9e9e",
+}
+
+
+def plot(found: GoodputReport, path: Path) -> Path:
+    """Draw the timeline of ``found`` as a PNG at ``path``; return it.
+
+    Top: one bar per attempt (grey: start to first step, green: steps kept, red: steps lost), its
+    ending marked and named. Bottom: the global step against time; the steps lost in red.
+
+    Raises:
+        ImportError: matplotlib is not installed (:data:`PLOT_HINT`).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(PLOT_HINT) from e
+    rows = found.attempts
+    scale, unit = (60.0, "min") if found.wall_seconds > 600 else (1.0, "s")
+    figure, (bars, steps) = plt.subplots(
+        2, 1, figsize=(10, 2.2 + 0.35 * max(len(rows), 1) + 2.5), sharex=True, height_ratios=(1, 1)
+    )
+    for index, row in enumerate(rows):
+        y = len(rows) - index
+        if row.first_step_at is not None:
+            bars.broken_barh(
+                [(row.at / scale, (row.first_step_at - row.at) / scale)], (y - 0.3, 0.6), color="#bdbdbd"
+            )
+            end = row.last_step_at if row.last_step_at is not None else row.first_step_at
+            span = max(end - row.first_step_at, 0.0)
+            kept_share = row.steps_kept / row.steps_trained if row.steps_trained else 1.0
+            kept = span * kept_share
+            bars.broken_barh([(row.first_step_at / scale, kept / scale)], (y - 0.3, 0.6), color="#66bb6a")
+            if span - kept > 0:
+                bars.broken_barh(
+                    [((row.first_step_at + kept) / scale, (span - kept) / scale)],
+                    (y - 0.3, 0.6),
+                    color="#ef5350",
+                )
+            steps.plot(
+                [row.first_step_at / scale, (row.first_step_at + kept) / scale],
+                [(row.resumed_from or 0) + 1, (row.resumed_from or 0) + row.steps_kept],
+                color="#2e7d32",
+            )
+            if row.steps_lost:
+                steps.plot(
+                    [(row.first_step_at + kept) / scale, end / scale],
+                    [(row.resumed_from or 0) + row.steps_kept, row.last_step or 0],
+                    color="#c62828",
+                    linestyle="--",
+                )
+        end_at = row.end_at if row.end_at is not None else (row.last_step_at or row.at)
+        bars.plot([end_at / scale], [y], marker="|", markersize=14, color=COLOURS.get(row.cause, "black"))
+        bars.annotate(
+            row.how if row.cause == "preempted" else row.cause, (end_at / scale, y + 0.35), fontsize=7
+        )
+    bars.set_yticks(range(1, len(rows) + 1), [f"attempt {r.attempt}" for r in reversed(rows)])
+    bars.set_ylim(0.4, len(rows) + 0.9)  # room for the names of the endings
+    goodput = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
+    bars.set_title(
+        f"goodput {goodput}: {found.useful_seconds / scale:.1f} {unit} useful of "
+        f"{found.wall_seconds / scale:.1f} "
+        f"{unit}; {found.steps_lost} steps lost; grey: start to first step, green: kept, red: lost",
+        fontsize=9,
+    )
+    steps.set_ylabel("global step")
+    steps.set_xlabel(f"time since the first attempt started ({unit})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
