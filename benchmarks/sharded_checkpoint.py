@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROWS = ["floor", "lightning", "dcp thread", "dcp process", "ours"]
-SAVE_STEPS = (5, 15, 25, 35, 45)
-STEPS = 50
+SAVE_STEPS = (4, 10, 16, 22, 28)
+STEPS = 30
 #: In the ``ours`` row the floor is measured this many steps before each save, in the same job.
 FLOOR_BEFORE = 3
 WIDTH = 2048
