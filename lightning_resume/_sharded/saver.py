@@ -7,8 +7,9 @@ directory>)``, fsyncs and hashes what it wrote; global rank 0 commits. Asynchron
 the state is copied into reused host buffers on the training thread, then a thread of ours runs
 ``dcp.save`` on a gloo group of its own (on the default group its collectives would interleave with
 training's; this is what ``dcp.async_save``'s thread does, without a new executor per save), fsyncs,
-hashes and, on rank 0, commits; ranks report through part files, so no collective runs off the main
-thread. One save is in flight; its error is raised on every rank by the next save, ``wait`` or ``close``.
+hashes and, on rank 0, commits; ranks report through part files, so no collective of the training
+group runs off the main thread. One save is in flight; its error is raised on every rank by the next
+save, ``wait`` or ``close``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A DCP stager that copies a state dict into host buffers allocated once and reused at every save."""
+"""A stager that copies a state dict into host buffers allocated once and reused at every save."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lightning_resume.io._parallel_copy import Region, copy_regions
 
 
 class ReusedBufferStager:
-    """DCP's ``AsyncStager`` protocol over buffers allocated at the first save and reused after.
+    """Copies of a state dict in host buffers allocated at the first save and reused after.
 
     Lightning's sharded CPU state shares storage with the live parameters, so a background write needs
     a copy: each tensor goes into its own buffer (a DTensor's local shard re-wrapped with the same mesh,
@@ -22,15 +22,8 @@ class ReusedBufferStager:
     would move a GPU DTensor back to its device.
     """
 
-    # DCP reads this: staging is finished when ``stage`` returns.
-    _synchronize_after_execute = False
-
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    @property
-    def should_synchronize_after_execute(self) -> bool:
-        return False
 
     @staticmethod
     def supports(state: Any) -> bool:
@@ -86,9 +79,6 @@ class ReusedBufferStager:
         if isinstance(state, (list, tuple)):
             return type(state)(self._stage(v, (*key, i), regions) for i, v in enumerate(state))
         return copy.deepcopy(state)
-
-    def synchronize_staging(self) -> None:
-        """Nothing to wait for: :meth:`stage` copies before it returns."""
 
     def close(self) -> None:
         self._buffers.clear()
