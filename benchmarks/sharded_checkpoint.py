@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/sharded_checkpoint.py`` (``--sizes 200`` for a quick run; ``--rows`` to pick).
 
-For a model + Adam state of about 200 MB and 1 GB in total (half on each of 2 gloo ranks, on the
+For a model + Adam state of about 200 MB and 1 GB in total (``--sizes``) (half on each of 2 gloo ranks, on the
 CPU), each row is one 2-rank Lightning job that trains and saves a sharded checkpoint at fixed steps:
 
 - ``floor``: each rank copies its local tensors into buffers allocated once (the staging floor), then
@@ -13,10 +13,14 @@ CPU), each row is one 2-rank Lightning job that trains and saves a sharded check
   process executor, DCP's default stager, a dedicated gloo group), ``meta.pt`` written by rank 0;
   durable when DCP's upload future resolves (no manifest, no directory fsync, no commit);
 - ``ours``: ``RequeueCheckpoint`` with ``DurableCheckpointIO(asynchronous=True)``: reused staging
-  buffers, ``dcp.async_save`` in a thread, per-rank hashing, manifest, directory commit; durable when
-  ``last.ckpt`` names the new directory.
+  buffers, ``dcp.save`` in a writer thread, per-rank hashing, manifest, directory commit; durable when
+  ``last.ckpt`` names the new directory (retention runs after). The same job also measures the floor
+  (as in the ``floor`` row) ``FLOOR_BEFORE`` steps before each save, with no write in flight: the
+  target ratios are taken against it, medians over the saves after the first, side by side under the
+  same load. ``--breakdown`` prints where the stall and the time to durable go, phase by phase.
 
-Columns: the training-loop stall per save (mean over the saves after the first, slowest rank); the
+Columns: the training-loop stall per save (mean over the saves after the first, slowest rank; the
+median for ``ours``); the
 time from the save until it is durable; the median step time while a write is in flight against
 steps with none; the extra peak RSS of rank 0's process tree (rank 1 and checkpoint processes are its
 children) over its RSS before the first save. The first save is reported apart (the process executor
