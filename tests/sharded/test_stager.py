@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 import torch
 
 from lightning_resume._sharded.stager import ReusedBufferStager
@@ -25,6 +28,15 @@ def flat(value: object) -> list[object]:
     return [value]
 
 
+@pytest.fixture(params=[1, 2], ids=["copy_", "threaded pieces"])
+def torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("torch_threads")
 def test_a_staged_state_keeps_its_values_while_the_source_changes_and_reuses_its_buffers() -> None:
     source = state()
     stager = ReusedBufferStager()
