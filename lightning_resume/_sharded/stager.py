@@ -24,6 +24,9 @@ class ReusedBufferStager:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        # A DTensor around each buffer, built once: wrapping costs Python time in the stall, and the
+        # previous save has finished with it before the next ``stage``.
+        self._wrapped: dict[tuple[Any, ...], tuple[torch.Tensor, tuple[Any, ...], DTensor]] = {}
 
     @staticmethod
     def supports(state: Any) -> bool:
@@ -71,14 +74,15 @@ class ReusedBufferStager:
     def _stage(self, state: Any, key: tuple[Any, ...], regions: list[Region]) -> Any:
         if isinstance(state, DTensor):
             buffer = self._copy(key, state.to_local(), regions)
-            return DTensor.from_local(
-                buffer,
-                state.device_mesh,
-                state.placements,
-                run_check=False,
-                shape=state.shape,
-                stride=state.stride(),
+            spec = (state.device_mesh, tuple(state.placements), state.shape, state.stride())
+            known = self._wrapped.get(key)
+            if known is not None and known[0] is buffer and _same(known[1], spec):
+                return known[2]
+            wrapped = DTensor.from_local(
+                buffer, spec[0], spec[1], run_check=False, shape=spec[2], stride=spec[3]
             )
+            self._wrapped[key] = (buffer, spec, wrapped)
+            return wrapped
         if isinstance(state, torch.Tensor):
             return self._copy(key, state, regions)
         if isinstance(state, dict):
@@ -89,3 +93,9 @@ class ReusedBufferStager:
 
     def close(self) -> None:
         self._buffers.clear()
+        self._wrapped.clear()
+
+
+def _same(spec: tuple[Any, ...], other: tuple[Any, ...]) -> bool:
+    """The same device mesh (the object) and the same placements, shape and stride."""
+    return spec[0] is other[0] and spec[1:] == other[1:]
