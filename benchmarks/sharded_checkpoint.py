@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/sharded_checkpoint.py`` (``--sizes 200`` for a quick run; ``--rows`` to pick).
 
-For a model + Adam state of about 200 MB and 1 GB in total (half on each of 2 gloo ranks, on the
+For a model + Adam state of about 200 MB and 1 GB in total (``--sizes``) (half on each of 2 gloo ranks, on the
 CPU), each row is one 2-rank Lightning job that trains and saves a sharded checkpoint at fixed steps:
 
 - ``floor``: each rank copies its local tensors into buffers allocated once (the staging floor), then
@@ -13,10 +13,14 @@ CPU), each row is one 2-rank Lightning job that trains and saves a sharded check
   process executor, DCP's default stager, a dedicated gloo group), ``meta.pt`` written by rank 0;
   durable when DCP's upload future resolves (no manifest, no directory fsync, no commit);
 - ``ours``: ``RequeueCheckpoint`` with ``DurableCheckpointIO(asynchronous=True)``: reused staging
-  buffers, ``dcp.async_save`` in a thread, per-rank hashing, manifest, directory commit; durable when
-  ``last.ckpt`` names the new directory.
+  buffers, ``dcp.save`` in a writer thread, per-rank hashing, manifest, directory commit; durable when
+  ``last.ckpt`` names the new directory (retention runs after). The same job also measures the floor
+  (as in the ``floor`` row) ``FLOOR_BEFORE`` steps before each save, with no write in flight: the
+  target ratios are taken against it, medians over the saves after the first, side by side under the
+  same load. ``--breakdown`` prints where the stall and the time to durable go, phase by phase.
 
-Columns: the training-loop stall per save (mean over the saves after the first, slowest rank); the
+Columns: the training-loop stall per save (mean over the saves after the first, slowest rank; the
+median for ``ours``); the
 time from the save until it is durable; the median step time while a write is in flight against
 steps with none; the extra peak RSS of rank 0's process tree (rank 1 and checkpoint processes are its
 children) over its RSS before the first save. The first save is reported apart (the process executor
@@ -40,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 ROWS = ["floor", "lightning", "dcp thread", "dcp process", "ours"]
-SAVE_STEPS = (5, 15, 25, 35)
-STEPS = 40
+SAVE_STEPS = (4, 10, 16, 22, 28)
+STEPS = 30
+#: In the ``ours`` row the floor is measured this many steps before each save, in the same job.
+FLOOR_BEFORE = 3
 WIDTH = 2048
 TARGETS = (
     "ours: stall <= 1.5x the staging floor; durable <= 2x the raw write + fsync floor; "
@@ -52,6 +58,55 @@ TARGETS = (
 def depth_for(total_mb: int) -> int:
     """Layers of WIDTH x WIDTH whose weights and Adam moments (3 copies, float32) are ``total_mb``."""
     return max(1, round(total_mb * 2**20 / (3 * 4 * WIDTH * WIDTH)))
+
+
+# -- where the time of a save goes (``ours``, --breakdown) ---------------------------------------------
+
+#: (label, where it runs, what is wrapped): the phases of a save of ours, in the order they happen.
+PHASES = (
+    ("wait for the save before", "stall", "lightning_resume._sharded.saver:DirectorySaver._finish_pending"),
+    ("agree: outcome + new directory", "stall", "lightning_resume._sharded.saver:DirectorySaver._agree"),
+    ("Lightning state + barrier", "stall", "lightning_resume._sharded.saver:capture_checkpoint"),
+    ("staging copy", "stall", "lightning_resume._sharded.stager:ReusedBufferStager.stage"),
+    ("pickle meta.pt (rank 0)", "stall", "lightning_resume._sharded.saver:_serialised"),
+    ("hand-off to the writer", "stall", "concurrent.futures:ThreadPoolExecutor.submit"),
+    ("dcp.save", "durable", "torch.distributed.checkpoint:save"),
+    ("  plan (+ collective)", "durable", "torch.distributed.checkpoint.utils:_DistWrapper.reduce_scatter"),
+    ("  write..metadata (+ coll.)", "durable", "torch.distributed.checkpoint.utils:_DistWrapper.all_reduce"),
+    (
+        "    of which shards + fsync",
+        "durable",
+        "torch.distributed.checkpoint.filesystem:_FileSystemWriter.write_data",
+    ),
+    ("meta.pt write + fsync", "durable", "lightning_resume._sharded.saver:write_bytes_durably"),
+    ("hash own shards + part", "durable", "lightning_resume._sharded.saver:DirectorySaver._record_part"),
+    ("rank 0: wait parts..commit", "durable", "lightning_resume._sharded.saver:DirectorySaver._commit"),
+    ("  of which manifest", "durable", "lightning_resume._sharded.parts:build_manifest"),
+    ("  of which commit + prune", "durable", "lightning_resume._sharded.parts:commit_directory"),
+)
+
+
+def instrument(events: list[tuple[str, float, float]]) -> None:
+    """Wrap each phase's function so that every call appends ``(label, start, end)`` to ``events``."""
+    import functools
+    import importlib
+
+    for label, _, target in PHASES:
+        module_name, _, attr = target.partition(":")
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        original = getattr(owner, name)
+
+        def timed(*args: Any, _original: Any = original, _label: str = label, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                events.append((_label, start, time.perf_counter()))
+
+        setattr(owner, name, functools.wraps(original)(timed))
 
 
 # -- the measured job (every rank) -------------------------------------------------------------------
@@ -77,14 +132,22 @@ def job(row: str, total_mb: int, out: Path) -> None:
     torch.set_num_threads(1)
     me = psutil.Process()
     commits: list[float] = []
+    events: list[tuple[str, float, float]] = []
     commit = parts.commit_directory
 
-    def timed_commit(*args: Any, **kwargs: Any) -> Path:  # when ours is durable (rank 0 commits)
-        final = commit(*args, **kwargs)
-        commits.append(time.perf_counter())
-        return final
+    def timed_commit(*args: Any, on_step: Any = None, **kwargs: Any) -> Path:
+        # Ours is durable when rank 0's commit has swapped the pointer (retention runs after).
+        def observe(step: str) -> None:
+            if step == "after_swap":
+                commits.append(time.perf_counter())
+            if on_step is not None:
+                on_step(step)
+
+        return commit(*args, on_step=observe, **kwargs)
 
     parts.commit_directory = timed_commit  # type: ignore[assignment]
+    if row == "ours":
+        instrument(events)
 
     def rss() -> int:
         total = me.memory_info().rss
@@ -114,6 +177,7 @@ def job(row: str, total_mb: int, out: Path) -> None:
     class Bench(pl.Callback):
         def __init__(self) -> None:
             self.saves: list[dict[str, Any]] = []
+            self.floors: list[dict[str, Any]] = []
             self.steps: list[tuple[float, float]] = []
             self.pending: Any = None
             self.group: Any = None
@@ -137,6 +201,8 @@ def job(row: str, total_mb: int, out: Path) -> None:
             self.rss_max = max(self.rss_max, rss())
             if trainer.global_step == SAVE_STEPS[0] - 1:
                 self.rss0 = rss()
+            if row == "ours" and trainer.global_step + FLOOR_BEFORE in SAVE_STEPS:
+                self.paired_floor(trainer)
             if trainer.global_step in SAVE_STEPS:
                 self.save(trainer)
                 self.rss_max = max(self.rss_max, rss())
@@ -159,32 +225,45 @@ def job(row: str, total_mb: int, out: Path) -> None:
                 walk(trainer.strategy.optimizer_state(optimizer))
             return found
 
-        def save(self, trainer: pl.Trainer) -> None:
+        def paired_floor(self, trainer: pl.Trainer) -> None:
+            """The floor measured in the same job a few steps before each save of ours (none in flight)."""
+            assert self.requeue is not None
+            if self.requeue._saver is not None:
+                self.requeue._saver.wait(trainer)
+            self.floors.append(self.floor(trainer, out / f"floor-{trainer.global_step}"))
+            shutil.rmtree(out / f"floor-{trainer.global_step}", ignore_errors=True)
+
+        def floor(self, trainer: pl.Trainer, target: Path) -> dict[str, Any]:
+            """Copy the local tensors into buffers allocated once; write them to one file and fsync it."""
             rank, strategy = trainer.global_rank, trainer.strategy
+            tensors = self.local_tensors(trainer)
+            if self.buffers is None:
+                self.buffers = [torch.empty_like(t) for t in tensors]
+            strategy.barrier()
+            t0 = time.perf_counter()
+            for buffer, tensor in zip(self.buffers, tensors, strict=True):
+                buffer.copy_(tensor)
+            t1 = time.perf_counter()
+            target.mkdir(parents=True, exist_ok=True)
+            strategy.barrier()
+            t2 = time.perf_counter()
+            with open(target / f"raw_{rank}.bin", "wb", buffering=0) as f:
+                for buffer in self.buffers:
+                    f.write(memoryview(buffer.reshape(-1).view(torch.uint8).numpy()))
+                os.fsync(f.fileno())
+            strategy.barrier()
+            t3 = time.perf_counter()
+            size = sum(b.numel() * b.element_size() for b in self.buffers)
+            return {"stall": t1 - t0, "durable": t3 - t2, "stage": t1 - t0, "write": t3 - t2, "bytes": size}
+
+        def save(self, trainer: pl.Trainer) -> None:
+            strategy = trainer.strategy
             target = out / f"save-{trainer.global_step}"
             record: dict[str, Any] = {"step": trainer.global_step}
             strategy.barrier()
             t0 = time.perf_counter()
             if row == "floor":
-                tensors = self.local_tensors(trainer)
-                if self.buffers is None:
-                    self.buffers = [torch.empty_like(t) for t in tensors]
-                strategy.barrier()
-                t0 = time.perf_counter()
-                for buffer, tensor in zip(self.buffers, tensors, strict=True):
-                    buffer.copy_(tensor)
-                t1 = time.perf_counter()
-                target.mkdir(parents=True, exist_ok=True)
-                strategy.barrier()
-                t2 = time.perf_counter()
-                with open(target / f"raw_{rank}.bin", "wb", buffering=0) as f:
-                    for buffer in self.buffers:
-                        f.write(memoryview(buffer.reshape(-1).view(torch.uint8).numpy()))
-                    os.fsync(f.fileno())
-                strategy.barrier()
-                t3 = time.perf_counter()
-                size = sum(b.numel() * b.element_size() for b in self.buffers)
-                record.update(stall=t1 - t0, durable=t3 - t2, stage=t1 - t0, write=t3 - t2, bytes=size)
+                record.update(self.floor(trainer, target))
             elif row == "lightning":
                 trainer.save_checkpoint(target)
                 if trainer.is_global_zero:
@@ -233,6 +312,8 @@ def job(row: str, total_mb: int, out: Path) -> None:
                 "saves": self.saves,
                 "steps": self.steps,
                 "commits": commits,
+                "floors": self.floors,
+                "events": events,
                 "rss0": self.rss0,
                 "rss_max": self.rss_max,
             }
@@ -309,11 +390,46 @@ def summarize(out: Path) -> dict[str, Any]:
         "busy_steps": len(busy),
         "extra_rss_mb": (r0["rss_max"] - r0["rss0"]) / 2**20 if r0["rss0"] else float("nan"),
     }
-    if "bytes" in r0["saves"][-1]:
+    if r0.get("floors"):
+        # The floor measured in this job before each save (saves after the first): medians.
+        floors = [{k: max(a[k], b[k]) for k in a} for a, b in zip(*(r["floors"] for r in ranks), strict=True)]
+        later = floors[1:] or floors
+        row.update(
+            stage=statistics.median(f["stage"] for f in later),
+            write=statistics.median(f["write"] for f in later),
+            bytes_per_rank=floors[-1]["bytes"],
+            stall=statistics.median(
+                max(a["stall"], b["stall"])
+                for a, b in list(zip(*(r["saves"] for r in ranks), strict=True))[1:]
+            ),
+            durable=statistics.median(float(v["durable"]) for v in r0["saves"][1:]),
+            paired=True,
+        )
+    if r0.get("events"):
+        row["breakdown"] = breakdown(ranks, r0)
+    elif "bytes" in r0["saves"][-1]:
         row.update(
             stage=mean_later("stage"), write=mean_later("write"), bytes_per_rank=r0["saves"][-1]["bytes"]
         )
     return row
+
+
+def breakdown(ranks: list[dict[str, Any]], r0: dict[str, Any]) -> dict[str, float]:
+    """Per phase: the median over the saves after the first of its seconds in that save (slowest rank)."""
+    ends = [float(s["start"]) + float(s["durable"]) for s in r0["saves"]]
+    per_save: list[dict[str, float]] = []
+    for index in range(1, len(ends)):
+        totals: dict[str, float] = {}
+        for rank in ranks:
+            start = float(rank["saves"][index]["start"])
+            mine: dict[str, float] = {}
+            for label, t0, t1 in rank["events"]:
+                if start <= t0 <= ends[index]:
+                    mine[label] = mine.get(label, 0.0) + t1 - t0
+            for label, seconds in mine.items():
+                totals[label] = max(totals.get(label, 0.0), seconds)
+        per_save.append(totals)
+    return {label: statistics.median(s.get(label, 0.0) for s in per_save) for label, _, _ in PHASES}
 
 
 def main() -> None:
@@ -323,6 +439,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="200,1000", help="total state sizes in MB (default: 200,1000)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to run (default: {','.join(ROWS)})")
     parser.add_argument("--out", default=None, help="keep the checkpoints and results here")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="print where the time of a save of ours goes"
+    )
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=200, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -380,6 +499,21 @@ def main() -> None:
                 f"{r['extra_rss_mb']:8.0f}"
             )
         ours, process = results.get(f"{size} MB ours", {}), results.get(f"{size} MB dcp process", {})
+        if ours.get("paired"):
+            floor = ours  # measured in the same job, a few steps before each save: side by side
+            print(
+                f"floor in the ours job (medians): staging {ours['stage']:.3f} s, raw write + fsync "
+                f"{ours['write']:.3f} s; ours (medians): stall {ours['stall']:.3f} s, "
+                f"durable {ours['durable']:.3f} s"
+            )
+        if args.breakdown and "breakdown" in ours:
+            print("where a save of ours goes (median s over the saves after the first, slowest rank):")
+            parts_of_stall = 0.0
+            for label, where, _ in PHASES:
+                print(f"  {where:8s} {label:30s} {ours['breakdown'][label]:8.3f}")
+                parts_of_stall += ours["breakdown"][label] if where == "stall" else 0.0
+            rest = ours["stall"] - parts_of_stall
+            print(f"  {'stall':8s} {'rest (outside the above)':30s} {rest:8.3f}")
         if "stage" in floor and "stall" in ours:
             print(
                 f"targets ({TARGETS}): stall {ours['stall'] / floor['stage']:.1f}x floor, durable "

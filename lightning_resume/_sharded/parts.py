@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, fsync_file, write_json_atomic
+from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, fsync_file, temp_sibling
 from lightning_resume._storage.catalog import verify
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import commit, prune
@@ -70,8 +70,16 @@ def part_path(directory: Path, rank: int) -> Path:
 
 
 def write_part(directory: Path, rank: int, entries: Sequence[FileEntry], error: str | None = None) -> None:
-    """Record, durably, the files ``rank`` wrote and hashed, or why it could not."""
-    write_json_atomic(part_path(directory, rank), {"files": [asdict(e) for e in entries], "error": error})
+    """Record the files ``rank`` wrote and hashed, or why it could not: renamed into place whole.
+
+    Not fsynced: a part only carries checksums to the manifest, which is; after a crash the directory
+    is uncommitted, and thrown away.
+    """
+    path = part_path(directory, rank)
+    fd, temporary = temp_sibling(path)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"files": [asdict(e) for e in entries], "error": error}, handle)
+    os.replace(temporary, path)
 
 
 def read_parts(directory: Path, world_size: int) -> dict[str, FileEntry]:

@@ -4,10 +4,12 @@
 ``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed); the plugin's settings apply here instead
 (``io._protocol.settings_of``). Synchronous: every rank calls ``trainer.save_checkpoint(<fresh
 directory>)``, fsyncs and hashes what it wrote; global rank 0 commits. Asynchronous (DCP strategies):
-the state is copied into reused host buffers, ``dcp.async_save`` writes it on a gloo group of its own
-(on the default group its collectives would interleave with training's) and a thread of ours fsyncs,
-hashes and, on rank 0, commits; ranks report through part files, so no collective runs off the main
-thread. One save is in flight; its error is raised on every rank by the next save, ``wait`` or ``close``.
+the state is copied into reused host buffers on the training thread, then a thread of ours runs
+``dcp.save`` on a gloo group of its own (on the default group its collectives would interleave with
+training's; this is what ``dcp.async_save``'s thread does, without a new executor per save), fsyncs,
+hashes and, on rank 0, commits; ranks report through part files, so no collective of the training
+group runs off the main thread. One save is in flight; its error is raised on every rank by the next
+save, ``wait`` or ``close``.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class DirectorySaver:
             RuntimeError: the previous asynchronous save failed on some rank (``last.ckpt`` still names
                 the checkpoint before it), or this synchronous save failed.
         """
-        self.wait(trainer)
+        error, before = self._finish_pending()
         strategy = trainer.strategy
         parent = self.pointer.parent
         if trainer.is_global_zero and not self._cleaned:
@@ -101,8 +103,9 @@ class DirectorySaver:
             parts.clean_up(self.pointer, self.keep)
             self._cleaned = True
         use_async = self.settings.asynchronous and self._supports_async(strategy)
-        chosen = str(new_save_dir(parent, create=use_async)) if trainer.is_global_zero else None
-        save_dir = Path(broadcast(strategy, chosen) or "")
+        chosen = new_save_dir(parent, create=use_async) if trainer.is_global_zero else None
+        # One gather, not two collectives: the save before failed on no rank, and rank 0's directory.
+        save_dir = Path(self._agree(trainer, error, before, chosen) or "")
         if use_async:
             self._save_async(trainer, save_dir)
         else:
@@ -144,58 +147,60 @@ class DirectorySaver:
         self._agree(trainer, error, save_dir)
 
     def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
-
         strategy = trainer.strategy
         checkpoint = capture_checkpoint(trainer, save_dir)  # every rank; ends with a barrier
         state = dcp_state(strategy, checkpoint)
-        meta = None
-        if trainer.is_global_zero:
-            buffer = io.BytesIO()
-            torch.save(checkpoint, buffer)  # Lightning's meta.pt, serialised now: it may hold live tensors
-            meta = buffer.getvalue()
+        # Lightning's meta.pt, serialised now: it may hold live tensors.
+        meta = _serialised(checkpoint) if trainer.is_global_zero else None
         if self._group is None:
             self._group = cpu_group(strategy)
-        response = dcp.async_save(
-            state,
-            checkpoint_id=save_dir,
-            process_group=self._group,
-            async_checkpointer_type=AsyncCheckpointerType.THREAD,
-            async_stager=self._stager_for(state),
-        )
-        upload = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
-        fields = self._fields(trainer, f"dcp.async_save ({model_key(strategy)})")
+        staged = self._stage(state)
+        fields = self._fields(trainer, f"dcp.save in a thread ({model_key(strategy)})")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
         self._async_used = True
         self._pending_dir = save_dir
+        write = partial(self._write, staged, save_dir)
         commit = partial(self._commit, save_dir, trainer.world_size, required_files(strategy), fields)
-        self._pending = self._pool.submit(self._finish, upload, save_dir, meta, trainer.global_rank, commit)
+        self._pending = self._pool.submit(self._finish, write, save_dir, meta, trainer.global_rank, commit)
 
-    def _stager_for(self, state: dict[str, Any]) -> Any:
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``state`` that later training steps do not change (on the training thread)."""
         from lightning_resume._sharded.stager import ReusedBufferStager
 
         if ReusedBufferStager.supports(state):
             if not isinstance(self._stager, ReusedBufferStager):
                 self._stager = ReusedBufferStager()
-            return self._stager
-        # GPU-resident or unusual tensors: DCP's own stager (pinned host memory where CUDA is present).
+            return self._stager.stage(state)
+        # GPU-resident or unusual tensors: DCP's own stager (pinned host memory where CUDA is present),
+        # synchronous: it has copied when it returns.
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if not isinstance(self._stager, DefaultStager):
             self._stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
-        return self._stager
+        staged = self._stager.stage(state)
+        return staged.result() if isinstance(staged, Future) else staged
+
+    def _write(self, staged: dict[str, Any], save_dir: Path) -> None:
+        """DCP's save of the staged copy (the writer thread; what ``dcp.async_save``'s thread runs)."""
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            dcp.save(staged, checkpoint_id=save_dir, process_group=self._group)
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
 
     def _finish(
-        self, upload: Future[Any], save_dir: Path, meta: bytes | None, rank: int, commit: Callable[[], None]
+        self,
+        write: Callable[[], None],
+        save_dir: Path,
+        meta: bytes | None,
+        rank: int,
+        commit: Callable[[], None],
     ) -> None:
-        """The writer thread: wait for DCP, write ``meta.pt``, record this rank's files, commit (rank 0)."""
+        """The writer thread: DCP's files, ``meta.pt``, this rank's part; rank 0 then commits."""
         try:
-            try:
-                upload.result()
-            except BaseException as e:  # DCP's CheckpointException is a BaseException
-                raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
+            write()
             if meta is not None:
                 write_bytes_durably(save_dir / parts.LIGHTNING_META, meta)
             self._record_part(save_dir, rank)
@@ -230,14 +235,25 @@ class DirectorySaver:
             committed: DirectoryManifest = manifest
             self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: committed)
 
-    def _agree(self, trainer: pl.Trainer, error: BaseException | None, save_dir: Path | None) -> None:
-        """Every rank learns whether any rank failed (one gather, which is also a barrier); all raise."""
+    def _agree(
+        self,
+        trainer: pl.Trainer,
+        error: BaseException | None,
+        save_dir: Path | None,
+        new_dir: Path | None = None,
+    ) -> str | None:
+        """Every rank learns whether any rank failed (one gather, which is also a barrier), and global rank
+        0's ``new_dir``, which it returns; all raise when a rank failed (rank 0 removes both directories)."""
         message = None if error is None else f"rank {trainer.global_rank}: {type(error).__name__}: {error}"
-        problems = [m for m in gather_objects(trainer.strategy, message) if m]
+        chosen = None if new_dir is None else str(new_dir)
+        gathered = gather_objects(trainer.strategy, (message, chosen))
+        problems = [m for m, _ in gathered if m]
         if not problems:
-            return
-        if trainer.is_global_zero and save_dir is not None:
-            shutil.rmtree(save_dir, ignore_errors=True)
+            return gathered[0][1]
+        if trainer.is_global_zero:
+            for folder in (save_dir, new_dir):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
         raise RuntimeError(
             f"Saving the sharded checkpoint into {str(save_dir)!r} failed ({' | '.join(problems)}). "
             f"{self.pointer.name} still names the previous checkpoint."
@@ -250,11 +266,14 @@ class DirectorySaver:
 
         When this returns on any rank, global rank 0 has committed the save.
         """
-        if not self._async_used:
-            return
+        if self._async_used:
+            self._agree(trainer, *self._finish_pending())
+
+    def _finish_pending(self) -> tuple[BaseException | None, Path | None]:
+        """Wait for this rank's save in flight (if any); return what it raised and its directory."""
         pending, self._pending = self._pending, None
         save_dir, self._pending_dir = self._pending_dir, None
-        self._agree(trainer, _attempt(pending.result) if pending is not None else None, save_dir)
+        return (_attempt(pending.result) if pending is not None else None), save_dir
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
@@ -297,6 +316,13 @@ def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
         )
         return None
     return settings.open_mirror(settings.directories_kept)
+
+
+def _serialised(checkpoint: dict[str, Any]) -> bytes:
+    """``checkpoint`` as ``torch.save`` writes it."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    return buffer.getvalue()
 
 
 def _attempt(action: Callable[[], Any]) -> BaseException | None:
