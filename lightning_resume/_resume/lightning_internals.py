@@ -272,9 +272,6 @@ def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any
     """
     from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
-    # Lightning drops an epoch's accumulated tensors at its first logging in a new epoch, which it
-    # recognises by the first batch of the loop; the resumed first batch is not that one.
-    trainer._logger_connector._first_loop_iter = True  # the resumed first batch makes it False
     results = trainer.fit_loop.epoch_loop._results
     modules = dict(trainer.lightning_module.named_modules())
     for entry in entries:
