@@ -31,7 +31,7 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
 class _TrainLoaderHook:
     """Stands in for ``strategy.process_dataloader`` (an instance attribute) during ``fit``."""
 
-    def __init__(self, trainer: pl.Trainer, hook: Callable[[Any], None]) -> None:
+    def __init__(self, trainer: pl.Trainer, hook: Callable[[Any], object]) -> None:
         self.trainer, self.hook = trainer, hook
         self.strategy = trainer.strategy
         self.original = trainer.strategy.process_dataloader
@@ -47,7 +47,7 @@ class _TrainLoaderHook:
             del self.strategy.process_dataloader
 
 
-def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], None]) -> Callable[[], None]:
+def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> Callable[[], None]:
     """Call ``hook`` on every training loader as Lightning prepares it, before its first iterator.
 
     ``FitLoop.setup_data`` requests the training loaders (from the user's hooks, maybe re-made with a
@@ -146,7 +146,7 @@ def between_epochs(trainer: pl.Trainer) -> bool:
     ``on_train_end``, and when Lightning stops on SIGTERM after an epoch end; False inside an epoch,
     its validation and its ``on_train_epoch_end`` hooks.
     """
-    total = trainer.fit_loop.epoch_progress.total
+    total: Any = trainer.fit_loop.epoch_progress.total  # a _ProcessedTracker (typed as its base)
     return bool(total.started == total.processed == total.completed)
 
 

@@ -76,8 +76,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     user's own checkpoint callbacks do. An epoch's end is saved once it has run in full (validation,
     every callback's and the module's ``on_train_epoch_end``, plateau schedulers, epoch metrics): as
     the next epoch starts, before its hooks (with a stateful loader: after its first step); a save
-    due on an epoch's last batch waits for that moment too. Each write goes to a temporary file that is fsynced and
-    renamed over the previous one, so a kill at any instant leaves a complete ``last.ckpt``.
+    due on an epoch's last batch waits for that moment too. Each write goes to a temporary file that
+    is fsynced and renamed over the previous one, so a kill at any instant leaves a complete
+    ``last.ckpt``.
 
     On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
     full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a

@@ -130,3 +130,15 @@ def test_a_fresh_run_draws_what_it_draws_without_our_callbacks(tmp_path: Path, a
     assert ours[0] == plain[0], "the batches differ"
     assert ours[1] == plain[1], "the augmentations or the model's draws differ"
     assert same_weights(ours[2], plain[2])
+
+
+@pytest.mark.slow
+def test_epoch_metrics_of_each_rank_after_a_kill_under_ddp(tmp_path: Path) -> None:
+    # Two ranks, 6 batches each per epoch: the kill at step 11 resumes epoch 1 at step 10.
+    args = (*MONITORED, "--devices", "2")
+    reference = tmp_path / "reference"
+    attempt = run_job(reference / "runs", reference / "ref.pt", *args, timeout=300)
+    assert attempt.returncode == 0, attempt.output
+    assert attempt.run_dir is not None
+    (reference / "metrics.csv").write_bytes(metrics_csv(attempt.run_dir).read_bytes())
+    kill_and_resume(tmp_path, reference, 11, 10, *args)

@@ -336,7 +336,8 @@ class Metered(SlowValidation):
 
 
 def epoch_callbacks(args: argparse.Namespace, run_dir: RunDir) -> list[pl.Callback]:
-    """EarlyStopping and ModelCheckpoint on ``val_loss`` (``--monitor``), ``LocalLoggerResume`` (``--csv``)."""
+    """EarlyStopping and ModelCheckpoint on ``val_loss`` (``--monitor``); ``LocalLoggerResume``
+    (``--csv``)."""
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     from lightning_resume import LocalLoggerResume
