@@ -17,23 +17,27 @@ from pathlib import Path
 import pytest
 from conftest import built_once, run_job, same_weights
 
-# 12 batches per epoch: steps 1-12 are epoch 0, 13-24 epoch 1, 25-36 epoch 2.
+# 12 batches per epoch: steps 1-12 are epoch 0, 13-24 epoch 1, 25-36 epoch 2. Step-based (as large
+# models train): Lightning 2.6 alone wedges on an epoch-end checkpoint with EarlyStopping there.
 MONITORED = (
     "--loader", "plain", "--monitor", "--patience", "3", "--metrics", "--plateau", "--csv", "--every", "5",
+    "--max-steps", "36",
 )  # fmt: skip
+# The same by epochs.
+BY_EPOCHS = (*MONITORED[:-2], "--epochs", "3")
+
+
+def reference_run(folder: Path, *args: str) -> None:
+    """An uninterrupted run of ``args`` in ``folder``: its weights, callbacks' decisions and CSV logs."""
+    attempt = run_job(folder / "runs", folder / "ref.pt", *args, timeout=300)
+    assert attempt.returncode == 0, attempt.output
+    assert attempt.run_dir is not None
+    (folder / "metrics.csv").write_bytes(metrics_csv(attempt.run_dir).read_bytes())
 
 
 @pytest.fixture(scope="module")
 def monitored_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run of :data:`MONITORED` (its weights, callbacks' decisions and CSV logs)."""
-
-    def build(folder: Path) -> None:
-        attempt = run_job(folder / "runs", folder / "ref.pt", *MONITORED, timeout=300)
-        assert attempt.returncode == 0, attempt.output
-        assert attempt.run_dir is not None
-        (folder / "metrics.csv").write_bytes(metrics_csv(attempt.run_dir).read_bytes())
-
-    return built_once(tmp_path_factory, "epoch-monitored", build)
+    return built_once(tmp_path_factory, "epoch-monitored", lambda folder: reference_run(folder, *MONITORED))
 
 
 def metrics_csv(run_dir: Path) -> Path:
@@ -133,12 +137,15 @@ def test_a_fresh_run_draws_what_it_draws_without_our_callbacks(tmp_path: Path, a
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("kill", "resumed_at"), [(13, 12), (18, 15)])
+def test_kills_around_an_epoch_end_by_epochs(tmp_path: Path, kill: int, resumed_at: int) -> None:
+    reference_run(tmp_path / "reference", *BY_EPOCHS)
+    kill_and_resume(tmp_path, tmp_path / "reference", kill, resumed_at, *BY_EPOCHS)
+
+
+@pytest.mark.slow
 def test_epoch_metrics_of_each_rank_after_a_kill_under_ddp(tmp_path: Path) -> None:
     # Two ranks, 6 batches each per epoch: the kill at step 11 resumes epoch 1 at step 10.
-    args = (*MONITORED, "--devices", "2")
-    reference = tmp_path / "reference"
-    attempt = run_job(reference / "runs", reference / "ref.pt", *args, timeout=300)
-    assert attempt.returncode == 0, attempt.output
-    assert attempt.run_dir is not None
-    (reference / "metrics.csv").write_bytes(metrics_csv(attempt.run_dir).read_bytes())
-    kill_and_resume(tmp_path, reference, 11, 10, *args)
+    args = (*BY_EPOCHS, "--devices", "2")
+    reference_run(tmp_path / "reference", *args)
+    kill_and_resume(tmp_path, tmp_path / "reference", 11, 10, *args)
