@@ -272,6 +272,10 @@ def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any
     """
     from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
+    # ``LightningModule.log`` drops the accumulated tensors at a loop's first batch
+    # (``_LoggerConnector.should_reset_tensors``: ``_first_loop_iter`` None or True); the resumed first
+    # batch is not the epoch's first: as if one batch had run, ``on_batch_start`` makes it False.
+    trainer._logger_connector._first_loop_iter = True
     results = trainer.fit_loop.epoch_loop._results
     modules = dict(trainer.lightning_module.named_modules())
     for entry in entries:

@@ -469,6 +469,7 @@ def test_epoch_accumulators_and_callback_metrics_round_trip(tmp_path: Path) -> N
             trainer.fit_loop.epoch_loop._results.clear()
             put_back_callback_metrics(trainer, {})
             assert trainer.callback_metrics == {}
+            trainer._logger_connector._first_loop_iter = None  # as in a fit that has just been restored
             put_back_epoch_accumulators(trainer, self.entries)
             put_back_callback_metrics(trainer, metrics)
 
