@@ -141,6 +141,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._redirect = RestartRedirect()
         self._resume = ExactResume(self.state_key)
         self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
+        self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
         self._save_at_boundary = False  # a save is due once the epoch's end has run
         self._last_save_step, self._last_save_time = -1, time.monotonic()
         self._marked = False  # checkpoints/.saved is known to exist
@@ -170,9 +171,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @property
     def saves_epoch_start_instead(self) -> bool:
-        """Whether an epoch's end is saved only once it has run in full, at the next epoch's start
-        (always: a save inside ``on_train_epoch_end`` would miss what the epoch end does after it)."""
-        return True
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)
+        rather than as that epoch starts."""
+        return self._resume.stateful_loaders
 
     @property
     def _partial_path(self) -> Path:
@@ -239,6 +240,14 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         due, self._save_at_boundary = self._save_at_boundary, False
         if due and not self._resume.stateful_loaders and trainer.global_step != self._last_save_step:
             self.save(trainer)
+        for listener in self._boundary_listeners:
+            listener(trainer)
+
+    def at_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
+        """Call ``listener(trainer)`` at every epoch boundary, after this callback's own work there
+        (``PreemptionHandler`` stops there: the state saved then is the boundary's)."""
+        if listener not in self._boundary_listeners:
+            self._boundary_listeners.append(listener)
 
     @override
     def on_train_batch_start(
