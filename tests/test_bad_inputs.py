@@ -30,7 +30,7 @@ import pytest
 import torch
 from _sharded import SHARD, DirectoryStrategy, fit_directories
 from _system import can_unshare_mounts, permission_prefix
-from conftest import job_env, run_job, same_weights, tiny_trainer
+from conftest import built_once, job_env, run_job, same_weights, tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import (
@@ -2071,6 +2071,85 @@ def other_ranks_with_an_iterable_dataset(tmp_path: Path) -> None:
     ) as w:
         _fit_loader(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), 6)
     assert len([m for m in w if "cannot continue" in str(m.message)]) == 1
+
+
+# -- epoch boundaries and step-based training (issues 21, 22) ------------------------------------------
+
+# 12 batches per epoch: the epoch-end checkpoint of epoch 0 is at step 12; no periodic saves.
+STEPS = ("--loader", "plain", "--every", "0")
+
+
+def steps_reference() -> Path:
+    """An uninterrupted ``Trainer(max_steps=20)`` run of :data:`STEPS`: its weights and sample log."""
+
+    def build(folder: Path) -> None:
+        attempt = run_job(
+            folder, folder / "ref.pt", *STEPS, "--max-steps", 20, "--sample-log", folder / "ref.log"
+        )
+        assert attempt.returncode == 0, attempt.output
+
+    factory = _REQUEST[0].getfixturevalue("tmp_path_factory")
+    return built_once(factory, "max-steps-reference", build)
+
+
+def resumed_max_steps_run(tmp_path: Path, kill: int) -> None:
+    """A ``max_steps=20`` run SIGKILLed at step ``kill`` of epoch 1 resumes at 12, exact."""
+    reference = steps_reference()
+    root, out, log = tmp_path / "runs", tmp_path / "out.pt", tmp_path / "run.log"
+    first = run_job(root, out, *STEPS, "--max-steps", 20, "--kill-at", kill, SLURM_JOB_ID=22)
+    assert first.returncode == -9, first.output
+    again = run_job(
+        root, out, *STEPS, "--max-steps", 20, "--sample-log", log, SLURM_JOB_ID=22, SLURM_RESTART_COUNT=1
+    )
+    assert again.returncode == 0, again.output
+    assert "FIRST_STEP rank=0 step=12" in again.output, again.output
+    expected = (reference / "ref.log.rank0").read_text().splitlines()[12:]
+    assert Path(f"{log}.rank0").read_text().splitlines() == expected, f"kill at {kill}: other batches"
+    assert same_weights(out, reference / "ref.pt"), f"kill at {kill}"
+
+
+@case(
+    "`Trainer(max_steps=N)` (no `max_epochs`) killed in the first steps after an epoch-end checkpoint",
+    "resumes at the epoch end with the same batches; final weights equal an uninterrupted run",
+)
+def max_steps_kill_after_an_epoch_end(tmp_path: Path) -> None:
+    resumed_max_steps_run(tmp_path, 14)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [13, 15, 16])
+def test_max_steps_kill_at_every_step_after_an_epoch_end(
+    tmp_path: Path, kill: int, request: pytest.FixtureRequest
+) -> None:
+    _REQUEST[:] = [request]
+    resumed_max_steps_run(tmp_path, kill)
+
+
+def train_longer(tmp_path: Path, first_steps: int) -> None:
+    """A run finished at ``first_steps``, relaunched with ``max_steps=20``: exact."""
+    reference = steps_reference()
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    first = run_job(root, out, *STEPS, "--max-steps", first_steps, "--key", "longer")
+    assert first.returncode == 0, first.output
+    again = run_job(root, out, *STEPS, "--max-steps", 20, "--key", "longer")
+    assert again.returncode == 0, again.output
+    assert f"FIRST_STEP rank=0 step={first_steps}" in again.output, again.output
+    assert again.run_dir == first.run_dir
+    assert same_weights(out, reference / "ref.pt")
+
+
+@case(
+    "a finished `max_steps` run relaunched with a larger `max_steps` (train longer)",
+    "continues from its last step; final weights equal a run of the larger `max_steps`",
+)
+def max_steps_train_longer(tmp_path: Path) -> None:
+    train_longer(tmp_path, 12)  # it finished exactly at an epoch end
+
+
+@pytest.mark.slow
+def test_train_longer_from_the_middle_of_an_epoch(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    _REQUEST[:] = [request]
+    train_longer(tmp_path, 17)
 
 
 def test_catalogue_entries_are_unique() -> None:

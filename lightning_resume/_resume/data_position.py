@@ -1,26 +1,33 @@
-"""Exact mid-epoch resume for plain ``DataLoader``s, without touching the user's data pipeline.
+"""Exact mid-epoch resume for plain ``DataLoader``s, without changing what an uninterrupted run draws.
 
-A plain loader's epoch is fixed by the random state at the moment its iterator is created: one
-draw for the workers' base seed, one for ``RandomSampler``'s permutation (``DistributedSampler``
-uses its seed and epoch instead). So a resume needs the epoch-start random state, the number of
-batches already consumed, and a sampler that skips that many batches' worth of *indices*, never
-loading them. Random augmentations inside worker processes depend on each worker's own stream,
-which a resume cannot continue (the batches land on other workers); so, with workers, every batch
-is drawn from generators seeded by the epoch's base seed, the rank and the batch's indices, in the
-uninterrupted run and the resumed one alike.
+A plain loader's epoch is fixed by two draws from the random state: the workers' base seed, drawn
+when the epoch's iterator is created, and ``RandomSampler``'s permutation, drawn when the sampler
+starts (at once with workers, at the first batch without; ``DistributedSampler`` uses its seed and
+epoch instead). Every training loader is watched from the moment Lightning prepares it
+(:func:`watch`): the random state at both moments is recorded, and nothing else changes, so a run
+draws exactly what it draws without ``lightning_resume``. A resume makes the interrupted epoch's
+iterator again with both draws done from the recorded states (:func:`replay`), the sampler skipping
+the consumed batches' *indices*, never loading them; :mod:`.worker_streams` continues the workers'
+random streams.
 """
 
 from __future__ import annotations
 
 import itertools
-import random
-import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from lightning_resume._resume import rng
+
+
+class EpochDraws(TypedDict):
+    """The random state as a loader's current epoch drew: at its iterator, and as its sampler started."""
+
+    iterator: dict[str, Any] | None
+    sampler: dict[str, Any] | None
 
 
 def loader_problem(loader: Any) -> str | None:
@@ -42,46 +49,44 @@ def loader_problem(loader: Any) -> str | None:
     return None
 
 
-def generators(loader: DataLoader) -> list[torch.Generator | None]:
-    """The torch generators that decide a plain loader's order and worker seeds, in a fixed order."""
-    sampler = getattr(loader.batch_sampler, "sampler", None)
-    inner = sampler.sampler if isinstance(sampler, SkipFirst) else sampler
-    return [loader.generator, getattr(inner, "generator", None)]
+def _state(generator: torch.Generator | None) -> torch.Tensor | None:
+    return generator.get_state() if isinstance(generator, torch.Generator) else None
 
 
-def capture_generators(loader: DataLoader) -> list[torch.Tensor | None]:
-    return [g.get_state() if isinstance(g, torch.Generator) else None for g in generators(loader)]
+def _set(generator: torch.Generator | None, state: torch.Tensor | None) -> None:
+    if isinstance(generator, torch.Generator) and state is not None:
+        generator.set_state(state)
 
 
-def restore_generators(loader: DataLoader, states: list[torch.Tensor | None]) -> None:
-    for generator, state in zip(generators(loader), states, strict=True):
-        if isinstance(generator, torch.Generator) and state is not None:
-            generator.set_state(state)
+def _capture(generator: torch.Generator | None) -> dict[str, Any]:
+    """The global random state and ``generator``'s (a loader's or a sampler's own ``generator=``)."""
+    return {"rng": rng.capture(), "generator": _state(generator)}
 
 
-class SkipFirst(Sampler[Any]):
-    """Wrap a sampler so that its next epoch starts ``skip`` indices in, drawn but never loaded.
+class EpochSampler(Sampler[Any]):
+    """Wraps a loader's sampler: records the random state each epoch's order is drawn from.
 
-    The skip happens when the epoch's index stream starts: inside the loader's iterator with
-    workers (which start at once), or at :meth:`start` without them, so the sampler's random draw
-    comes right after the iterator's own, as in an uninterrupted epoch. Later epochs pass through.
+    On a resume (:meth:`resume`) the next epoch is that order again, drawn from a recorded state,
+    ``skip`` indices in. Later epochs pass through.
     """
 
-    def __init__(self, sampler: Any, skip: int) -> None:
+    def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
-        self.skip = skip
+        self.start: dict[str, Any] | None = None  # the state the current epoch's order came from
         self._pending: Iterator[Any] | None = None
 
-    def _skipped(self) -> Iterator[Any]:
-        iterator = iter(self.sampler)
-        next(itertools.islice(iterator, self.skip, self.skip), None)
-        self.skip = 0
-        return iterator
+    def resume(self, start: dict[str, Any], skip: int) -> list[Any]:
+        """Draw the epoch that started from ``start`` again and skip ``skip`` indices; return those.
 
-    def start(self) -> None:
-        """Start the pending epoch now (no-op when the loader's iterator already did)."""
-        if self.skip:
-            self._pending = self._skipped()
+        The order is drawn now, inside :func:`rng.scoped` (the global stream moves on as if it had
+        not happened); the sampler's own generator ends where the interrupted run's did.
+        """
+        _set(getattr(self.sampler, "generator", None), start["generator"])
+        with rng.scoped(start["rng"]):
+            iterator = iter(self.sampler)
+            skipped = list(itertools.islice(iterator, skip))  # a lazy sampler draws at its first index
+        self.start, self._pending = start, iterator
+        return skipped
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -91,70 +96,79 @@ class SkipFirst(Sampler[Any]):
         if self._pending is not None:
             pending, self._pending = self._pending, None
             return pending
-        return self._skipped() if self.skip else iter(self.sampler)
+        self.start = _capture(getattr(self.sampler, "generator", None))
+        return iter(self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)
 
 
-def skip_batches(loader: DataLoader, batches: int, epoch: int) -> SkipFirst:
-    """Make ``loader``'s next epoch (number ``epoch``) start after ``batches`` batches; return the wrapper."""
-    batch_sampler: Any = loader.batch_sampler
-    inner = batch_sampler.sampler
-    wrapper = inner if isinstance(inner, SkipFirst) else SkipFirst(inner, 0)
-    wrapper.skip = batches * int(batch_sampler.batch_size)
-    wrapper.set_epoch(epoch)
-    batch_sampler.sampler = wrapper
-    return wrapper
+class RecordIterator:
+    """Stands in for a loader's ``_get_iterator`` (an instance attribute): records the random state
+    each iterator is made from, or makes it from a given one (:meth:`replay_next`)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.original = loader._get_iterator
+        self.start: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+
+    def replay_next(self, start: dict[str, Any]) -> None:
+        """Make the next iterator from ``start`` (the workers' base seed is drawn from it)."""
+        self._pending = start
+
+    def __call__(self) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            self.start = _capture(self.loader.generator)
+            return self.original()
+        # The loader's own generator (shared with its sampler) keeps the state the replayed sampler
+        # left it in: in the interrupted run the sampler drew after the base seed.
+        after = _state(self.loader.generator)
+        _set(self.loader.generator, pending["generator"])
+        with rng.scoped(pending["rng"]):
+            iterator = self.original()
+        _set(self.loader.generator, after)
+        self.start = pending
+        return iterator
 
 
-def batch_seed(base: int, rank: int, indices: Any) -> int:
-    """A seed for one batch from the epoch's base seed, the rank and the batch's sample indices."""
-    digest = zlib.crc32(np.asarray(list(indices), dtype=np.int64).tobytes())
-    return (base * 1_000_003 + rank * 7_919 + digest) % (2**63)
-
-
-class _SeededFetch:
-    """``dataset.__getitems__`` inside a worker: seed every generator per batch, then fetch."""
-
-    def __init__(self, dataset: Any, base: int, rank: int) -> None:
-        self.dataset = dataset
-        self.base = base
-        self.rank = rank
-        self.inner = getattr(type(dataset), "__getitems__", None)
-
-    def __call__(self, indices: list[Any]) -> Any:
-        seed = batch_seed(self.base, self.rank, indices)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        if self.inner is not None:
-            return self.inner(self.dataset, indices)
-        return [self.dataset[i] for i in indices]
-
-
-class SeedWorkersPerBatch:
-    """A ``worker_init_fn`` that runs the user's, then seeds each batch from its own indices.
-
-    Only the worker's copy of the dataset is changed; the user's object in the main process is not.
-    """
-
-    def __init__(self, user_fn: Any, rank: int) -> None:
-        self.user_fn = user_fn
-        self.rank = rank
-
-    def __call__(self, worker_id: int) -> None:
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
-        info = get_worker_info()
-        if info is None:
-            return
-        info.dataset.__getitems__ = _SeededFetch(info.dataset, info.seed - info.id, self.rank)  # type: ignore[attr-defined]
-
-
-def seed_workers_per_batch(loader: DataLoader, rank: int) -> bool:
-    """Install :class:`SeedWorkersPerBatch` on a loader with workers; return whether it changed."""
-    if loader.num_workers == 0 or isinstance(loader.worker_init_fn, SeedWorkersPerBatch):
+def watch(loader: Any) -> bool:
+    """Record the draws of ``loader``'s epochs from now on (a plain loader that can be positioned)."""
+    if loader_problem(loader) is not None or hasattr(loader, "state_dict") or _watched(loader):
         return False
-    loader.worker_init_fn = SeedWorkersPerBatch(loader.worker_init_fn, rank)
+    loader._get_iterator = RecordIterator(loader)
+    batch_sampler: Any = loader.batch_sampler
+    batch_sampler.sampler = EpochSampler(batch_sampler.sampler)
     return True
+
+
+def _watched(loader: DataLoader) -> bool:
+    return isinstance(loader.__dict__.get("_get_iterator"), RecordIterator)
+
+
+def draws(loader: DataLoader) -> EpochDraws | None:
+    """The random states ``loader``'s current epoch was drawn from (``None``: not watched)."""
+    if not _watched(loader):
+        return None
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    return {
+        "iterator": loader.__dict__["_get_iterator"].start,
+        "sampler": sampler.start if isinstance(sampler, EpochSampler) else None,
+    }
+
+
+def replay(loader: DataLoader, recorded: EpochDraws, batches: int) -> list[list[Any]]:
+    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in.
+
+    Returns the skipped batches' indices (their workers replay them to continue their random
+    streams). The caller then has Lightning make the iterator.
+    """
+    batch_sampler: Any = loader.batch_sampler
+    if not _watched(loader) or recorded.get("sampler") is None:
+        raise ValueError("replay needs a loader watched since its epoch started")
+    if recorded.get("iterator") is not None:
+        loader.__dict__["_get_iterator"].replay_next(recorded["iterator"])
+    size = int(batch_sampler.batch_size)
+    skipped = batch_sampler.sampler.resume(recorded["sampler"], batches * size)
+    return [skipped[i : i + size] for i in range(0, len(skipped), size)]

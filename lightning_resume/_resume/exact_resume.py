@@ -3,10 +3,15 @@
 ``RequeueCheckpoint`` calls one method per moment of ``fit``; between moments the state is one
 :class:`~lightning_resume._resume.resume_state.ResumeState`. What goes back when:
 
-- the data position, at train start: plain loaders' first epoch is rebuilt from its epoch-start
-  random state and skips the consumed batches (:mod:`.data_position`); stateful loaders under DDP get
-  their own rank's state, the epoch and an order Lightning does not hide (:mod:`.stateful_loaders`);
-- the random state: before the next epoch's iterator (a checkpoint at an epoch boundary), just before
+- the epoch's metric states, logged accumulators and callback metrics, at train start
+  (:mod:`.epoch_metrics`);
+- the data position, at train start: a plain loader's interrupted epoch is drawn again from the
+  recorded random states and skips the consumed batches (:mod:`.data_position`), its workers'
+  streams continued (:mod:`.worker_streams`); stateful loaders under DDP get their own rank's state,
+  the epoch and an order Lightning does not hide (:mod:`.stateful_loaders`). A run that does not
+  resume draws exactly what it draws without ``lightning_resume``;
+- the random state: as the next epoch starts, before any of its hooks (a checkpoint between
+  epochs, which also makes Lightning start that epoch as an uninterrupted run does), just before
   the first resumed batch (mid-epoch), or as the validation to redo starts;
 - a validation the checkpoint interrupted, or that followed the saved step (recorded in
   ``checkpoints/.validated-after``), runs again.
@@ -24,16 +29,23 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import DataLoader
 
 from lightning_resume._collectives import gather_objects
-from lightning_resume._resume import data_position, rng, stateful_loaders
+from lightning_resume._resume import data_position, epoch_metrics, rng, stateful_loaders
+from lightning_resume._resume.data_position import EpochDraws
 from lightning_resume._resume.lightning_internals import (
+    between_epochs,
+    mark_between_epochs,
     redo_validation_on_restart,
     replace_train_loader_states,
     restart_train_iterator,
+    settle_fit_restart,
     settle_validation_progress,
+    start_epoch_afresh,
     train_loader_states,
+    watch_train_loaders,
 )
 from lightning_resume._resume.quiet_lightning import NOT_RESUMABLE, QuietLightning
-from lightning_resume._resume.resume_state import EpochStart, Loaded, RankState, ResumeState, Stage
+from lightning_resume._resume.resume_state import Loaded, RankState, ResumeState, Stage
+from lightning_resume._resume.worker_streams import ResumedWorkers
 from lightning_resume._resume.world_change import Positioned, WorldChange
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._warnings import warn
@@ -49,9 +61,21 @@ def _plain(trainer: pl.Trainer | None) -> list[DataLoader]:
     return [dl for dl in _train_loaders(trainer) if isinstance(dl, DataLoader)]
 
 
-def _epoch_start(loaders: list[DataLoader]) -> EpochStart:
-    """The random state and the loaders' generators now, as an epoch's iterator is about to be made."""
-    return {"rng": rng.capture(), "generators": [data_position.capture_generators(dl) for dl in loaders]}
+def _recorded(mine: RankState, count: int) -> list[EpochDraws | None]:
+    """This rank's recorded epoch draws, one per plain loader (from an earlier version's epoch start)."""
+    if "draws" in mine:
+        return list(mine["draws"])
+    start = mine.get("epoch_start")
+    if not start:
+        return [None] * count
+    generators = start.get("generators") or [[None, None]] * count
+    return [
+        {
+            "iterator": {"rng": start["rng"], "generator": states[0]},
+            "sampler": {"rng": start["rng"], "generator": states[1]},
+        }
+        for states in generators
+    ]
 
 
 class ExactResume:
@@ -65,9 +89,10 @@ class ExactResume:
         self._world = WorldChange(keep_global_batch)  # another number of ranks (issue 25)
         self.state = ResumeState()
         self._validated_after: Path | None = None
-        self._epoch_start: EpochStart | None = None
         self._validation_rng: dict[str, Any] | None = None  # the random state as this validation started
-        self._first_epoch = True
+        self._validation_metrics: dict[str, Any] | None = None  # the metric states as it started
+        self._settle_restart = False  # a mid-epoch restore: Lightning's fit loop still "restarting"
+        self._unwatch: Any = None  # removes the watch on the training loaders
         self._positioned = False  # plain loaders that this resume puts back at their batch
         self._stateful = False  # every train loader restores its own position
         self._loader_states: list[Any] | None = None  # this rank's saved loader states, to reload
@@ -80,24 +105,29 @@ class ExactResume:
 
     # -- saving ------------------------------------------------------------------------------------
 
-    def state_to_save(self, trainer: pl.Trainer | None, epoch_ended: bool) -> dict[str, Any]:
-        """This rank's part of the callback's ``state_dict`` (``epoch_ended``: saved at an epoch end)."""
+    def state_to_save(self, trainer: pl.Trainer | None) -> dict[str, Any]:
+        """This rank's part of the callback's ``state_dict``."""
         in_validation = self.state.stage is Stage.SAVING_IN_VALIDATION and self._validation_rng is not None
         mine: RankState = {
             "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
-            "generators": [data_position.capture_generators(dl) for dl in _plain(trainer)],
-            "epoch_start": self._epoch_start,
+            "draws": [data_position.draws(dl) for dl in _plain(trainer)],
+            "metrics": None,
         }
+        if trainer is not None and trainer.lightning_module is not None:
+            states = self._validation_metrics if in_validation else None
+            mine["metrics"] = dict(epoch_metrics.capture(trainer, states))
         # Batches of the current epoch whose step has run (what a mid-epoch resume must skip).
         batches = (
             getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0) if trainer else 0
         )
+        # Between epochs: the last epoch's end has run in full (validation, epoch-end hooks, logging)
+        # and nothing of the next one; a save in validation resumes inside the epoch (the validation,
+        # then the epoch-end hooks, run again).
+        between = trainer is not None and not in_validation and between_epochs(trainer)
         return {
             "ranks": [mine],  # every rank's, with its loader states, are gathered in at_save
-            # A save in validation resumes inside the epoch, also after its last batch: the
-            # validation, then the epoch-end hooks, run again.
-            "mid_epoch": trainer is not None
-            and (in_validation or not (epoch_ended or trainer.is_last_batch)),
+            "mid_epoch": trainer is not None and not between,
+            "between_epochs": between,
             "in_validation": in_validation,
             "batches": int(batches),
             **self._world.to_save(trainer, _train_loaders(trainer), int(batches)),  # issue 25
@@ -119,6 +149,8 @@ class ExactResume:
             return
         if state.get("in_validation"):
             redo_validation_on_restart(checkpoint)
+        if state.get("between_epochs"):
+            mark_between_epochs(checkpoint)
         if trainer.world_size > 1:
             mine = dict(state["ranks"][0])
             # Lightning keeps only the saving rank's loader states; each rank needs its own back.
@@ -131,12 +163,17 @@ class ExactResume:
         """In ``setup``: the file that records the step of the last save a validation followed."""
         self._validated_after = validated_after
 
+    def watch_loaders(self, trainer: pl.Trainer) -> None:
+        """In ``setup`` of ``fit``: record the draws of every training epoch from the first one on."""
+        self._stop_watching()
+        self._unwatch = watch_train_loaders(trainer, data_position.watch)
+
     def after_load(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
         """In ``on_load_checkpoint``: mark a validation to redo; give each rank its own loader states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
         # Saved at the end of a step that a validation followed: redo that validation, from the
         # random state the checkpoint holds (nothing draws between the step's end and validation).
-        followed = self._validation_followed(checkpoint.get("global_step"))
+        followed = state.get("mid_epoch", True) and self._validation_followed(checkpoint.get("global_step"))
         if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
             state["before_validation"] = True
         ranks = state.get("ranks") or []
@@ -157,22 +194,24 @@ class ExactResume:
         self._world.load(state_dict)
 
     def after_restore(self, trainer: pl.Trainer) -> None:
-        """In ``on_fit_start``: at an epoch boundary the random state goes back now, before the next
-        epoch's iterator and shuffle draw from it (they come before any batch hook)."""
+        """In ``on_fit_start``: an earlier version's epoch-end checkpoint puts its random state back now."""
         loaded = self.state.loaded
-        if loaded is not None and not loaded.mid_epoch:
+        if loaded is not None and not loaded.mid_epoch and not loaded.between_epochs:
             rng.restore(self._mine(trainer)["rng"])
-        self._first_epoch = True
 
     def at_train_start(self, trainer: pl.Trainer, saves_mid_epoch: bool) -> None:
-        """In ``on_train_start``: the data back at its batch, then the random state."""
-        redo_first = self.state.loaded is not None and self.state.loaded.before_validation
+        """In ``on_train_start``: the epoch's metrics, the data back at its batch, the random state."""
+        loaded = self.state.loaded
+        redo_first = loaded is not None and loaded.before_validation
         loaders = self._inspect_loaders(trainer, saves_mid_epoch)
+        if loaded is not None:
+            epoch_metrics.restore(trainer, self._mine(trainer).get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
+            self._settle_restart = loaded.mid_epoch
         # Issue 25: on another number of ranks, the rest of the epoch split over them.
-        positioned = self._world.at_train_start(trainer, self.state.loaded, _train_loaders(trainer))
+        positioned = self._world.at_train_start(trainer, loaded, _train_loaders(trainer))
         if positioned is Positioned.RESPLIT:
-            self._resplit(trainer, loaders)
-        elif self._positioned:
+            self._resplit(trainer)
+        elif loaded is not None and loaded.mid_epoch and self._positioned:
             self._position_plain_loaders(trainer, loaders)
             self._unquiet()
             self._quiet = QuietLightning(self, NOT_RESUMABLE)  # until the first batch: the position is exact
@@ -186,23 +225,29 @@ class ExactResume:
                 rng.restore(self._mine(trainer)["rng"])
             self.state = self.state.redo_validation_now()
 
-    def at_epoch_start(self, trainer: pl.Trainer) -> None:
-        """In ``on_train_epoch_start``: a later epoch's start (the first one's is taken at train start)."""
-        if self._first_epoch or not self._positioned:
+    def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+        """As an epoch starts, before any of its hooks: a checkpoint saved at this moment goes back.
+
+        The random state is the one the interrupted run had here, and Lightning starts the epoch as
+        an uninterrupted run does (its iterator made from that state, its loops not "restarting").
+        """
+        loaded = self.state.loaded
+        if loaded is None or not loaded.between_epochs or self.state.stage is not Stage.LOADED:
             return
-        loaders = _plain(trainer)
-        for loader in loaders:  # reloaded loaders (reload_dataloaders_every_n_epochs) need it again
-            data_position.seed_workers_per_batch(loader, trainer.global_rank)
-        self._epoch_start = _epoch_start(loaders)
+        rng.restore(self._mine(trainer)["rng"])
+        start_epoch_afresh(trainer)
+        self.state = self.state.applied()
 
     def before_batch(self, trainer: pl.Trainer) -> None:
         """In ``on_train_batch_start``: mid-epoch, the random state goes back now. A stateful loader's
         resumed iterator is rebuilt before this hook, drawing from the global generator."""
         self._unquiet()
+        self._settle(trainer)
         self._continue(trainer, at_batch=True)
 
-    def at_epoch_end(self) -> None:
-        self._first_epoch = False
+    def at_epoch_end(self, trainer: pl.Trainer) -> None:
+        """In ``on_train_epoch_end`` (before Lightning's plateau schedulers step)."""
+        self._settle(trainer)
 
     def before_validation(self, trainer: pl.Trainer, saved_at_this_step: bool) -> None:
         """In ``on_validation_start``: a validation to redo starts from its saved random state.
@@ -220,6 +265,7 @@ class ExactResume:
             rng.restore(self.state.rng)
             self.state = self.state.redo_validation_now()
         self._validation_rng = rng.capture()
+        self._validation_metrics = epoch_metrics.metric_states(trainer.lightning_module)
         if saved_at_this_step and trainer.is_global_zero:
             assert self._validated_after is not None
             write_text_atomic(self._validated_after, f"{trainer.global_step}\n")
@@ -231,14 +277,25 @@ class ExactResume:
 
     def after_fit(self) -> None:
         self._unquiet()
+        self._stop_watching()
 
     # -- the pieces --------------------------------------------------------------------------------
 
+    def _settle(self, trainer: pl.Trainer) -> None:
+        if self._settle_restart:
+            self._settle_restart = False
+            settle_fit_restart(trainer)
+
+    def _stop_watching(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
     def _continue(self, trainer: pl.Trainer, at_batch: bool) -> None:
         """Where the interrupted run was after its saved step: its random state, or the validation to
-        redo. At train start only a mid-epoch state goes back (an epoch boundary's already did)."""
+        redo. A checkpoint between epochs waits for the next epoch's start (:meth:`at_epoch_boundary`)."""
         loaded = self.state.loaded
-        if loaded is None:
+        if loaded is None or loaded.between_epochs:
             return
         saved = self._mine(trainer)["rng"]
         if loaded.in_validation:  # the saved random state is that validation's start
@@ -269,39 +326,41 @@ class ExactResume:
         return loaders
 
     def _position_plain_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
-        """Rebuild the first epoch's iterator from a known state, skipping what a resumed run consumed.
-        Fresh runs go through this too, so the uninterrupted and the resumed run draw alike."""
+        """Make the interrupted epoch's iterator again from its recorded draws, skipping what the
+        interrupted run consumed; its workers continue their random streams."""
         loaded = self.state.loaded
-        mine = self._mine(trainer) if loaded is not None else None
-        skip = 0
-        start: EpochStart
-        if loaded is not None and mine is not None and loaded.mid_epoch and mine.get("epoch_start"):
-            start = mine["epoch_start"]  # type: ignore[assignment]  # checked just above
-            skip = loaded.batches
-        elif mine is not None:
-            start = {"rng": mine["rng"], "generators": mine.get("generators")}
-        else:
-            start = _epoch_start(loaders)
-        rng.restore(start["rng"])
-        for loader, states in zip(loaders, start.get("generators") or [], strict=False):
-            data_position.restore_generators(loader, states)
-        self._epoch_start = start
-        for loader in loaders:
-            data_position.seed_workers_per_batch(loader, trainer.global_rank)
+        assert loaded is not None
+        skip = loaded.batches
         # A save during the epoch-end validation has consumed the whole epoch: nothing to skip (a skip
         # of everything would leave an exhausted iterator for the next epoch to pick up).
-        epoch = trainer.current_epoch
-        skippers = [data_position.skip_batches(dl, skip, epoch) for dl in loaders if 0 < skip < len(dl)]
-        restart_train_iterator(trainer)
-        for skipper in skippers:
-            skipper.start()
+        if not 0 < skip < min((len(dl) for dl in loaders), default=0):
+            return
+        records = _recorded(self._mine(trainer), len(loaders))
+        if len(records) != len(loaders) or any(r is None or r.get("sampler") is None for r in records):
+            warn(
+                "RequeueCheckpoint cannot put the train data back at its batch: the checkpoint does not "
+                "hold the random state the interrupted epoch was drawn from (saved before its first "
+                "batch, or by another loader setup). Training continues at the right step with "
+                "different batches."
+            )
+            return
+        user_fns = [dl.worker_init_fn for dl in loaders]
+        for loader, recorded in zip(loaders, records, strict=True):
+            assert recorded is not None
+            sampler: Any = loader.batch_sampler.sampler  # type: ignore[union-attr]
+            sampler.set_epoch(trainer.current_epoch)  # Lightning sets it after this hook
+            skipped = data_position.replay(loader, recorded, skip)
+            if loader.num_workers:
+                loader.worker_init_fn = ResumedWorkers(loader.worker_init_fn, skipped, loader.collate_fn)
+        try:
+            restart_train_iterator(trainer)
+        finally:  # only this epoch's workers play their earlier selves
+            for loader, user_fn in zip(loaders, user_fns, strict=True):
+                loader.worker_init_fn = user_fn
 
-    def _resplit(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
-        """The epoch's rest was split over the ranks (issue 25): a new iterator; plain loaders get
-        their random state back now, as when positioned."""
-        for loader in loaders:
-            data_position.seed_workers_per_batch(loader, trainer.global_rank)
-        self._epoch_start = _epoch_start(loaders)
+    def _resplit(self, trainer: pl.Trainer) -> None:
+        """The epoch's rest was split over the ranks (issue 25): a new iterator, from this rank's
+        random state (the rule of ``rank_states``)."""
         self._loader_states = None
         restart_train_iterator(trainer)
         if self._positioned:

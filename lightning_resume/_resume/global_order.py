@@ -115,7 +115,7 @@ def replayed_permutation(
     Making the epoch's iterator draws the workers' base seed (from the loader's ``generator``, or the
     global generator), then ``RandomSampler`` draws its own seed from the global generator (or uses its
     ``generator``). ``generators`` are the saved states of those two generators, as
-    :func:`~lightning_resume._resume.data_position.capture_generators` lists them. The process's own
+    checkpoints of earlier versions list them (``epoch_start``). The process's own
     random state is left as it was.
     """
     loader_state, sampler_state = [*(generators or []), None, None][:2]
@@ -126,6 +126,18 @@ def replayed_permutation(
         rng.restore(epoch_rng)
         torch.empty((), dtype=torch.int64).random_(generator=loader_generator)
         return list(RandomSampler(range(length), generator=sampler_generator))
+    finally:
+        rng.restore(before)
+
+
+def sampler_order(length: int, start_rng: dict[str, Any], generator: torch.Tensor | None) -> list[int]:
+    """The order a one-process ``RandomSampler`` drew for an epoch, from the random state it started
+    from (the process's, and its own ``generator``'s, if any). The process's random state is left as
+    it was."""
+    before = rng.capture()
+    try:
+        rng.restore(start_rng)
+        return list(RandomSampler(range(length), generator=_generator(generator)))
     finally:
         rng.restore(before)
 

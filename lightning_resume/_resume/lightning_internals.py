@@ -5,11 +5,13 @@ Pinned by ``tests/resume/test_lightning_internals.py``: when Lightning changes, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.strategies import Strategy
 
@@ -42,6 +44,38 @@ def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
         tracker.started += delta
         tracker.processed += delta
         tracker.completed += delta
+
+
+class _TrainLoaderHook:
+    """Stands in for ``strategy.process_dataloader`` (an instance attribute) during ``fit``."""
+
+    def __init__(self, trainer: pl.Trainer, hook: Callable[[Any], object]) -> None:
+        self.trainer, self.hook = trainer, hook
+        self.strategy = trainer.strategy
+        self.original = trainer.strategy.process_dataloader
+
+    def __call__(self, dataloader: Any) -> Any:
+        dataloader = self.original(dataloader)
+        if self.trainer.training and not self.trainer.sanity_checking:
+            self.hook(dataloader)
+        return dataloader
+
+    def remove(self) -> None:
+        if self.strategy.__dict__.get("process_dataloader") is self:
+            del self.strategy.process_dataloader
+
+
+def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> Callable[[], None]:
+    """Call ``hook`` on every training loader as Lightning prepares it, before its first iterator.
+
+    ``FitLoop.setup_data`` requests the training loaders (from the user's hooks, maybe re-made with a
+    distributed sampler), hands each to the public ``Strategy.process_dataloader`` and then creates
+    the first iterator, before any callback hook runs. For the duration of ``fit`` an instance
+    attribute stands in for that method. Returns the function that removes it.
+    """
+    watcher = _TrainLoaderHook(trainer, hook)
+    trainer.strategy.process_dataloader = watcher  # type: ignore[method-assign]
+    return watcher.remove
 
 
 # Where Lightning keeps the training loaders' states in a checkpoint: ``_FitLoop.on_save_checkpoint``
@@ -115,6 +149,173 @@ def settle_validation_progress(trainer: pl.Trainer) -> None:
     """
     total: Any = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total  # a _BatchProgress tracker
     total.ready = total.started = total.processed = total.completed
+
+
+# -- epoch boundaries ---------------------------------------------------------------------------------
+
+# The fit loop's epoch progress in a checkpoint.
+_EPOCH_PROGRESS = ("loops", "fit_loop", "epoch_progress")
+
+
+def between_epochs(trainer: pl.Trainer) -> bool:
+    """Whether no epoch is under way: every epoch started has been processed and completed.
+
+    True at the next epoch's ``on_train_epoch_start`` (only ``ready`` has moved on), at
+    ``on_train_end``, and when Lightning stops on SIGTERM after an epoch end; False inside an epoch,
+    its validation and its ``on_train_epoch_end`` hooks.
+    """
+    total: Any = trainer.fit_loop.epoch_progress.total  # a _ProcessedTracker (typed as its base)
+    return bool(total.started == total.processed == total.completed)
+
+
+def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
+    """Make a checkpoint taken between two epochs read as "the last epoch completed, none begun".
+
+    At the next epoch's ``on_train_epoch_start`` Lightning has counted that epoch as ready; restored
+    as such, its restart logic takes it for an epoch interrupted at its start. Returns whether the
+    progress was there.
+    """
+    node = _walk(checkpoint, _EPOCH_PROGRESS)
+    if not isinstance(node, dict):
+        return False
+    for tracker in node.values():
+        tracker["ready"] = tracker["started"]
+    return True
+
+
+def start_epoch_afresh(trainer: pl.Trainer) -> None:
+    """Run the epoch that starts now as an uninterrupted run does; call at its ``on_train_epoch_start``.
+
+    After a restore from a checkpoint taken between epochs, Lightning 2.6 keeps its loops
+    "restarting" when training is bounded by ``max_steps`` (``_FitLoop.restarting`` is forced for
+    iteration-based training): the epoch loop then re-runs the previous epoch's end (its
+    ``on_train_epoch_end`` hooks, without the metrics they read) and counts a phantom batch. And,
+    as the fit resumes, it keeps the iterator made in ``FitLoop.setup_data`` before
+    ``on_train_start`` instead of making the epoch's iterator where an uninterrupted run does.
+    """
+    from lightning.pytorch.loops.loop import _Loop
+
+    fit_loop = trainer.fit_loop
+    # The base setter, not _FitLoop's (which keeps True for max_steps); it reaches every child loop.
+    _Loop.restarting.fset(fit_loop, False)  # type: ignore[attr-defined]
+    fit_loop.reset_restart_stage()
+    fit_loop.epoch_loop.reset_restart_stage()
+    fit_loop.epoch_loop.val_loop.reset_restart_stage()
+    fit_loop._resuming_from_checkpoint = False  # the epoch loop makes the epoch's iterator
+
+
+def settle_fit_restart(trainer: pl.Trainer) -> None:
+    """After a mid-epoch restore has been applied: let the resumed epoch end as an uninterrupted one.
+
+    While the fit loop is "restarting" (until its first epoch ends) Lightning skips the
+    ``ReduceLROnPlateau`` step at the epoch end, because the metrics it reads were not restored; they
+    are (:func:`put_back_callback_metrics`). Only the fit loop's own flag changes: the epoch loop
+    keeps its restart state.
+    """
+    trainer.fit_loop._restarting = False
+
+
+# -- what the callbacks read, and the epoch's logged accumulators --------------------------------------
+
+
+def callback_metrics(trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+    """The metrics callbacks read (``trainer.callback_metrics``) as stored, without merging the
+    results of the loop under way (reading the public property does that)."""
+    return dict(trainer._logger_connector._callback_metrics)
+
+
+def put_back_callback_metrics(trainer: pl.Trainer, metrics: dict[str, torch.Tensor]) -> None:
+    """Give ``trainer.callback_metrics`` back what :func:`callback_metrics` returned (from
+    ``on_train_start`` on: the sanity check clears them before it)."""
+    stored = trainer._logger_connector._callback_metrics
+    stored.clear()
+    stored.update(metrics)
+
+
+# ``self.log(reduce_fx=...)`` as Lightning stores it, by a name a checkpoint can hold.
+_REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "mean": torch.mean,
+    "sum": torch.sum,
+    "max": torch.max,
+    "min": torch.min,
+    "builtin sum": sum,
+    "builtin max": max,
+    "builtin min": min,
+}
+_METADATA = ("fx", "name", "prog_bar", "logger", "on_step", "on_epoch", "enable_graph")
+_METADATA_OPTIONAL = ("add_dataloader_idx", "dataloader_idx", "metric_attribute")
+
+
+def _reduction_name(reduce_fx: Any) -> str | None:
+    return next((name for name, fx in _REDUCTIONS.items() if fx is reduce_fx), None)
+
+
+def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    """What the training epoch's ``self.log(..., on_epoch=True)`` calls accumulated so far.
+
+    Lightning keeps them in the epoch loop's ``_ResultCollection`` (no ``state_dict`` in 2.6): per
+    key, the metadata of the ``log`` call and the running value (and batch count, for a mean), or,
+    for a logged ``torchmetrics.Metric``, the module attribute that holds it. Entries Lightning could
+    not rebuild the same way (a ``sync_dist_group``) are left out.
+    """
+    found = []
+    for key, result in trainer.fit_loop.epoch_loop._results.items():
+        meta = result.meta
+        reduction = _reduction_name(meta.reduce_fx)
+        if result.has_reset or not meta.on_epoch or reduction is None or meta.sync.group is not None:
+            continue
+        if not result.is_tensor and meta.metric_attribute is None:
+            continue
+        entry: dict[str, Any] = {name: getattr(meta, name) for name in _METADATA + _METADATA_OPTIONAL}
+        entry.update(
+            key=key,
+            reduce=reduction,
+            sync=bool(meta.sync.should),
+            rank_zero_only=bool(meta.sync.rank_zero_only),
+            is_tensor=bool(result.is_tensor),
+            update_count=int(result._update_count),
+        )
+        if result.is_tensor:
+            entry["state"] = {k: v.detach().cpu().clone() for k, v in result.metric_state.items()}
+        found.append(entry)
+    return found
+
+
+def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any]]) -> None:
+    """Register what :func:`epoch_accumulators` returned in this epoch's results, before any batch.
+
+    The resumed ``self.log`` calls find their key with equal metadata and add to it; keys the
+    resumed part of the epoch never logs again are still logged at the epoch end, as they were.
+    Call from ``on_train_start`` of a resume inside an epoch.
+    """
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
+
+    # ``LightningModule.log`` drops the accumulated tensors at a loop's first batch
+    # (``_LoggerConnector.should_reset_tensors``: ``_first_loop_iter`` None or True); the resumed first
+    # batch is not the epoch's first: as if one batch had run, ``on_batch_start`` makes it False.
+    trainer._logger_connector._first_loop_iter = True
+    results = trainer.fit_loop.epoch_loop._results
+    modules = dict(trainer.lightning_module.named_modules())
+    for entry in entries:
+        meta = _Metadata(
+            **{name: entry[name] for name in _METADATA + _METADATA_OPTIONAL},
+            reduce_fx=_REDUCTIONS[entry["reduce"]],
+        )
+        meta.sync = _Sync(
+            fn=trainer.strategy.reduce, _should=entry["sync"], rank_zero_only=entry["rank_zero_only"]
+        )
+        result = _ResultMetric(meta, entry["is_tensor"])
+        if entry["is_tensor"]:
+            for name, value in entry["state"].items():
+                setattr(result, name, value.to(trainer.strategy.root_device))
+        else:
+            metric = modules.get(entry["metric_attribute"])
+            if metric is None:
+                continue
+            result.value = metric
+        result._update_count = entry["update_count"]
+        result.has_reset = False
+        results[entry["key"]] = result
 
 
 def logging_step(trainer: pl.Trainer) -> int:

@@ -34,17 +34,25 @@ import torch
 
 
 class EpochStart(TypedDict):
-    """One rank's random state when its current epoch's iterator was made, and its loaders' generators."""
+    """Written by earlier versions: the random state as the epoch's iterator was remade (read only)."""
 
     rng: dict[str, Any]
     generators: list[list[torch.Tensor | None]] | None
 
 
 class RankState(TypedDict, total=False):
-    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``); ``loaders``, under DDP, is
-    this rank's training loader states, which Lightning keeps for the saving rank only."""
+    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``).
+
+    ``draws``: per plain training loader, the random states its current epoch was drawn from
+    (:class:`~lightning_resume._resume.data_position.EpochDraws`); ``metrics``: the epoch's metric
+    states, logged accumulators and callback metrics (:mod:`.epoch_metrics`); ``loaders``, under
+    DDP: this rank's training loader states, which Lightning keeps for the saving rank only.
+    ``generators`` and ``epoch_start`` are read from checkpoints of earlier versions.
+    """
 
     rng: dict[str, Any]
+    draws: list[Any]
+    metrics: dict[str, Any] | None
     generators: list[list[torch.Tensor | None]]
     epoch_start: EpochStart | None
     loaders: list[Any] | None
@@ -57,6 +65,8 @@ class Loaded:
     Attributes:
         ranks: Every rank's saved state, by global rank.
         mid_epoch: The checkpoint was written inside an epoch (not at its end).
+        between_epochs: The checkpoint was written once an epoch had ended, before the next began
+            (``False`` for one written inside ``on_train_epoch_end`` by an earlier version).
         batches: Batches of that epoch already consumed.
         in_validation: The checkpoint was written during fit's validation (a preemption).
         before_validation: The checkpoint was written at the end of a step that a validation followed.
@@ -67,6 +77,7 @@ class Loaded:
     batches: int
     in_validation: bool = False
     before_validation: bool = False
+    between_epochs: bool = False
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Loaded | None:
@@ -79,6 +90,7 @@ class Loaded:
             batches=int(state.get("batches", 0)),
             in_validation=bool(state.get("in_validation", False)),
             before_validation=bool(state.get("before_validation", False)),
+            between_epochs=bool(state.get("between_epochs", False)),
         )
 
 

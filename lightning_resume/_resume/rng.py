@@ -6,7 +6,9 @@ so numpy's state is stored as a tensor plus plain integers and floats.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -43,3 +45,18 @@ def restore(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def scoped(state: dict[str, Any]) -> Iterator[None]:
+    """Draw from ``state`` inside the block; the generators get their own state back after it.
+
+    For draws an interrupted run made at another moment (an epoch's shuffle, its workers' base seed),
+    done again without moving the random stream the resumed run continues from.
+    """
+    outside = capture()
+    restore(state)
+    try:
+        yield
+    finally:
+        restore(outside)

@@ -36,7 +36,7 @@ from torch.utils.data import (
 )
 
 from lightning_resume._resume import global_order, rank_states, stateful_loaders
-from lightning_resume._resume.data_position import SkipFirst
+from lightning_resume._resume.data_position import EpochSampler
 from lightning_resume._resume.global_order import GlobalOrder, OrderKind
 from lightning_resume._resume.lightning_internals import set_epoch_position, wrapped_sampler
 from lightning_resume._resume.remaining_order import RemainingOrder
@@ -61,9 +61,17 @@ def _sampler(loader: DataLoader) -> Any:
     """The sampler that orders ``loader``'s indices, inside the wrappers of lightning_resume."""
     batch_sampler = loader.batch_sampler
     sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else loader.sampler
-    while isinstance(sampler, (RemainingOrder, SkipFirst)):
+    while isinstance(sampler, (RemainingOrder, EpochSampler)):
         sampler = sampler.sampler
     return sampler
+
+
+def _replace_sampler(loader: DataLoader, sampler: Any) -> None:
+    """Put ``sampler`` in place of the loader's, inside the wrapper that records its draws (if any)."""
+    holder: Any = loader.batch_sampler
+    while isinstance(holder.sampler, EpochSampler):
+        holder = holder.sampler
+    holder.sampler = sampler
 
 
 def _is_random(sampler: Any, length: int) -> bool:
@@ -261,7 +269,7 @@ class WorldChange:
         mine = global_order.split(remaining, sampler.num_replicas, sampler.rank, sampler.drop_last)
         batch_sampler: Any = loader.batch_sampler
         left = global_order.batches(len(mine), int(batch_sampler.batch_size), bool(batch_sampler.drop_last))
-        batch_sampler.sampler = RemainingOrder(sampler, trainer.current_epoch, mine)
+        _replace_sampler(loader, RemainingOrder(sampler, trainer.current_epoch, mine))
         position = len(batch_sampler) - left
         set_epoch_position(trainer, position)
         self._origin = (trainer.current_epoch, order.consumed, position)
@@ -297,14 +305,18 @@ class WorldChange:
         kept: DistributedSampler[int] = DistributedSampler(
             loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=order.seed, drop_last=order.drop_last
         )
-        loader.batch_sampler.sampler = kept  # type: ignore[union-attr]
+        _replace_sampler(loader, kept)
         return True
 
     def _epoch_order(self, order: GlobalOrder, loaded: Loaded) -> list[int] | None:
         """The interrupted epoch's whole global order (``None``: it cannot be known)."""
         if order.kind is OrderKind.PERMUTATION:
             return global_order.permutation(order.length, order.shuffle, order.seed, order.epoch)
-        start = loaded.ranks[0].get("epoch_start")
+        draws = loaded.ranks[0].get("draws") or []
+        started = draws[0].get("sampler") if draws and draws[0] else None
+        if started is not None:  # the random state the sampler drew the epoch's order from
+            return global_order.sampler_order(order.length, started["rng"], started.get("generator"))
+        start = loaded.ranks[0].get("epoch_start")  # written by earlier versions
         if not start:
             return None
         generators = start.get("generators") or []

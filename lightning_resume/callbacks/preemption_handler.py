@@ -258,6 +258,7 @@ class PreemptionHandler(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         why = "it saves last.ckpt through it, with a RunDir"
         self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
+        self._requeue_checkpoint.at_each_epoch_boundary(self._at_epoch_boundary)
         self.install()
         if stage == "fit":
             self._notices.start(trainer.local_rank, trainer.global_rank)
@@ -335,6 +336,13 @@ class PreemptionHandler(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Not a resume point: the epoch's end is agreed on as the next epoch starts (_at_epoch_boundary).
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+        """Between two epochs, before the next one's hooks (``RequeueCheckpoint`` calls it): the
+        resume point after an epoch's end (with a stateful loader: the next epoch's first batch)."""
         assert self._requeue_checkpoint is not None
         if self._stopped is None and not self._requeue_checkpoint.saves_epoch_start_instead:
             self._act(trainer, self._agree(trainer))

@@ -34,6 +34,7 @@ from lightning_resume._sharded.saver import DirectorySaver
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
 from lightning_resume.callbacks._cadence import Cadence, checked_interval, checked_seconds
+from lightning_resume.callbacks._epoch_boundary import EpochBoundary
 from lightning_resume.callbacks._find import find_one, missing
 from lightning_resume.callbacks.run_dir import RunDir
 from lightning_resume.exceptions import Preempted
@@ -44,6 +45,13 @@ log = logging.getLogger(__name__)
 
 LAST = layout.LAST
 _NEEDS_RUN_DIR = "it says where last.ckpt lives"
+
+
+def _last_step(trainer: pl.Trainer) -> bool:
+    """Whether ``max_steps`` ends ``fit`` at this step, inside an epoch. Saved here, a run trained longer
+    (a larger ``max_steps``) continues this epoch, as an uninterrupted run does; the epoch end Lightning
+    runs next, because the run stops, belongs to this attempt only."""
+    return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
 
 
 def _lost_save(partial: Path) -> OSError:
@@ -68,8 +76,12 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
     at the end of every training epoch, and when ``fit`` stops on a preemption signal, whatever the
-    user's own checkpoint callbacks do. Each write goes to a temporary file that is fsynced and
-    renamed over the previous one, so a kill at any instant leaves a complete ``last.ckpt``.
+    user's own checkpoint callbacks do. An epoch's end is saved once it has run in full (validation,
+    every callback's and the module's ``on_train_epoch_end``, plateau schedulers, epoch metrics): as
+    the next epoch starts, before its hooks (with a stateful loader: after its first step); a save
+    due on an epoch's last batch waits for that moment too. Each write goes to a temporary file that
+    is fsynced and renamed over the previous one, so a kill at any instant leaves a complete
+    ``last.ckpt``.
 
     On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
     full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a
@@ -92,7 +104,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
             an interval chosen from measurements, see above).
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
-        save_on_train_epoch_end: Save at the end of every training epoch.
+        save_on_train_epoch_end: Save at the end of every training epoch (once it has run in full).
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
             are expanded). For a node-local directory (``"$TMPDIR/ckpt"`` on a multi-node job) give
             ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: checkpoints are
@@ -152,7 +164,9 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._redirect = RestartRedirect()
         self.keep_global_batch = keep_global_batch
         self._resume = ExactResume(self.state_key, keep_global_batch)
-        self._epoch_ended = False  # the save in progress is at an epoch end
+        self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
+        self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
+        self._save_at_boundary = False  # a save is due once the epoch's end has run
         self._last_save_step, self._last_save_time = -1, time.monotonic()
         self._marked = False  # checkpoints/.saved is known to exist
         self._quiet = QuietLightning(self)
@@ -181,7 +195,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     @property
     def saves_epoch_start_instead(self) -> bool:
-        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)
+        rather than as that epoch starts."""
         return self._resume.stateful_loaders
 
     @property
@@ -197,6 +212,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._resume.before_fit(layout.validated_after(self._run_dir.path))
         if stage != "fit":
             return
+        self._boundary.attach(trainer)
+        self._resume.watch_loaders(trainer)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
         if trainer.is_global_zero:
             with contextlib.suppress(FileNotFoundError):
@@ -242,9 +259,21 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             trainer, saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes)
         )
 
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.at_epoch_start(trainer)
+    def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+        """As an epoch starts, before any other callback's hook (called by :class:`EpochBoundary`):
+        a checkpoint saved here goes back, or the previous epoch's end is saved."""
+        self._resume.at_epoch_boundary(trainer)
+        due, self._save_at_boundary = self._save_at_boundary, False
+        if due and not self._resume.stateful_loaders and trainer.global_step != self._last_save_step:
+            self.save(trainer)
+        for listener in self._boundary_listeners:
+            listener(trainer)
+
+    def at_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
+        """Call ``listener(trainer)`` at every epoch boundary, after this callback's own work there
+        (``PreemptionHandler`` stops there: the state saved then is the boundary's)."""
+        if listener not in self._boundary_listeners:
+            self._boundary_listeners.append(listener)
 
     @override
     def on_train_batch_start(
@@ -268,24 +297,29 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stateful = self._resume.stateful_loaders
-        if trainer.is_last_batch and (self.save_on_train_epoch_end or stateful):
-            return  # the epoch-end save follows, or (stateful loader) the first batch of the next epoch
-        epoch_start = stateful and self.save_on_train_epoch_end and batch_idx == 0
-        if epoch_start or self._due(trainer):
+        if trainer.is_last_batch:
+            # Not a resume point: the epoch's end follows (its validation, its hooks). Lightning,
+            # restored from here, would skip them; the save waits until they have run.
+            self._save_at_boundary |= self.save_on_train_epoch_end or self._due(trainer)
+            return
+        # With stateful loaders the epoch boundary is saved after the next epoch's first step
+        # (Lightning restores their position only inside an epoch).
+        boundary = self._resume.stateful_loaders and batch_idx == 0
+        if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
+            self._save_at_boundary = False
+            self.save(trainer)
+        elif self._due(trainer) or _last_step(trainer):
             self.save(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.at_epoch_end()
-        if self.save_on_train_epoch_end and not self._resume.stateful_loaders:
-            self.save(trainer, epoch_ended=True)
+        self._resume.at_epoch_end(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step != self._last_save_step:
             # A finished run's last.ckpt says so: a rerun has nothing left to do.
-            self.save(trainer, epoch_ended=True)
+            self.save(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -313,6 +347,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         """Undo the redirect and filters; finish the sharded save in flight (``collective``: all ranks)."""
         self._redirect.after_fit()
         self._resume.after_fit()
+        self._boundary.detach(trainer)
         saver, self._saver = self._saver, None
         if saver is not None:
             saver.close(trainer, collective=collective)
@@ -330,17 +365,15 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
 
     # -- saving ------------------------------------------------------------------------------------
 
-    def save(self, trainer: pl.Trainer, epoch_ended: bool = False) -> None:
-        """Write ``last.ckpt`` now (call on every rank; ``epoch_ended``: Lightning resumes at the next epoch).
+    def save(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between
+        epochs, or in fit's validation through :meth:`save_in_validation`).
 
         A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
         :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
         the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
         """
         self._cadence.saving(trainer)
-        # An epoch can end before its last batch (max_steps, limit_train_batches): Lightning then
-        # resumes at the next epoch, so the random state belongs to an epoch boundary.
-        self._epoch_ended = epoch_ended or trainer.is_last_batch
         io = trainer.strategy.checkpoint_io
         if saves_directory(trainer.strategy) is not False:
             # Sharded strategies write a directory, bypassing checkpoint_io: written aside, then committed.
@@ -362,7 +395,6 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._mark_saved(trainer)
         self._cadence.saved(trainer)  # the stall; the time to durable now or once written
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
-        self._epoch_ended = False
         self._last_save_step = trainer.global_step
         self._last_save_time = time.monotonic()
 
@@ -398,7 +430,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     @override
     def state_dict(self) -> dict[str, Any]:
         step = self._trainer.global_step if self._trainer else None
-        return {**self._resume.state_to_save(self._trainer, self._epoch_ended), "global_step": step}
+        return {**self._resume.state_to_save(self._trainer), "global_step": step}
 
     @override
     def on_save_checkpoint(

@@ -352,6 +352,103 @@ def world_size_loader(args: argparse.Namespace, train: Dataset, made: DataLoader
 
 
 # -- end of another number of ranks ----------------------------------------------------------------
+# -- epoch boundaries, logged metrics, data draws (issues 21, 22) ----------------------------------
+
+
+def add_epoch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--monitor", action="store_true", help="EarlyStopping + ModelCheckpoint on val_loss")
+    p.add_argument("--patience", type=int, default=1, help="--monitor: EarlyStopping's patience")
+    p.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau on val_loss (no StepLR)")
+    p.add_argument("--metrics", action="store_true", help="torchmetrics and self.log(on_epoch=True)")
+    p.add_argument("--csv", action="store_true", help="CSVLogger in the run dir, with LocalLoggerResume")
+    p.add_argument("--max-steps", type=int, default=None, help="Trainer(max_steps=N), no max_epochs")
+    p.add_argument("--no-seed-workers", action="store_true", help="seed_everything(workers=False)")
+    p.add_argument("--draw-log", default=None, help="write every batch's augmentation draws here")
+
+
+class Metered(SlowValidation):
+    """The model with what a real project logs: torchmetrics objects and ``self.log(on_epoch=True)``."""
+
+    def __init__(self, sample_log: str | None, val_sleep: float, plateau: bool, draw_log: str | None) -> None:
+        super().__init__(sample_log, val_sleep)
+        import torchmetrics
+
+        self.plateau, self.draw_log = plateau, draw_log
+        self.train_mse = torchmetrics.MeanSquaredError()
+        self.train_mean = torchmetrics.MeanMetric()
+        self.val_mse = torchmetrics.MeanSquaredError()
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        if self.draw_log:  # what the augmentation drew: the batch's inputs, as the step sees them
+            _append(
+                f"{self.draw_log}.rank{self.global_rank}", f"{x.sum().item():.10e} {torch.rand(1).item()}\n"
+            )
+        loss = super().training_step(batch, batch_idx)
+        self.train_mse(self.net(x), y)
+        self.train_mean(loss.detach())
+        self.log("train/mse", self.train_mse, on_step=False, on_epoch=True)
+        self.log("train/mean_loss", self.train_mean, on_step=False, on_epoch=True)
+        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True)
+        self.log("train/index_sum", index.sum().float(), on_step=False, on_epoch=True, reduce_fx="sum")
+        return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        super().validation_step(batch, batch_idx)
+        x, y, _ = batch
+        self.val_mse(self.net(x), y)
+        self.log("val/mse", self.val_mse, on_epoch=True)
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        if not self.plateau:
+            return super().configure_optimizers()
+        opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+
+def epoch_callbacks(args: argparse.Namespace, run_dir: RunDir) -> list[pl.Callback]:
+    """EarlyStopping and ModelCheckpoint on ``val_loss`` (``--monitor``); ``LocalLoggerResume``
+    (``--csv``)."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from lightning_resume import LocalLoggerResume
+
+    found: list[pl.Callback] = []
+    if args.monitor:
+        found.append(EarlyStopping(monitor="val_loss", patience=args.patience, min_delta=1e-3))
+        best = ModelCheckpoint(
+            dirpath=run_dir.path / "best", monitor="val_loss", save_top_k=2, filename="{epoch}-{step}"
+        )
+        found.append(best)
+    if args.csv:
+        found.append(LocalLoggerResume())
+    return found
+
+
+def epoch_logger(args: argparse.Namespace, run_dir: RunDir) -> Any:
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(save_dir=run_dir.path, name="csv") if args.csv else False
+
+
+def write_epoch_outcome(args: argparse.Namespace, trainer: pl.Trainer) -> None:
+    """``FILE.callbacks.json``: what EarlyStopping and ModelCheckpoint decided (``--monitor``)."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    found: dict[str, Any] = {"global_step": trainer.global_step, "epoch": trainer.current_epoch}
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, EarlyStopping):
+            state = callback.state_dict()
+            found["early_stopping"] = {k: float(v) if torch.is_tensor(v) else v for k, v in state.items()}
+        elif isinstance(callback, ModelCheckpoint) and not isinstance(callback, RequeueCheckpoint):
+            found["best"] = {os.path.basename(k): float(v) for k, v in callback.best_k_models.items()}
+            found["best_model"] = os.path.basename(callback.best_model_path)
+    with open(args.out + ".callbacks.json", "w") as f:
+        json.dump(found, f, indent=1, sort_keys=True)
+
+
+# -- end of epoch boundaries -----------------------------------------------------------------------
 
 # A node-local checkpoint directory, expanded by the process that uses it.
 LOCAL_CKPT = "$TMPDIR/ckpt"
@@ -413,13 +510,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
     add_notice_arguments(p)
     add_world_size_arguments(p)
+    add_epoch_arguments(p)
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[lightning_resume] %(levelname)s %(message)s"))
     logging.getLogger("lightning_resume").addHandler(handler)
     logging.getLogger("lightning_resume").setLevel(logging.INFO)
-    pl.seed_everything(1234, workers=True)
+    pl.seed_everything(1234, workers=not args.no_seed_workers)
     if args.before == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif args.before == "user":
@@ -462,7 +560,8 @@ def main(argv: list[str] | None = None) -> None:
     callbacks[:0] = notice_callbacks(args)
     world_size_setup(args, callbacks)
     callbacks.insert(0, Probe())
-    logger: Any = False
+    callbacks.extend(epoch_callbacks(args, run_dir))
+    logger: Any = epoch_logger(args, run_dir)
     if args.tracker == "trackio":
         from lightning_resume import TrackioResume
         from lightning_resume.loggers import TrackioLogger
@@ -473,7 +572,8 @@ def main(argv: list[str] | None = None) -> None:
         plugins=[DurableCheckpointIO(mirror=args.mirror, dirpath=LOCAL_CKPT if args.local_ckpt else None)]
         if args.durable or args.mirror
         else None,
-        max_epochs=args.epochs,
+        max_epochs=args.epochs if args.max_steps is None else None,
+        max_steps=args.max_steps if args.max_steps is not None else -1,
         accelerator="cpu",
         devices=args.devices,
         num_nodes=args.nodes,
@@ -496,8 +596,12 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(args.setup_sleep)
     train = Noisy(args.samples, augment=args.augment)
     validation = Noisy(args.val_samples)
+    if args.metrics or args.plateau or args.draw_log:
+        model: pl.LightningModule = Metered(args.sample_log, args.val_sleep, args.plateau, args.draw_log)
+    else:
+        model = SlowValidation(args.sample_log, args.val_sleep)
     trainer.fit(
-        world_size_model(SlowValidation(args.sample_log, args.val_sleep), args),
+        world_size_model(model, args),
         train_dataloaders=world_size_loader(
             args, train, loader(args.loader, train, args.batch_size, True, args.workers, args.drop_last)
         ),
@@ -508,6 +612,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.save(trainer.lightning_module.state_dict(), args.out)
         with open(args.out + ".json", "w") as f:
             json.dump({"run_dir": str(run_dir.path), "resumed": run_dir.is_resumed}, f)
+        if args.monitor:
+            write_epoch_outcome(args, trainer)
 
 
 if __name__ == "__main__":

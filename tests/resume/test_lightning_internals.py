@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import tiny_trainer
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
@@ -19,10 +20,16 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_resume._resume.lightning_internals import (
     MLflowTarget,
+    between_epochs,
+    callback_metrics,
     capture_checkpoint,
+    epoch_accumulators,
     logging_step,
+    mark_between_epochs,
     mlflow_target,
     point_logger_at_version,
+    put_back_callback_metrics,
+    put_back_epoch_accumulators,
     redo_validation_on_restart,
     replace_train_loader_states,
     report_checkpoint_path,
@@ -31,7 +38,9 @@ from lightning_resume._resume.lightning_internals import (
     set_epoch_position,
     set_mlflow_run,
     settle_validation_progress,
+    start_epoch_afresh,
     train_loader_states,
+    watch_train_loaders,
     wrapped_sampler,
 )
 from lightning_resume._resume.redirect import RedirectFirstLoad
@@ -436,3 +445,112 @@ def test_the_reported_checkpoint_path_is_what_lightning_logs_as_restored(
     restored = [r.getMessage() for r in caplog.records if "Restored all states" in r.getMessage()]
     assert restored == [f"Restored all states from the checkpoint at {tmp_path / 'also-two.ckpt'}"]
     assert again.ckpt_path == str(tmp_path / "also-two.ckpt")
+
+
+# -- epoch boundaries, epoch accumulators, callback metrics (issues 21, 22) --------------------------
+
+
+class EpochLogged(Recorder):
+    """Logs a mean and a sum over each epoch, and a validation metric callbacks read."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        self.log("mean", float(batch[0, 0]), on_step=False, on_epoch=True)
+        self.log("sum", float(batch[0, 0]), on_step=False, on_epoch=True, reduce_fx="sum")
+        return out
+
+
+def test_train_loaders_pass_process_dataloader_before_their_first_iterator(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    class Watch(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            self.remove = watch_train_loaders(trainer, lambda dl: seen.append((dl, dl._iterator)))
+
+    watch = Watch()
+    trainer = tiny_trainer(watch, tmp_path=tmp_path, max_epochs=2, limit_val_batches=2)
+    trainer.fit(Recorder(), val_dataloaders=DataLoader(RandomDataset(32, 4)))
+    (loader, iterator), *_ = seen
+    assert loader is trainer.train_dataloader and iterator is None
+    assert all(dl is loader for dl, _ in seen), "validation loaders are not watched"
+    watch.remove()
+    assert "process_dataloader" not in trainer.strategy.__dict__
+
+
+def test_between_epochs_holds_at_the_next_epoch_start_and_restores_as_a_fresh_epoch(tmp_path: Path) -> None:
+    class Boundary(pl.Callback):
+        def __init__(self) -> None:
+            self.states: list[bool] = []
+            self.checkpoint: dict[str, Any] | None = None
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.states.append(between_epochs(trainer))
+            if trainer.current_epoch == 1:
+                self.checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.states.append(between_epochs(trainer))
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.states.append(between_epochs(trainer))
+
+    boundary = Boundary()
+    tiny_trainer(boundary, tmp_path=tmp_path, max_epochs=2, limit_train_batches=2).fit(Recorder())
+    assert boundary.states == [True, False, False, False, True, False, False, False]
+    assert boundary.checkpoint is not None and mark_between_epochs(boundary.checkpoint)
+    torch.save(boundary.checkpoint, tmp_path / "boundary.ckpt")
+
+    class Afresh(pl.Callback):
+        """Counts the epoch-end hooks the resumed fit runs; starts the epoch afresh when asked."""
+
+        def __init__(self, afresh: bool) -> None:
+            self.afresh, self.epoch_ends = afresh, 0
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if self.afresh:
+                start_epoch_afresh(trainer)
+                self.afresh = False
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.epoch_ends += 1
+
+    # Step-based: Lightning alone keeps the fit "restarting" and runs the previous epoch's end again
+    # (and with it the epoch-end hooks); started afresh, the epoch runs as in an uninterrupted fit.
+    found = []
+    for afresh in (False, True):
+        model, counter = Recorder(), Afresh(afresh)
+        trainer = tiny_trainer(counter, tmp_path=tmp_path, max_steps=4, max_epochs=-1, limit_train_batches=2)
+        trainer.fit(model, ckpt_path=str(tmp_path / "boundary.ckpt"))
+        found.append((counter.epoch_ends, model.seen, trainer.global_step))
+    # Alone: one epoch end too many, and the resumed epoch serves batch 0 twice.
+    assert found == [(2, [0, 0], 4), (1, [0, 1], 4)]
+
+
+def test_epoch_accumulators_and_callback_metrics_round_trip(tmp_path: Path) -> None:
+    class RoundTrip(pl.Callback):
+        """After batch 1: take the accumulators and callback metrics, wipe them, put them back."""
+
+        def __init__(self) -> None:
+            self.entries: list[dict[str, Any]] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+            if trainer.fit_loop.epoch_loop.batch_idx != 1:
+                return
+            self.entries = epoch_accumulators(trainer)
+            metrics = callback_metrics(trainer)
+            trainer.fit_loop.epoch_loop._results.clear()
+            put_back_callback_metrics(trainer, {})
+            assert trainer.callback_metrics == {}
+            trainer._logger_connector._first_loop_iter = None  # as in a fit that has just been restored
+            put_back_epoch_accumulators(trainer, self.entries)
+            put_back_callback_metrics(trainer, metrics)
+
+    def fit(*callbacks: pl.Callback) -> dict[str, float]:
+        trainer = tiny_trainer(*callbacks, tmp_path=tmp_path, max_epochs=1, limit_train_batches=4)
+        trainer.fit(EpochLogged())
+        return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    round_trip = RoundTrip()
+    assert fit(round_trip) == fit() == {"mean": 1.5, "sum": 6.0}
+    assert sorted(e["key"] for e in round_trip.entries) == ["training_step.mean", "training_step.sum"]
+    assert {e["reduce"] for e in round_trip.entries} == {"mean", "sum"}
