@@ -145,9 +145,7 @@ def _checkpoint_sizes(root: Path) -> list[int]:
     """Sizes of the checkpoint files of every run dir under the runs root ``root``."""
     if not root.is_dir():
         return []
-    return [
-        p.stat().st_size for p in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")
-    ]
+    return [p.stat().st_size for p in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")]
 
 
 @dataclass(frozen=True)
