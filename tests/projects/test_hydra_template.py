@@ -44,7 +44,6 @@ BATCHES = 4
 MID_EPOCH_KILLS = (7, 10, 11)
 #: The dirpath warning of ``ModelCheckpoint`` when a restart saves somewhere else.
 DIRPATH_WARNING = "dirpath has changed"
-REASON_EPOCH = "needs issue 21 items 1-3"
 
 
 def retrofit(folder: Path) -> Path:
@@ -200,7 +199,6 @@ def test_mid_epoch_kill_resumes_exactly_in_one_run_dir_and_one_output_dir(
     assert "test/acc" in restart
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 21 items 1-3 (item 2: epoch-level metrics)")
 @pytest.mark.usefixtures("project_on_path")
 def test_mid_epoch_kill_logs_the_training_epoch_metrics_of_an_uninterrupted_run(
     mid_epoch: Run, reference: Run
@@ -237,7 +235,6 @@ def test_kill_at_the_next_epochs_start_resumes_from_the_epoch_end_save_exactly(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=REASON_EPOCH)
 @pytest.mark.parametrize(
     "kill",
     [
