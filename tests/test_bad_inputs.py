@@ -2059,7 +2059,7 @@ def other_ranks_with_an_iterable_dataset(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="stopped at step 3"):
         _fit_loader(tmp_path, DataLoader(RandomIterableDataset(32, 64), batch_size=2), 9, _StopAt(3))
-    (run_dir,) = [d for d in (tmp_path / "root" / "runs").glob("*/*/*") if d.is_dir()]
+    (run_dir,) = [d for d in (tmp_path / "root").glob("[0-9]*/[0-9]*/*") if d.is_dir()]
     # Two real ranks cost two processes; all a restart reads of them is the list of rank states.
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     data = torch.load(checkpoint, weights_only=False)

@@ -60,7 +60,7 @@ def check_preempted_run(tmp_path: Path, kills: list[int], *args: str, ranks: int
 @pytest.mark.parametrize(
     ("args", "seed"),
     [
-        (("--loader", "plain"), 11),
+        pytest.param(("--loader", "plain"), 11, marks=pytest.mark.slow),
         pytest.param(("--loader", "plain", "--drop-last", "--samples", "100"), 12, marks=pytest.mark.slow),
         (("--loader", "plain", "--workers", "2", "--augment"), 13),
         pytest.param(
@@ -85,6 +85,11 @@ def test_kills_on_the_first_and_last_batch_of_an_epoch(tmp_path: Path) -> None:
 
 
 def test_distributed_sampler_on_two_ranks_resumes_exactly(tmp_path: Path) -> None:
+    check_preempted_run(tmp_path, [9], "--loader", "plain", "--devices", "2", "--every", "2", ranks=2)
+
+
+@pytest.mark.slow
+def test_distributed_sampler_on_two_ranks_resumes_exactly_after_three_kills(tmp_path: Path) -> None:
     check_preempted_run(tmp_path, [4, 9, 15], "--loader", "plain", "--devices", "2", "--every", "2", ranks=2)
 
 

@@ -157,7 +157,7 @@ def two_attempts(
         root, out, *args, "--devices", before, "--kill-at", kill_at, "--epoch-log", tmp_path / "a"
     )
     assert first.returncode == -9, first.output[-4000:]
-    (run_dir,) = (root / "runs").glob("*/*/*")
+    (run_dir,) = root.glob("[0-9]*/[0-9]*/*")
     assert inspect.verify(run_dir / "checkpoints" / "last.ckpt")["world_size"] == before  # inspect's ranks
     second = run_job(root, out, *args, "--devices", after, "--epoch-log", tmp_path / "b")
     assert second.returncode == 0, second.output[-4000:]

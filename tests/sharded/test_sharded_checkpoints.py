@@ -160,6 +160,7 @@ def mix_shards(run_dir: Path) -> tuple[str, int]:
     return last.resolve().name, manifest.global_step
 
 
+@pytest.mark.slow
 def test_sigkills_at_random_steps_and_inside_saves_resume_exactly_and_a_damaged_save_falls_back(
     tmp_path: Path, reference: Reference
 ) -> None:

@@ -141,6 +141,7 @@ def test_scontrol_requeue_twice(
     check(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_real_preemption_by_a_higher_priority_partition(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
