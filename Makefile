@@ -19,8 +19,9 @@ VENV           := .venv
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
-# pytest-xdist workers (0: one process). Most tests wait on subprocess jobs; two keep 2 cores busy.
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers (0: one process). Most tests wait on subprocess jobs, SLURM's scheduler or a
+# watchdog's timeout; three keep 2 cores busy.
+PYTEST_WORKERS ?= 3
 
 BIN   := $(VENV)/bin
 PIP   := $(BIN)/python -m pip

@@ -42,6 +42,7 @@ def test_slurm_requeue_three_kills_is_bitwise_exact(
     assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
 
 
+@pytest.mark.slow
 def test_torchelastic_restart_is_bitwise_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
     kills = kill_steps(2)
     preempt_and_resume(
@@ -50,6 +51,7 @@ def test_torchelastic_restart_is_bitwise_exact(tmp_path: Path, baseline: dict[st
     assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
 
 
+@pytest.mark.slow
 def test_explicit_key_resume_is_bitwise_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
     kills = kill_steps(3)
     preempt_and_resume(tmp_path, kills, lambda n: {"LIGHTNING_RESUME_KEY": "k8s-job-7"})
@@ -119,6 +121,7 @@ def test_restart_of_a_run_stopped_before_its_first_save_starts_over_exactly(
     assert same_weights(out, baseline["stateful"])
 
 
+@pytest.mark.slow
 def test_restart_ignores_a_fine_tune_ckpt_path_with_one_warning(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:

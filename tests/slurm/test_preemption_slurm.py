@@ -118,6 +118,7 @@ def report_stops(capsys: pytest.CaptureFixture[str], log: Path) -> None:
                 print(f"\n    {line.split('WARNING ', 1)[-1]}", end="")
 
 
+@pytest.mark.slow  # the sbatch recipe and test_cluster requeue through scontrol by default
 def test_scontrol_requeue_twice(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -224,7 +225,8 @@ def test_array_tasks_resume_into_their_own_dirs(slurm: SlurmCluster, tmp_path: P
     assert sorted((root / ".index").iterdir()) != [], "each task is indexed under its own key"
 
 
-@pytest.mark.parametrize("how", [pytest.param("interrupt", marks=pytest.mark.slow), "preemption"])
+@pytest.mark.slow  # the submitit recipe (tests/slurm/test_recipes_slurm.py) is requeued through submitit by default
+@pytest.mark.parametrize("how", ["interrupt", "preemption"])
 def test_submitit_job_is_requeued_through_submitit(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, how: str
 ) -> None:

@@ -85,6 +85,7 @@ def test_default_tensorboard_logger_continues_one_version(tmp_path: Path) -> Non
     assert read_sidecar_file(run_dir, "tensorboard")["identity"]["version"] == 0
 
 
+@pytest.mark.slow  # the TensorBoard case (the default logger) stays in the default run
 def test_default_csv_logger_continues_one_version(tmp_path: Path) -> None:
     chosen = interrupt_twice(tmp_path, "default-csv")
     assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"], chosen
