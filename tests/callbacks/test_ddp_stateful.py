@@ -48,7 +48,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "ref.pt"
 
 
-@pytest.mark.parametrize("count", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["one-kill", "three-kills"])
+@pytest.mark.parametrize(
+    "count", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["one-kill", "three-kills"]
+)
 def test_lightning_launcher_with_workers_resumes_exactly_after_kills(
     tmp_path: Path, reference: Path, count: int
 ) -> None:

@@ -225,7 +225,8 @@ def test_array_tasks_resume_into_their_own_dirs(slurm: SlurmCluster, tmp_path: P
     assert sorted((root / ".index").iterdir()) != [], "each task is indexed under its own key"
 
 
-@pytest.mark.slow  # the submitit recipe (tests/slurm/test_recipes_slurm.py) is requeued through submitit by default
+# By default, the submitit recipe (tests/slurm/test_recipes_slurm.py) is requeued through submitit.
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["interrupt", "preemption"])
 def test_submitit_job_is_requeued_through_submitit(
     slurm: SlurmCluster, tmp_path: Path, reference: Path, how: str
