@@ -175,6 +175,24 @@ class SlurmCluster:
         ):
             time.sleep(0.25)
 
+    def drain(self, timeout: float = 60) -> None:
+        """Cancel every job on the cluster and wait for the node to be idle.
+
+        The cluster is this test run's own, so whatever is queued is a leftover of an earlier test
+        (jobs submitted through submitit or Hydra are not in ``submitted``). A node still ending a job
+        (``COMPLETING``) would keep the next ``--exclusive`` job pending on "Resources".
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jobs = self.run("squeue", "-h", "-o", "%i", check=False).split()
+            node = self.run("sinfo", "-h", "-N", "-o", "%t", check=False).split()
+            if not jobs and node and all(state.rstrip("*") == "idle" for state in node):
+                return
+            if jobs:
+                self.run("scancel", *jobs, check=False)
+            time.sleep(0.25)
+        raise AssertionError(f"the SLURM node is not idle after {timeout}s: jobs {jobs}, node {node}")
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
@@ -204,5 +222,6 @@ def slurm_cluster() -> SlurmCluster:
 def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """Per-test helper: like ``slurm_cluster``, and the jobs it submitted are cancelled afterwards."""
     helper = SlurmCluster(slurm_cluster._env)
+    helper.drain()
     yield helper
     helper.cancel_submitted()
