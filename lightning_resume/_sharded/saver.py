@@ -32,7 +32,14 @@ import torch
 from lightning_resume._collectives import broadcast, cpu_group, gather_objects
 from lightning_resume._resume.lightning_internals import capture_checkpoint, saves_directory
 from lightning_resume._sharded import parts
-from lightning_resume._sharded.dcp import dcp_state, layout_of, model_key, required_files, uses_dcp
+from lightning_resume._sharded.dcp import (
+    dcp_state,
+    layout_of,
+    model_key,
+    required_files,
+    save_planner,
+    uses_dcp,
+)
 from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
 from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
 from lightning_resume._storage.manifest import DirectoryManifest
@@ -186,7 +193,7 @@ class DirectorySaver:
         import torch.distributed.checkpoint as dcp
 
         try:
-            dcp.save(staged, checkpoint_id=save_dir, process_group=self._group)
+            dcp.save(staged, checkpoint_id=save_dir, process_group=self._group, planner=save_planner())
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
 
