@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/sharded_checkpoint.py`` (``--sizes 200`` for a quick run; ``--rows`` to pick).
 
-For a model + Adam state of about 200 MB and 1 GB in total (``--sizes``) (half on each of 2 gloo ranks, on the
+For a model + Adam state of about 200 MB and 800 MB in total (4x) (``--sizes``) (half on each of 2 gloo ranks, on the
 CPU), each row is one 2-rank Lightning job that trains and saves a sharded checkpoint at fixed steps:
 
 - ``floor``: each rank copies its local tensors into buffers allocated once (the staging floor), then
@@ -474,7 +474,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="200,1000", help="total state sizes in MB (default: 200,1000)")
+    parser.add_argument("--sizes", default="200,800", help="total state sizes in MB (default: 200,800)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to run (default: {','.join(ROWS)})")
     parser.add_argument("--out", default=None, help="keep the checkpoints and results here")
     parser.add_argument(

@@ -313,7 +313,7 @@ def test_no_verified_sharded_checkpoint_is_a_clear_error(tmp_path: Path, referen
         prepare_resume(in_process_trainer(tmp_path), folder / layout.LAST_CKPT, keep=2)
 
 
-def test_a_two_rank_sharded_checkpoint_resumes_on_one_rank_with_a_warning(
+def test_a_two_rank_sharded_checkpoint_resumes_on_one_rank_and_says_so(
     tmp_path: Path, reference: Reference
 ) -> None:
     copy_run(reference, tmp_path / "root")
