@@ -2,8 +2,9 @@
 
 Run: ``python benchmarks/sharded_checkpoint.py`` (``--sizes 200`` for a quick run; ``--rows`` to pick).
 
-For a model + Adam state of about 200 MB and 800 MB in total (4x) (``--sizes``) (half on each of 2 gloo ranks, on the
-CPU), each row is one 2-rank Lightning job that trains and saves a sharded checkpoint at fixed steps:
+For a model + Adam state of about 200 MB and 4x that, 800 MB, in total (``--sizes``), half on each of
+2 gloo ranks on the CPU, each row is one 2-rank Lightning job that trains and saves a sharded
+checkpoint at fixed steps:
 
 - ``floor``: each rank copies its local tensors into buffers allocated once (the staging floor), then
   writes those bytes to one file and fsyncs it, both ranks at once (the raw write floor);

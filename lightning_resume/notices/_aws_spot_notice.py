@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
-from lightning_resume.notices._http import endpoint_url, fetch
-from lightning_resume.notices._machine import on_aws, read_machine
+from lightning_resume.notices._http import fetch
+from lightning_resume.notices._machine import on_aws
+from lightning_resume.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.notices._notice import Notice, parse_iso_time
-from lightning_resume.notices._notice_source import NoticeSource
 
-#: The instance metadata service.
-AWS_ENDPOINT = "http://169.254.169.254"
 #: Seconds a session token lives (IMDSv2 allows up to six hours).
 TOKEN_TTL = 21600
 
@@ -31,7 +30,7 @@ def parse_instance_action(body: str, received: float) -> Notice:
     return Notice("aws-spot", action, parse_iso_time(when), detail=body.strip(), received=received)
 
 
-class AwsSpotNotice(NoticeSource):
+class AwsSpotNotice(MetadataServerNotice):
     """An EC2 spot instance's interruption notice: ``terminate``, ``stop`` or ``hibernate`` two minutes ahead.
 
     Reads ``/latest/meta-data/spot/instance-action`` from the instance metadata service with an IMDSv2
@@ -61,21 +60,12 @@ class AwsSpotNotice(NoticeSource):
     name = "aws-spot"
 
     def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(interval=interval, timeout=timeout)
-        self.endpoint = endpoint_url(endpoint)
+        super().__init__(endpoint, interval=interval, timeout=timeout)
         self._token: tuple[str, float] | None = None  # the token and when to renew it
 
-    @property
-    def base_url(self) -> str:
-        """The metadata server polled."""
-        return self.endpoint or AWS_ENDPOINT
-
-    def applies(self) -> bool:
+    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
         """On EC2 (firmware strings), or anywhere with an ``endpoint``."""
-        return self.endpoint is not None or on_aws(read_machine())
-
-    def describe(self) -> str:
-        return f"{self.name} at {self.base_url}"
+        return on_aws(machine)
 
     def _poll(self, now: float) -> Notice | None:
         status, body = fetch(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lightning_resume.notices._http import endpoint_url, fetch
-from lightning_resume.notices._machine import on_azure, read_machine
+from lightning_resume.notices._http import fetch
+from lightning_resume.notices._machine import on_azure
+from lightning_resume.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.notices._notice import Notice, parse_http_time
-from lightning_resume.notices._notice_source import NoticeSource
 
-#: The instance metadata service.
-AZURE_ENDPOINT = "http://169.254.169.254"
 EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 #: The event types that stop the machine.
@@ -53,7 +52,7 @@ def parse_scheduled_events(body: str, vm_name: str) -> list[ScheduledStop]:
     return stops
 
 
-class AzureNotice(NoticeSource):
+class AzureNotice(MetadataServerNotice):
     """An Azure machine's ``Preempt`` (spot eviction, 30 seconds or more ahead) or ``Terminate`` event.
 
     Reads Scheduled Events (``/metadata/scheduledevents?api-version=2020-07-01``, header
@@ -81,22 +80,13 @@ class AzureNotice(NoticeSource):
     name = "azure"
 
     def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(interval=interval, timeout=timeout)
-        self.endpoint = endpoint_url(endpoint)
+        super().__init__(endpoint, interval=interval, timeout=timeout)
         self._vm_name: str | None = None
         self._first_seen: dict[str, float] = {}  # by event id: when a started event was first seen
 
-    @property
-    def base_url(self) -> str:
-        """The metadata server polled."""
-        return self.endpoint or AZURE_ENDPOINT
-
-    def applies(self) -> bool:
+    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
         """On Azure (chassis asset tag), or anywhere with an ``endpoint``."""
-        return self.endpoint is not None or on_azure(read_machine())
-
-    def describe(self) -> str:
-        return f"{self.name} at {self.base_url}"
+        return on_azure(machine)
 
     def _poll(self, now: float) -> Notice | None:
         stops = parse_scheduled_events(self._get(EVENTS_PATH), self._machine_name())

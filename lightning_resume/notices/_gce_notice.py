@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from lightning_resume.notices._http import endpoint_url, fetch
-from lightning_resume.notices._machine import on_gce, read_machine
+from lightning_resume.notices._http import fetch
+from lightning_resume.notices._machine import on_gce
+from lightning_resume.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.notices._notice import Notice
-from lightning_resume.notices._notice_source import NoticeSource
 
-#: The metadata server (``metadata.google.internal``), by address: no DNS lookup to fail.
-GCE_ENDPOINT = "http://169.254.169.254"
 #: From the preemption (or spot stop) notice to the forced stop.
 PREEMPTION_SECONDS = 30.0
 #: From a terminating host-maintenance notice to the stop.
@@ -42,7 +41,7 @@ def parse_maintenance_event(body: str) -> str | None:
     return value if "TERMINATE" in value else None
 
 
-class GceNotice(NoticeSource):
+class GceNotice(MetadataServerNotice):
     """A Compute Engine machine's preemption (spot or preemptible) or terminating host maintenance.
 
     Reads ``instance/preempted`` (``TRUE`` once the machine is being preempted: about 30 seconds
@@ -70,21 +69,12 @@ class GceNotice(NoticeSource):
     name = "gce"
 
     def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(interval=interval, timeout=timeout)
-        self.endpoint = endpoint_url(endpoint)
+        super().__init__(endpoint, interval=interval, timeout=timeout)
         self._first_seen: dict[str, float] = {}  # the deadline counts from the first sighting
 
-    @property
-    def base_url(self) -> str:
-        """The metadata server polled."""
-        return self.endpoint or GCE_ENDPOINT
-
-    def applies(self) -> bool:
+    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
         """On Compute Engine (firmware strings), or anywhere with an ``endpoint``."""
-        return self.endpoint is not None or on_gce(read_machine())
-
-    def describe(self) -> str:
-        return f"{self.name} at {self.base_url}"
+        return on_gce(machine)
 
     def _poll(self, now: float) -> Notice | None:
         if parse_preempted(self._get("preempted")):
