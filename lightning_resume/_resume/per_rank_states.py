@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 
 #: The most tensor bytes a callback state may hold to be kept per rank.
 SMALL_STATE_BYTES = 1 << 20
@@ -46,16 +47,9 @@ def tensor_bytes(value: Any) -> int:
 
 
 def _cpu(value: Any) -> Any:
-    """``value`` with its tensors copied to the CPU (another rank may not have this rank's device)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, Mapping):
-        return {k: _cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_cpu(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_cpu(v) for v in value)
-    return value
+    """``value`` with its tensors copied to the CPU (another rank may not have this rank's device);
+    its containers keep their types (named tuples, ordered dicts, dataclasses)."""
+    return apply_to_collection(value, torch.Tensor, lambda t: t.detach().cpu().clone())
 
 
 def capture(checkpoint: Mapping[str, Any], own_key: str) -> RankOwned:

@@ -82,3 +82,13 @@ def test_other_schedulers_than_saved_keep_rank_zeros() -> None:
     assert written == {"lr_schedulers": [{"a": 0}, {"b": 0}], "callbacks": {}}
     put_back(written, None)  # a checkpoint of an earlier version: no states per rank
     assert written["lr_schedulers"] == [{"a": 0}, {"b": 0}]
+
+
+def test_captured_containers_keep_their_types() -> None:
+    from collections import OrderedDict, namedtuple
+
+    Pair = namedtuple("Pair", "best count")
+    state = {"pair": Pair(torch.tensor(1.0), 2), "ordered": OrderedDict(a=1)}
+    kept = capture({"callbacks": {"Mine": state}}, OWN)["callbacks"]["Mine"]
+    assert isinstance(kept["pair"], Pair) and kept["pair"].count == 2
+    assert isinstance(kept["ordered"], OrderedDict)
