@@ -15,6 +15,8 @@
   the first resumed batch (mid-epoch), or as the validation to redo starts;
 - a validation the checkpoint interrupted, or that followed the saved step (recorded in
   ``checkpoints/.validated-after``), runs again.
+- under DDP, each rank's learning-rate scheduler and callback states, which Lightning writes for
+  rank 0 only, as Lightning loads them (:mod:`.per_rank_states`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import DataLoader
 
 from lightning_resume._collectives import gather_objects
-from lightning_resume._resume import data_position, epoch_metrics, rng, stateful_loaders
+from lightning_resume._resume import data_position, epoch_metrics, per_rank_states, rng, stateful_loaders
 from lightning_resume._resume.data_position import EpochDraws
 from lightning_resume._resume.lightning_internals import (
     between_epochs,
@@ -153,8 +155,10 @@ class ExactResume:
             mark_between_epochs(checkpoint)
         if trainer.world_size > 1:
             mine = dict(state["ranks"][0])
-            # Lightning keeps only the saving rank's loader states; each rank needs its own back.
+            # Lightning keeps only the saving rank's loader, scheduler and callback states; each rank
+            # needs its own back.
             mine["loaders"] = train_loader_states(checkpoint)
+            mine["owned"] = per_rank_states.capture(checkpoint, self.state_key)
             state["ranks"] = gather_objects(trainer.strategy, mine)
 
     # -- restoring ---------------------------------------------------------------------------------
@@ -169,7 +173,8 @@ class ExactResume:
         self._unwatch = watch_train_loaders(trainer, data_position.watch)
 
     def after_load(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
-        """In ``on_load_checkpoint``: mark a validation to redo; give each rank its own loader states."""
+        """In ``on_load_checkpoint``: mark a validation to redo; give each rank its own loader, scheduler
+        and callback states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
         # Saved at the end of a step that a validation followed: redo that validation, from the
         # random state the checkpoint holds (nothing draws between the step's end and validation).
@@ -177,11 +182,15 @@ class ExactResume:
         if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
             state["before_validation"] = True
         ranks = state.get("ranks") or []
+        # Another number of ranks: rank 0's states for everyone, as Lightning does (see world_change).
+        same_ranks = trainer.world_size > 1 and len(ranks) == trainer.world_size
+        if same_ranks:  # each rank decides on from its own scheduler and callback states
+            per_rank_states.put_back(checkpoint, ranks[trainer.global_rank].get("owned"))
         if state and WorldChange.resplits(state, trainer):  # issue 25: the epoch's rest is split anew
             replace_train_loader_states(checkpoint, [])
             return
-        if trainer.world_size <= 1 or len(ranks) != trainer.world_size:
-            return  # rank 0's loader states for everyone (the world size changed: see world_change)
+        if not same_ranks:
+            return
         loaders = ranks[trainer.global_rank].get("loaders")
         if loaders is not None and replace_train_loader_states(checkpoint, loaders):
             self._loader_states = loaders if state.get("mid_epoch", True) else None

@@ -32,6 +32,8 @@ from typing import Any, TypedDict
 
 import torch
 
+from lightning_resume._resume.per_rank_states import RankOwned
+
 
 class EpochStart(TypedDict):
     """Written by earlier versions: the random state as the epoch's iterator was remade (read only)."""
@@ -46,7 +48,8 @@ class RankState(TypedDict, total=False):
     ``draws``: per plain training loader, the random states its current epoch was drawn from
     (:class:`~lightning_resume._resume.data_position.EpochDraws`); ``metrics``: the epoch's metric
     states, logged accumulators and callback metrics (:mod:`.epoch_metrics`); ``loaders``, under
-    DDP: this rank's training loader states, which Lightning keeps for the saving rank only.
+    DDP: this rank's training loader states, which Lightning keeps for the saving rank only, and
+    ``owned`` its learning-rate scheduler and callback states (:mod:`.per_rank_states`).
     ``generators`` and ``epoch_start`` are read from checkpoints of earlier versions.
     """
 
@@ -56,6 +59,7 @@ class RankState(TypedDict, total=False):
     generators: list[list[torch.Tensor | None]]
     epoch_start: EpochStart | None
     loaders: list[Any] | None
+    owned: RankOwned
 
 
 @dataclass(frozen=True)

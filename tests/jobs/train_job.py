@@ -364,6 +364,7 @@ def add_epoch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="Trainer(max_steps=N), no max_epochs")
     p.add_argument("--no-seed-workers", action="store_true", help="seed_everything(workers=False)")
     p.add_argument("--draw-log", default=None, help="write every batch's augmentation draws here")
+    p.add_argument("--step-log", default=None, help="write each step's weights/RNG/LR digest here, per rank")
 
 
 class Metered(SlowValidation):
@@ -446,6 +447,52 @@ def write_epoch_outcome(args: argparse.Namespace, trainer: pl.Trainer) -> None:
             found["best_model"] = os.path.basename(callback.best_model_path)
     with open(args.out + ".callbacks.json", "w") as f:
         json.dump(found, f, indent=1, sort_keys=True)
+
+
+class StepLog(pl.Callback):
+    """Write, per rank, what each step starts from: weights, optimizer state, random state, learning
+    rate, the batch's indices, and what each validation and epoch end leaves in ``callback_metrics``
+    (a resumed run's log, from its first step on, must equal the uninterrupted run's)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _write(self, trainer, text: str) -> None:  # type: ignore[no-untyped-def]
+        _append(f"{self.path}.rank{trainer.global_rank}", text + "\n")
+
+    @staticmethod
+    def _digest(tensors: Any) -> str:
+        import hashlib
+
+        h = hashlib.sha1()
+        for t in tensors:
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:12]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        opt = trainer.optimizers[0]
+        moments = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        lr = opt.param_groups[0]["lr"]
+        self._write(
+            trainer,
+            f"step {trainer.global_step} epoch {trainer.current_epoch} batch {batch_idx} lr {lr!r} "
+            f"weights {self._digest(pl_module.parameters())} optim {self._digest(moments)} "
+            f"rng {self._digest([torch.get_rng_state()])} samples {batch[2].tolist()}",
+        )
+
+    def _metrics(self, trainer, what: str) -> None:  # type: ignore[no-untyped-def]
+        found = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())}
+        self._write(trainer, f"{what} step {trainer.global_step} epoch {trainer.current_epoch} {found}")
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if not trainer.sanity_checking:
+            self._metrics(trainer, "validated")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        self._metrics(trainer, "epoch_end")
+
+    def on_train_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        self._write(trainer, f"end step {trainer.global_step} weights {self._digest(pl_module.parameters())}")
 
 
 # -- end of epoch boundaries -----------------------------------------------------------------------
@@ -561,6 +608,8 @@ def main(argv: list[str] | None = None) -> None:
     world_size_setup(args, callbacks)
     callbacks.insert(0, Probe())
     callbacks.extend(epoch_callbacks(args, run_dir))
+    if args.step_log:
+        callbacks.insert(1, StepLog(args.step_log))
     logger: Any = epoch_logger(args, run_dir)
     if args.tracker == "trackio":
         from lightning_resume import TrackioResume
