@@ -3,10 +3,16 @@
 A training job runs under a seeded preemption process and is relaunched after every exit, the way a
 SLURM requeue relaunches it (same run dir key, ``--requeue-wait`` seconds later), until it finishes.
 Preemptions arrive as a Poisson process in wall-clock time (mean ``--mtbp`` seconds), each one of
-three kinds (``--mix``). Every row of a rate faces the same process: the same seeded arrival times,
-in seconds since the row's first launch, and the same kind for its n-th preemption (the kinds are a
-seeded sequence drawn in blocks of ten that hold the mix's shares, so that a row hit a few times
-meets every kind, a row with notices gets notices):
+three kinds (``--mix``). Every row of a rate faces the same process: the same seeded arrivals and
+the same kind for its n-th preemption (the kinds are a seeded sequence drawn in blocks of ten that
+hold the mix's shares, so that a row hit a few times meets every kind, a row with notices gets
+notices). With ``--clock launch`` (the default) the n-th launch of a row is preempted the n-th gap
+between arrivals after it starts; with ``--clock wall`` the arrivals are counted from the row's
+first launch. Arrivals are memoryless, so the two are the same process (an arrival while no job
+runs is dropped either way), but with ``wall`` two rows fall out of step at their first difference
+and then meet unrelated arrivals: a row hit three times during its imports and its neighbour never
+differ by more than their intervals do. With ``launch`` the rows differ only by what each attempt
+keeps of the same lifetime.
 
 - ``sigterm``: SIGTERM to the trainer, SIGKILL to its process group ``--grace`` seconds later
   (a scheduler's preemption with a grace window: SLURM's KillWait, Kubernetes' grace period);
@@ -325,10 +331,16 @@ def run_row(
         if time.monotonic() - origin > args.row_timeout:
             break
         now = time.monotonic() - origin
-        pending = [at for at in pending if at > now]  # nothing to preempt between attempts
         notice.unlink(missing_ok=True)
         launch = Launch(time.time())
         launches.append(launch)
+        if args.clock == "launch":
+            # The n-th launch lives the n-th gap between arrivals: memoryless arrivals dropped while no
+            # job runs are that same process, and every row's n-th attempt then meets the same one.
+            n = len(launches) - 1
+            pending = [now + times[n] - (times[n - 1] if n else 0.0)] if n < len(times) else []
+        else:
+            pending = [at for at in pending if at > now]  # nothing to preempt between attempts
         command = [
             sys.executable, __file__, "--job", "--row-kind", row.kind, "--every", str(row.every),
             "--attempt", str(len(launches)), "--progress", str(progress), "--final", str(final),
@@ -542,6 +554,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--mix", default="sigterm=0.4,notice=0.3,sigkill=0.3")
+    parser.add_argument(
+        "--clock",
+        choices=("launch", "wall"),
+        default="launch",
+        help="count the arrivals from each launch (the n-th attempt lives the n-th gap) or from the first",
+    )
     parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, kind sigterm")
     parser.add_argument("--notice-lead", type=float, default=6.0, help="notice to SIGTERM, kind notice")
     parser.add_argument("--notice-grace", type=float, default=0.5, help="SIGTERM to SIGKILL, kind notice")
@@ -597,7 +615,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.steps} steps of {args.step_ms:g} ms, {args.state_mb:g} MB checkpoints, preemptions "
         f"{args.mix} (grace {args.grace:g} s; notice {args.notice_lead:g} s ahead, then "
         f"{args.notice_grace:g} s), requeue "
-        f"wait {args.requeue_wait:g} s, seed {args.seed}; load average {os.getloadavg()[0]:.2f}",
+        f"wait {args.requeue_wait:g} s, seed {args.seed}, clock {args.clock}; load average "
+        f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
     try:
