@@ -18,8 +18,10 @@ keeps of the same lifetime.
   (a scheduler's preemption with a grace window: SLURM's KillWait, Kubernetes' grace period);
 - ``notice``: a warning ``--notice-lead`` seconds before the SIGTERM, then SIGKILL ``--notice-grace``
   seconds after it (a spot reclaim). lightning_resume rows with notices poll a ``FileNotice`` the
-  preemption process writes (with the deadline); plain Lightning gets SIGUSR1 at the warning, what
-  ``sbatch --signal=USR1@lead`` delivers to its SLURM auto-requeue handler;
+  preemption process writes (with the deadline), and writes again every 0.5 s until the SIGTERM, as
+  a metadata endpoint keeps answering (a job still importing sees the notice once it polls); plain
+  Lightning gets SIGUSR1 at the warning, what ``sbatch --signal=USR1@lead`` delivers to its SLURM
+  auto-requeue handler;
 - ``sigkill``: SIGKILL to the process group, no warning (node loss, OOM killer).
 
 Arrivals while no job is running (between attempts) or while one is already being stopped are dropped
@@ -83,6 +85,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -191,7 +194,9 @@ def job(args: argparse.Namespace) -> None:
     )
     trainer.fit(Net(), train_dataloaders=loader, ckpt_path=ckpt_path)
     if trainer.global_step >= args.steps:
-        torch.save(trainer.lightning_module.state_dict(), args.final)
+        # Whole or absent: the relaunch loop stops at the sight of it, a preemption may cut the write.
+        torch.save(trainer.lightning_module.state_dict(), f"{args.final}.tmp")
+        os.replace(f"{args.final}.tmp", args.final)
 
 
 # -- the preemption process and the relaunch loop -----------------------------------------------------
@@ -353,6 +358,7 @@ def run_row(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         scheduled: list[tuple[float, signal.Signals, bool]] = []
+        warning: tuple[float, float] | None = None  # a notice given: its deadline, when last written
         while proc.poll() is None:
             now = time.monotonic() - origin
             while pending and pending[0] <= now:
@@ -371,11 +377,15 @@ def run_row(
                     if row.kind == "plain":
                         _kill(proc.pid, signal.SIGUSR1, group=False)
                     else:
-                        deadline = time.time() + args.notice_lead
-                        (work / "preempted.tmp").write_text(f"{deadline:.3f}\n")
-                        os.replace(work / "preempted.tmp", notice)
+                        warning = (time.time() + args.notice_lead, -math.inf)
                     scheduled.append((now + args.notice_lead, signal.SIGTERM, False))
                     scheduled.append((now + args.notice_lead + args.notice_grace, signal.SIGKILL, True))
+            if warning is not None and time.time() < warning[0] and time.monotonic() - warning[1] >= 0.5:
+                # Written again until the SIGTERM, as a metadata endpoint keeps answering: a FileNotice
+                # ignores a file older than itself, which a job still importing would otherwise see.
+                (work / "preempted.tmp").write_text(f"{warning[0]:.3f}\n")
+                os.replace(work / "preempted.tmp", notice)
+                warning = (warning[0], time.monotonic())
             for item in [s for s in scheduled if s[0] <= now]:
                 scheduled.remove(item)
                 _kill(proc.pid, item[1], item[2])
