@@ -321,12 +321,13 @@ def daly(save_stall: float, between: float) -> float:
 
     ``d`` is the save stall, ``M`` the mean time between interruptions (Daly 2006, "A higher order
     estimate of the optimum checkpoint interval for restart dumps"). Below ``d = 2M`` it equals
-    ``2M x (1 - x/3)^2 x x`` with ``x = sqrt(d/2M)``: positive, and shorter than Young's by about ``d``.
+    ``2M x (1 - x/3)^2 x x`` with ``x = sqrt(d/2M)``: positive, and shorter than Young's by about
+    two thirds of ``d``.
 
     Example::
 
         >>> round(daly(2.0, 3600.0), 2)  # Young's: 120.0
-        118.68
+        118.67
     """
     d, m = max(save_stall, 0.0), max(between, 0.0)
     if d >= 2.0 * m:
