@@ -77,9 +77,11 @@ optimum. Rows facing the same preemptions still differ by where each SIGKILL fal
 interval (up to a whole interval of steps each); compare ``auto`` with the best fixed N over
 several ``--seed`` values, not one run.
 Rows: ours every 20, 60 and 180 steps, ``auto``, ``auto + notices`` (plain Lightning only with
-``--plain-every N``); saves synchronous (``--sync``) of 128 MB of state, so that a save costs a
-measurable stall and the interval has an optimum to find (with the background writes of
-``DurableCheckpointIO`` a save stalls for milliseconds, and every interval short enough is as good).
+``--plain-every N``); ``--notice-grace 0.1`` (rows without notices never save at a notice's SIGTERM,
+where 0.5 s made it a coin toss against a 0.5 s save); saves synchronous (``--sync``) of 128 MB of
+state, so that a save costs a measurable stall and the interval has an optimum to find (with the
+background writes of ``DurableCheckpointIO`` a save stalls for milliseconds, and every interval short
+enough is as good).
 
 Targets (of the issue, not asserted): with notices, <= 1 step lost per noticed preemption on average;
 ``auto`` within 2 goodput points of the best fixed N at every rate; ours ahead of plain Lightning.
@@ -578,7 +580,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, kind sigterm")
     parser.add_argument("--notice-lead", type=float, default=6.0, help="notice to SIGTERM, kind notice")
-    parser.add_argument("--notice-grace", type=float, default=0.5, help="SIGTERM to SIGKILL, kind notice")
+    parser.add_argument(
+        "--notice-grace", type=float, default=None, help="SIGTERM to SIGKILL, kind notice (0.5; --medium 0.1)"
+    )
     parser.add_argument(
         "--requeue-wait", type=float, default=None, help="s between exit and relaunch (2; --medium 1)"
     )
@@ -610,6 +614,9 @@ def main(argv: list[str] | None = None) -> None:
     args.state_mb = args.state_mb or (128.0 if args.medium else 64.0)
     args.requeue_wait = args.requeue_wait if args.requeue_wait is not None else (1.0 if args.medium else 2.0)
     args.sync = args.sync or args.medium
+    # --medium's synchronous saves take about 0.5 s: with 0.5 s of grace, whether a row without notices
+    # saves at the SIGTERM is a coin toss worth an interval of steps; with 0.1 s it never does.
+    args.notice_grace = args.notice_grace if args.notice_grace is not None else (0.1 if args.medium else 0.5)
     # Seed 1's first arrivals bring each kind of preemption within --quick's few runs' time.
     args.seed = args.seed if args.seed is not None else (1 if args.quick else 0)
     mix = {kind: float(weight) for kind, _, weight in (p.partition("=") for p in args.mix.split(","))}
