@@ -70,12 +70,11 @@ loaded 2-core one included. A probe run (60 steps) measures the restart cost ``c
 end of the first step, plus ``--requeue-wait``) and the step time; the two rates are ``2c`` and
 ``3c`` mean seconds between preemptions (the fastest a job that pays ``c`` at every restart still
 finishes at); the steps are as many as the budget allows. On a 2-core machine shared with other
-work it took 26 minutes (``c`` = 8 s, 1167 steps) and its rows met 6 to 10 preemptions at ``2c``,
-4 to 6 at ``3c``: enough to tell an interval far too short (every 20: 13 to 15 points below every
-60 at both rates) from the rest, not enough to rank intervals within a factor of three of the
-optimum. Rows facing the same preemptions still differ by where each SIGKILL falls within their
-interval (up to a whole interval of steps each); compare ``auto`` with the best fixed N over
-several ``--seed`` values, not one run.
+work it took 17 to 26 minutes (``c`` = 8 s, 1167 steps), and its rows met 6 to 10 preemptions at
+``2c``, 3 to 6 at ``3c``: enough for the notices row to show its gain, not to rank intervals
+within a factor of three of the optimum. Rows facing the same preemptions still differ by where each
+SIGKILL falls within their interval (up to a whole interval of steps each); compare ``auto`` with the
+best fixed N over several ``--seed`` values, not one run.
 Rows: ours every 20, 60 and 180 steps, ``auto``, ``auto + notices`` (plain Lightning only with
 ``--plain-every N``); ``--notice-grace 0.1`` (rows without notices never save at a notice's SIGTERM,
 where 0.5 s made it a coin toss against a 0.5 s save); saves synchronous (``--sync``) of 128 MB of
