@@ -2,18 +2,30 @@
 
 A training job runs under a seeded preemption process and is relaunched after every exit, the way a
 SLURM requeue relaunches it (same run dir key, ``--requeue-wait`` seconds later), until it finishes.
-Preemptions arrive as a Poisson process in wall-clock time (mean ``--mtbp`` seconds; the same seeded
-arrivals for every row of a rate), each one of three kinds (``--mix``):
+Preemptions arrive as a Poisson process in wall-clock time (mean ``--mtbp`` seconds), each one of
+three kinds (``--mix``). Every row of a rate faces the same process: the same seeded arrivals and
+the same kind for its n-th preemption (the kinds are a seeded sequence drawn in blocks of ten that
+hold the mix's shares, so that a row hit a few times meets every kind, a row with notices gets
+notices). With ``--clock launch`` (the default) the n-th launch of a row is preempted the n-th gap
+between arrivals after it starts; with ``--clock wall`` the arrivals are counted from the row's
+first launch. Arrivals are memoryless, so the two are the same process (an arrival while no job
+runs is dropped either way), but with ``wall`` two rows fall out of step at their first difference
+and then meet unrelated arrivals: a row hit three times during its imports and its neighbour never
+differ by more than their intervals do. With ``launch`` the rows differ only by what each attempt
+keeps of the same lifetime.
 
 - ``sigterm``: SIGTERM to the trainer, SIGKILL to its process group ``--grace`` seconds later
   (a scheduler's preemption with a grace window: SLURM's KillWait, Kubernetes' grace period);
 - ``notice``: a warning ``--notice-lead`` seconds before the SIGTERM, then SIGKILL ``--notice-grace``
   seconds after it (a spot reclaim). lightning_resume rows with notices poll a ``FileNotice`` the
-  preemption process writes (with the deadline); plain Lightning gets SIGUSR1 at the warning, what
-  ``sbatch --signal=USR1@lead`` delivers to its SLURM auto-requeue handler;
+  preemption process writes (with the deadline), and writes again every 0.5 s until the SIGTERM, as
+  a metadata endpoint keeps answering (a job still importing sees the notice once it polls); plain
+  Lightning gets SIGUSR1 at the warning, what ``sbatch --signal=USR1@lead`` delivers to its SLURM
+  auto-requeue handler;
 - ``sigkill``: SIGKILL to the process group, no warning (node loss, OOM killer).
 
-Arrivals while no job is running (between attempts) or while one is already being stopped are dropped.
+Arrivals while no job is running (between attempts) or while one is already being stopped are dropped
+(they take no kind).
 
 The job: a small MLP whose step is padded to ``--step-ms`` with a sleep (a GPU step, as the CPU sees
 it), with ``--state-mb`` MB of extra state in a buffer (a checkpoint of that size: the saves are
@@ -33,20 +45,42 @@ Rows:
 - ``ours auto + notices``: the same with ``PreemptionHandler(notices=[FileNotice(...)], notice_margin=1)``.
 
 Columns: goodput (the steps' own time, ``--steps`` x the median step time of an uninterrupted run,
-over the row's wall time from the first launch to the finish, requeue waits included); steps lost per
-preemption (the steps trained and not part of the final result, read from a per-step progress file,
-over the preemptions that hit a running job), per noticed one, and per SIGKILL; the mean restart
-overhead (a relaunch to the end of its first step: imports, the checkpoint load, the first step);
-whether the final weights are bitwise equal to the uninterrupted run's; for our rows, the goodput
-``lightning-resume report`` computes from ``attempts.json`` (a check of the report). A last table
-compares, per rate, plain Lightning, the best fixed N of the sweep, ``auto`` and ``auto + notices``,
-and a PNG plots goodput against the mean time between preemptions (its path is printed).
+over the row's wall time from the first launch to the finish, requeue waits included); the
+preemptions that hit the row; steps lost per preemption (the steps trained and not part of the final
+result, read from a per-step progress file, over the preemptions that hit a running job), per noticed
+one, and per SIGKILL; the mean restart overhead (a relaunch to the end of its first step: imports,
+the checkpoint load, the first step); the two costs the interval trades, the save stall and the lost
+steps, in seconds (the lost steps at the median step time; the stall from ``attempts.json``, our rows
+only, and a lower bound where attempts were killed: a killed attempt's record holds the saves up to
+its last write); the intervals ``auto`` chose, attempt by attempt; whether the final weights are bitwise equal
+to the uninterrupted run's; for our rows, the goodput ``lightning-resume report`` computes from
+``attempts.json`` (a check of the report). A last table compares, per rate, plain Lightning, the best
+fixed N of the sweep, ``auto`` and ``auto + notices``, and a PNG plots goodput against the mean time
+between preemptions (its path is printed).
 
 Usage::
 
     python benchmarks/goodput.py --quick        # 300 steps, 6 rows, one rate: about 5 min quiet
                                                 # (--quick's rate: half the uninterrupted run's wall time)
+    python benchmarks/goodput.py --medium       # 2 rates x 5 rows, sized to --budget (30 min)
     python benchmarks/goodput.py                # 4 rates x 9 rows of 2000 steps: about 2 hours, quiet machine
+
+``--medium`` is sized to end within ``--budget`` minutes (default 30) on the machine it runs on, a
+loaded 2-core one included. A probe run (60 steps) measures the restart cost ``c`` (launch to the
+end of the first step, plus ``--requeue-wait``) and the step time; the two rates are ``2c`` and
+``3c`` mean seconds between preemptions (the fastest a job that pays ``c`` at every restart still
+finishes at); the steps are as many as the budget allows. On a 2-core machine shared with other
+work it took 17 to 26 minutes (``c`` = 8 s, 1167 steps), and its rows met 6 to 10 preemptions at
+``2c``, 3 to 6 at ``3c``: enough for the notices row to show its gain, not to rank intervals
+within a factor of three of the optimum. Rows facing the same preemptions still differ by where each
+SIGKILL falls within their interval (up to a whole interval of steps each); compare ``auto`` with the
+best fixed N over several ``--seed`` values, not one run.
+Rows: ours every 20, 60 and 180 steps, ``auto``, ``auto + notices`` (plain Lightning only with
+``--plain-every N``); ``--notice-grace 0.1`` (rows without notices never save at a notice's SIGTERM,
+where 0.5 s made it a coin toss against a 0.5 s save); saves synchronous (``--sync``) of 128 MB of
+state, so that a save costs a measurable stall and the interval has an optimum to find (with the
+background writes of ``DurableCheckpointIO`` a save stalls for milliseconds, and every interval short
+enough is as good).
 
 Targets (of the issue, not asserted): with notices, <= 1 step lost per noticed preemption on average;
 ``auto`` within 2 goodput points of the best fixed N at every rate; ours ahead of plain Lightning.
@@ -58,6 +92,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -74,7 +109,15 @@ from typing import Any
 KINDS = ("sigterm", "notice", "sigkill")
 #: --quick's mean time between preemptions, in uninterrupted runs' wall times.
 QUICK_MTBP_SHARE = 0.5
+#: --medium's fixed intervals, and its rates in restart costs (launch to first step, plus the wait).
+MEDIUM_SWEEP = [20, 60, 180]
+MEDIUM_RATES = (2.0, 3.0)
+#: A preemption costs more than the restart (the steps it loses, the save at the signal, the grace):
+#: this many restarts, for --medium's sizing.
+MEDIUM_COST_PER_RESTART = 1.3
+PROBE_STEPS = 60
 REPO = Path(__file__).resolve().parent.parent
+START = time.monotonic()
 
 
 # -- the job (run as ``goodput.py --job ...`` in a process of its own) --------------------------------
@@ -158,30 +201,45 @@ def job(args: argparse.Namespace) -> None:
     )
     trainer.fit(Net(), train_dataloaders=loader, ckpt_path=ckpt_path)
     if trainer.global_step >= args.steps:
-        torch.save(trainer.lightning_module.state_dict(), args.final)
+        # Whole or absent: the relaunch loop stops at the sight of it, a preemption may cut the write.
+        torch.save(trainer.lightning_module.state_dict(), f"{args.final}.tmp")
+        os.replace(f"{args.final}.tmp", args.final)
 
 
 # -- the preemption process and the relaunch loop -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Event:
-    """A preemption: ``at`` seconds after the row's first launch, of one of :data:`KINDS`."""
-
-    at: float
-    kind: str
+#: Preemption kinds are drawn in blocks of this many that hold the mix's shares.
+KIND_BLOCK = 10
 
 
-def arrivals(seed: int, mean: float, horizon: float, mix: dict[str, float]) -> list[Event]:
-    """Poisson arrivals (mean ``mean`` s apart) up to ``horizon`` s, each of a kind drawn by ``mix``."""
+def arrivals(seed: int, mean: float, horizon: float) -> list[float]:
+    """Poisson arrival times (mean ``mean`` s apart) up to ``horizon`` s after a row's first launch."""
     rng = random.Random(seed)
-    kinds, weights = list(mix), list(mix.values())
-    events, now = [], 0.0
+    times, now = [], 0.0
     while True:
         now += rng.expovariate(1.0 / mean)
         if now > horizon:
-            return events
-        events.append(Event(now, rng.choices(kinds, weights)[0]))
+            return times
+        times.append(now)
+
+
+def kind_sequence(seed: int, mix: dict[str, float], count: int) -> list[str]:
+    """The kinds of a row's 1st, 2nd, ... preemption: shuffled blocks of :data:`KIND_BLOCK` holding the
+    mix's shares (largest remainders), so that every kind with a share comes early and often."""
+    rng = random.Random(f"kinds-{seed}")
+    total = sum(mix.values())
+    exact = {kind: KIND_BLOCK * weight / total for kind, weight in mix.items()}
+    block = {kind: int(share) for kind, share in exact.items()}
+    short = KIND_BLOCK - sum(block.values())
+    for kind in sorted(exact, key=lambda k: exact[k] - block[k], reverse=True)[:short]:
+        block[kind] += 1
+    kinds: list[str] = []
+    while len(kinds) < count:
+        chunk = [kind for kind, n in block.items() for _ in range(n)]
+        rng.shuffle(chunk)
+        kinds += chunk
+    return kinds[:count]
 
 
 @dataclass(frozen=True)
@@ -219,6 +277,8 @@ class Outcome:
     finished: bool = False
     exact: bool | None = None
     report_goodput: float | None = None
+    save_seconds: float | None = None  # the save stall attempts.json recorded (our rows)
+    auto_steps: list[int] = field(default_factory=list)  # the interval "auto" chose, attempt by attempt
 
     def losses(self) -> list[tuple[str | None, int]]:
         """Per attempt that trained: the preemption that ended it and the steps it lost."""
@@ -247,8 +307,11 @@ def _kill(pid: int, sig: signal.Signals, group: bool) -> None:
         os.killpg(pid, sig) if group else os.kill(pid, sig)
 
 
-def run_row(row: Row, events: list[Event], args: argparse.Namespace, work: Path, expected: float) -> Outcome:
-    """Run ``row`` under ``events`` until the job finishes (or ``--row-timeout``), relaunching it."""
+def run_row(
+    row: Row, times: list[float], kinds: list[str], args: argparse.Namespace, work: Path, expected: float
+) -> Outcome:
+    """Run ``row`` under preemptions at ``times`` (s since its first launch) until the job finishes (or
+    ``--row-timeout``), relaunching it; its n-th preemption is of the kind ``kinds[n]``."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     stub = work / "bin"
@@ -273,17 +336,23 @@ def run_row(row: Row, events: list[Event], args: argparse.Namespace, work: Path,
         )
     else:
         env["LIGHTNING_RESUME_KEY"] = "goodput"
-    pending = list(events)
+    pending, delivered = list(times), 0
     launches: list[Launch] = []
     origin = time.monotonic()
     while not final.exists():
         if time.monotonic() - origin > args.row_timeout:
             break
         now = time.monotonic() - origin
-        pending = [e for e in pending if e.at > now]  # nothing to preempt between attempts
         notice.unlink(missing_ok=True)
         launch = Launch(time.time())
         launches.append(launch)
+        if args.clock == "launch":
+            # The n-th launch lives the n-th gap between arrivals: memoryless arrivals dropped while no
+            # job runs are that same process, and every row's n-th attempt then meets the same one.
+            n = len(launches) - 1
+            pending = [now + times[n] - (times[n - 1] if n else 0.0)] if n < len(times) else []
+        else:
+            pending = [at for at in pending if at > now]  # nothing to preempt between attempts
         command = [
             sys.executable, __file__, "--job", "--row-kind", row.kind, "--every", str(row.every),
             "--attempt", str(len(launches)), "--progress", str(progress), "--final", str(final),
@@ -296,27 +365,34 @@ def run_row(row: Row, events: list[Event], args: argparse.Namespace, work: Path,
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         scheduled: list[tuple[float, signal.Signals, bool]] = []
+        warning: tuple[float, float] | None = None  # a notice given: its deadline, when last written
         while proc.poll() is None:
             now = time.monotonic() - origin
-            while pending and pending[0].at <= now:
-                event = pending.pop(0)
+            while pending and pending[0] <= now:
+                pending.pop(0)
                 if launch.ended_by is not None:
                     continue  # already being stopped
-                launch.ended_by = event.kind
-                if event.kind == "sigkill":
+                kind = kinds[delivered % len(kinds)]
+                delivered += 1
+                launch.ended_by = kind
+                if kind == "sigkill":
                     _kill(proc.pid, signal.SIGKILL, group=True)
-                elif event.kind == "sigterm":
+                elif kind == "sigterm":
                     _kill(proc.pid, signal.SIGTERM, group=False)
                     scheduled.append((now + args.grace, signal.SIGKILL, True))
                 else:
                     if row.kind == "plain":
                         _kill(proc.pid, signal.SIGUSR1, group=False)
                     else:
-                        deadline = time.time() + args.notice_lead
-                        (work / "preempted.tmp").write_text(f"{deadline:.3f}\n")
-                        os.replace(work / "preempted.tmp", notice)
+                        warning = (time.time() + args.notice_lead, -math.inf)
                     scheduled.append((now + args.notice_lead, signal.SIGTERM, False))
                     scheduled.append((now + args.notice_lead + args.notice_grace, signal.SIGKILL, True))
+            if warning is not None and time.time() < warning[0] and time.monotonic() - warning[1] >= 0.5:
+                # Written again until the SIGTERM, as a metadata endpoint keeps answering: a FileNotice
+                # ignores a file older than itself, which a job still importing would otherwise see.
+                (work / "preempted.tmp").write_text(f"{warning[0]:.3f}\n")
+                os.replace(work / "preempted.tmp", notice)
+                warning = (warning[0], time.monotonic())
             for item in [s for s in scheduled if s[0] <= now]:
                 scheduled.remove(item)
                 _kill(proc.pid, item[1], item[2])
@@ -335,8 +411,39 @@ def run_row(row: Row, events: list[Event], args: argparse.Namespace, work: Path,
 
         run_dirs = layout.run_dirs(work / "runs")
         if run_dirs:
-            outcome.report_goodput = report(run_dirs[0]).goodput
+            found = report(run_dirs[0])
+            outcome.report_goodput, outcome.save_seconds = found.goodput, found.save_seconds
+            outcome.auto_steps = [a.cadence_steps for a in found.attempts if a.cadence_steps is not None]
     return outcome
+
+
+def size_medium(args: argparse.Namespace, work: Path) -> None:
+    """``--medium``: the rates and the steps from a probe run's restart cost and step time (see above).
+
+    A row at ``M`` s between preemptions takes about ``U / (1 - k x c / M)`` for ``U`` s of steps
+    (``c`` the restart cost, ``k`` :data:`MEDIUM_COST_PER_RESTART`); the reference run ``U + c``.
+    """
+    probe = argparse.Namespace(**{**vars(args), "steps": PROBE_STEPS, "row_timeout": 600.0})
+    outcome = run_row(Row("ours", 0), [], [], probe, work, expected=0.0)
+    steps = outcome.progress.get(1, [])
+    if not outcome.finished or len(steps) < 2:
+        raise SystemExit(f"the probe run did not finish: see {work / 'job.log'}")
+    start = steps[0][1] - outcome.launches[0].started
+    step = statistics.median(b[1] - a[1] for a, b in itertools.pairwise(steps))
+    restart = start + args.requeue_wait
+    args.mtbp = args.mtbp or [round(share * restart, 1) for share in MEDIUM_RATES]
+    rows = len(args.sweep) + 2 + (1 if args.plain_every else 0)
+    stretch = sum(1 / max(1 - MEDIUM_COST_PER_RESTART * restart / m, 0.2) for m in args.mtbp)
+    left = 60 * args.budget - (time.monotonic() - START) - start
+    useful = max(left / (1 + rows * stretch), 10 * step)
+    args.steps = args.steps or max(int(useful / step), 2 * max(args.sweep))
+    expected = {m: round(useful / max(1 - MEDIUM_COST_PER_RESTART * restart / m, 0.2) / m) for m in args.mtbp}
+    print(
+        f"--medium: restart cost {restart:.1f} s (start {start:.1f} s + wait {args.requeue_wait:g} s), "
+        f"step {step * 1e3:.0f} ms: rates {', '.join(f'{m:g}' for m in args.mtbp)} s, {args.steps} steps, "
+        f"about {', '.join(str(n) for n in expected.values())} preemptions per row",
+        flush=True,
+    )
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -353,7 +460,7 @@ def _mean(values: list[int]) -> str:
     return f"{statistics.mean(values):.1f}" if values else "-"
 
 
-def summarise(outcome: Outcome, useful: float) -> dict[str, Any]:
+def summarise(outcome: Outcome, useful: float, step: float) -> dict[str, Any]:
     losses = outcome.losses()
     hit = [lost for kind, lost in losses if kind is not None]
     overhead = outcome.restart_overhead()
@@ -366,6 +473,9 @@ def summarise(outcome: Outcome, useful: float) -> dict[str, Any]:
         "lost_per_notice": _mean([lost for kind, lost in losses if kind == "notice"]),
         "lost_per_sigkill": _mean([lost for kind, lost in losses if kind == "sigkill"]),
         "restart_overhead": overhead,
+        "lost_seconds": step * sum(lost for _, lost in losses),
+        "save_seconds": outcome.save_seconds,
+        "auto_steps": outcome.auto_steps,
         "wall": outcome.wall,
         "exact": outcome.exact,
         "finished": outcome.finished,
@@ -381,12 +491,14 @@ def print_rate(mtbp: float, rows: list[dict[str, Any]]) -> None:
     table(
         f"mean time between preemptions {mtbp:g} s",
         ("row", "goodput", "report", "preempt.", "lost/preempt.", "lost/notice", "lost/SIGKILL", "restart s",
-         "wall s", "bitwise"),
+         "saves s", "lost s", "auto N", "wall s", "bitwise"),
         [
             (
                 r["row"], pct(r["goodput"]) if r["finished"] else "did not finish", pct(r["report_goodput"]),
                 str(r["preemptions"]), r["lost_per_preemption"], r["lost_per_notice"], r["lost_per_sigkill"],
-                "-" if r["restart_overhead"] is None else f"{r['restart_overhead']:.1f}", f"{r['wall']:.0f}",
+                "-" if r["restart_overhead"] is None else f"{r['restart_overhead']:.1f}",
+                "-" if r["save_seconds"] is None else f"{r['save_seconds']:.1f}", f"{r['lost_seconds']:.1f}",
+                " ".join(map(str, r["auto_steps"])) or "-", f"{r['wall']:.0f}",
                 {True: "yes", False: "no", None: "-"}[r["exact"]],
             )
             for r in rows
@@ -439,23 +551,44 @@ def plot(results: dict[float, list[dict[str, Any]]], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--quick", action="store_true", help="one rate (from the machine's speed), 300 steps, 3 fixed N"
     )
+    mode.add_argument(
+        "--medium", action="store_true", help="2 rates x 5 rows sized to --budget minutes (see above)"
+    )
+    parser.add_argument("--budget", type=float, default=30.0, help="--medium: minutes in all")
     parser.add_argument("--mtbp", type=float, nargs="+", default=None, help="mean s between preemptions")
     parser.add_argument("--sweep", type=int, nargs="+", default=None, help="fixed N for our rows")
-    parser.add_argument("--plain-every", type=int, default=50, help="N of the plain Lightning row")
+    parser.add_argument(
+        "--plain-every", type=int, default=None, help="N of the plain Lightning row (0: none; --medium: 0)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps of the job")
     parser.add_argument("--step-ms", type=float, default=50.0)
-    parser.add_argument("--state-mb", type=float, default=64.0, help="checkpoint size (MB)")
+    parser.add_argument(
+        "--state-mb", type=float, default=None, help="checkpoint size (MB; default 64, --medium 128)"
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--mix", default="sigterm=0.4,notice=0.3,sigkill=0.3")
+    parser.add_argument(
+        "--clock",
+        choices=("launch", "wall"),
+        default="launch",
+        help="count the arrivals from each launch (the n-th attempt lives the n-th gap) or from the first",
+    )
     parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, kind sigterm")
     parser.add_argument("--notice-lead", type=float, default=6.0, help="notice to SIGTERM, kind notice")
-    parser.add_argument("--notice-grace", type=float, default=0.5, help="SIGTERM to SIGKILL, kind notice")
-    parser.add_argument("--requeue-wait", type=float, default=2.0, help="seconds between exit and relaunch")
+    parser.add_argument(
+        "--notice-grace", type=float, default=None, help="SIGTERM to SIGKILL, kind notice (0.5; --medium 0.1)"
+    )
+    parser.add_argument(
+        "--requeue-wait", type=float, default=None, help="s between exit and relaunch (2; --medium 1)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="of the arrivals (default: 0; --quick: 1)")
-    parser.add_argument("--sync", action="store_true", help="our rows without DurableCheckpointIO")
+    parser.add_argument(
+        "--sync", action="store_true", help="our rows without DurableCheckpointIO (--medium: always)"
+    )
     parser.add_argument("--no-prior", action="store_true", help="'auto' without expected_interruption_every")
     parser.add_argument("--row-timeout", type=float, default=None, help="give a row up after this many s")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: temporary)")
@@ -472,27 +605,44 @@ def main(argv: list[str] | None = None) -> None:
     if args.job:
         job(args)
         return
-    args.mtbp = args.mtbp or (None if args.quick else [30.0, 60.0, 120.0, 300.0])
-    args.sweep = args.sweep or ([25, 50, 100] if args.quick else [10, 25, 50, 100, 200, 400])
-    args.steps = args.steps or (300 if args.quick else 2000)
+    args.mtbp = args.mtbp or (None if args.quick or args.medium else [30.0, 60.0, 120.0, 300.0])
+    args.sweep = args.sweep or (
+        [25, 50, 100] if args.quick else MEDIUM_SWEEP if args.medium else [10, 25, 50, 100, 200, 400]
+    )
+    args.plain_every = args.plain_every if args.plain_every is not None else (0 if args.medium else 50)
+    args.state_mb = args.state_mb or (128.0 if args.medium else 64.0)
+    args.requeue_wait = args.requeue_wait if args.requeue_wait is not None else (1.0 if args.medium else 2.0)
+    args.sync = args.sync or args.medium
+    # --medium's synchronous saves take about 0.5 s: with 0.5 s of grace, whether a row without notices
+    # saves at the SIGTERM is a coin toss worth an interval of steps; with 0.1 s it never does.
+    args.notice_grace = args.notice_grace if args.notice_grace is not None else (0.1 if args.medium else 0.5)
     # Seed 1's first arrivals bring each kind of preemption within --quick's few runs' time.
     args.seed = args.seed if args.seed is not None else (1 if args.quick else 0)
-    args.row_timeout = args.row_timeout or max(600.0, 40 * args.steps * args.step_ms / 1000)
     mix = {kind: float(weight) for kind, _, weight in (p.partition("=") for p in args.mix.split(","))}
     if set(mix) - set(KINDS):
         parser.error(f"--mix kinds are {', '.join(KINDS)}, got {args.mix!r}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="goodput-"))
-    os.environ.setdefault("COLUMNS", "150")  # rich's tables: one line per row in a log file
+    os.environ.setdefault("COLUMNS", "170")  # rich's tables: one line per row in a log file
     started = time.monotonic()
+    if args.medium and (args.steps is None or args.mtbp is None):
+        try:
+            size_medium(args, workdir / "probe")
+        except BaseException:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+    args.steps = args.steps or (300 if args.quick else 2000)
+    args.row_timeout = args.row_timeout or max(600.0, 40 * args.steps * args.step_ms / 1000)
     print(
         f"{args.steps} steps of {args.step_ms:g} ms, {args.state_mb:g} MB checkpoints, preemptions "
         f"{args.mix} (grace {args.grace:g} s; notice {args.notice_lead:g} s ahead, then "
         f"{args.notice_grace:g} s), requeue "
-        f"wait {args.requeue_wait:g} s, seed {args.seed}; load average {os.getloadavg()[0]:.2f}",
+        f"wait {args.requeue_wait:g} s, seed {args.seed}, clock {args.clock}; load average "
+        f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
     try:
-        reference = run_row(Row("ours", 0), [], args, workdir / "reference", expected=0.0)
+        reference = run_row(Row("ours", 0), [], [], args, workdir / "reference", expected=0.0)
         times = [b[1] - a[1] for steps in reference.progress.values() for a, b in itertools.pairwise(steps)]
         step = statistics.median(times)
         useful = args.steps * step
@@ -504,20 +654,22 @@ def main(argv: list[str] | None = None) -> None:
             # preemptions per uninterrupted run's time.
             args.mtbp = [float(round(QUICK_MTBP_SHARE * reference.wall))]
             print(f"--quick: mean time between preemptions {args.mtbp[0]:g} s", flush=True)
-        rows = [Row("plain", args.plain_every), *(Row("ours", n) for n in args.sweep), Row("ours", 0),
-                Row("notices", 0)]  # fmt: skip
+        rows = [*([Row("plain", args.plain_every)] if args.plain_every else []),
+                *(Row("ours", n) for n in args.sweep), Row("ours", 0), Row("notices", 0)]  # fmt: skip
         results: dict[float, list[dict[str, Any]]] = {}
         for index, mtbp in enumerate(args.mtbp):
             horizon = 50 * args.steps * args.step_ms / 1000 + 100 * mtbp
-            events = arrivals(args.seed + index, mtbp, horizon, mix)
+            at = arrivals(args.seed + index, mtbp, horizon)
+            kinds = kind_sequence(args.seed + index, mix, len(at))
             results[mtbp] = []
             for row in rows:
-                outcome = run_row(row, events, args, workdir / f"{mtbp:g}" / row.name.replace(" ", "-"), mtbp)
-                final = workdir / f"{mtbp:g}" / row.name.replace(" ", "-") / "final.pt"
+                where = workdir / f"{mtbp:g}" / row.name.replace(" ", "-")
+                outcome = run_row(row, at, kinds, args, where, mtbp)
+                final = where / "final.pt"
                 outcome.exact = (
                     same_weights(final, workdir / "reference" / "final.pt") if outcome.finished else None
                 )
-                results[mtbp].append(summarise(outcome, useful))
+                results[mtbp].append(summarise(outcome, useful, step))
                 print(f"  {row.name}: {results[mtbp][-1]['wall']:.0f} s", flush=True)
             print_rate(mtbp, results[mtbp])
         comparison = []

@@ -5,17 +5,28 @@ stall on the training thread. Young's first-order optimum of the sum is
 
     interval = sqrt(2 x save stall x mean time between interruptions)
 
-(Young 1974; Daly 2006 bounds it by the mean time between interruptions when a save is that costly).
-Here:
+and Daly's higher-order one (Daly 2006), used here, is, with ``d`` the save stall and ``M`` the mean
+time between interruptions,
+
+    interval = sqrt(2dM) x (1 + sqrt(d / 2M) / 3 + d / 18M) - d     for d < 2M, else M
+
+(:func:`daly`; for a save far cheaper than ``M`` the two agree). Here:
 
 - the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
   rank's), not the background write;
 - the **mean time between interruptions** comes from the run's own attempt history
-  (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the
-  interruptions that lost work) as soon as it holds one; before that, from a :class:`Prior`: the
-  user's ``expected_interruption_every``, else the shortest of the SLURM time limit, an assumed
+  (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the number of
+  its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
+  ``expected_interruption_every``, else the shortest of the SLURM time limit, an assumed
   :data:`CLOUD_SECONDS` on a cloud virtual machine (possibly spot or preemptible) and
   :data:`DEFAULT_SECONDS`;
+- **every interruption counts** (preempted by a signal or a notice, killed, hung, failed), whether or
+  not a save at the signal made it lose nothing: a graceful preemption is evidence of the preemption
+  rate, and the next one may come without grace (a SIGKILL, a node lost, a grace window too short for
+  the save). Erring short is cheap (one more save costs its stall, a fraction of a second), erring
+  long is not (an interruption without a save loses up to a whole interval): counting only the
+  interruptions that lost work made a run whose saves at SIGTERM succeeded look calm and stretch its
+  interval until the next SIGKILL lost it. :func:`lost_work` still tells which ones lost work;
 - the interval is at least the measured **time to durable** (a save is never started while the
   previous one is still being written) and one step, and at most the mean time between
   interruptions; it is converted to steps with the measured **step time**;
@@ -132,12 +143,18 @@ def slurm_time_limit(environ: Mapping[str, str], scontrol_show_job: str | None =
 # -- the run's own history ---------------------------------------------------------------------------
 
 
+def interrupted(attempt: Attempt) -> bool:
+    """Whether an attempt ended by an interruption (preempted, killed, hung, failed), lossy or not."""
+    return attempt.end is not None and attempt.end.cause in INTERRUPTIONS
+
+
 def lost_work(attempt: Attempt) -> bool:
     """Whether an attempt ended by an interruption that lost the work since its last durable save.
 
     ``killed`` always counts (nothing says when it died); ``preempted``, ``failed`` and ``hung`` count
     unless the newest durable checkpoint holds the last step it reached (a preemption whose save at the
-    signal or notice was durable lost nothing, and does not shorten the interval).
+    signal or notice was durable lost nothing). The interval counts every interruption
+    (:func:`interrupted`); this one tells the people reading the choice how many cost work.
     """
     end = attempt.end
     if end is None or end.cause not in INTERRUPTIONS:
@@ -155,28 +172,32 @@ class Interruptions:
 
     Attributes:
         seconds: How long its attempts ran (start to end; the running one until now).
-        count: Interruptions that lost work (:func:`lost_work`; the summed-up earlier attempts count
-            every interruption).
+        count: Interruptions (:func:`interrupted`), lossy or not; the summed-up earlier attempts count
+            theirs.
         attempts: Attempts counted.
+        lost_work: Those of ``count`` that lost work (:func:`lost_work`; the summed-up earlier
+            attempts do not say, and count as none).
     """
 
     seconds: float
     count: int
     attempts: int
+    lost_work: int = 0
 
 
 def interruptions(history: History, now: float) -> Interruptions:
-    """The run's exposure and lossy interruptions; an open record counts as running until ``now``.
+    """The run's exposure and interruptions; an open record counts as running until ``now``.
 
     Only the last attempt may be open (the running one); earlier open records are closed by the
     next attempt's start (``attempts.begin``).
     """
-    seconds, count = history.earlier.seconds, history.earlier.interruptions
+    seconds, count, lossy = history.earlier.seconds, history.earlier.interruptions, 0
     for attempt in history.attempts:
         end = attempt.end.time if attempt.end is not None else now
         seconds += max(end - attempt.started, 0.0)
-        count += lost_work(attempt)
-    return Interruptions(seconds, count, history.earlier.attempts + len(history.attempts))
+        count += interrupted(attempt)
+        lossy += lost_work(attempt)
+    return Interruptions(seconds, count, history.earlier.attempts + len(history.attempts), lossy)
 
 
 @dataclass(frozen=True)
@@ -201,7 +222,10 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
     at least that, and the prior when longer.
     """
     if seen.count:
-        detail = f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run"
+        detail = (
+            f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run "
+            f"({seen.lost_work} lost work)"
+        )
         return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
     if seen.seconds > before.seconds:
         detail = (
@@ -244,7 +268,8 @@ class Choice:
     Attributes:
         steps: Save every this many optimizer steps.
         seconds: The interval in seconds (``steps`` x the step time).
-        young_daly: ``sqrt(2 x save stall x time between interruptions)``, before the bounds.
+        young_daly: Daly's optimum (:func:`daly`) for the save stall and the time between
+            interruptions, before the bounds (the name predates the higher-order form).
         bound: What limited it (``None``: Young/Daly's value).
         save_stall, to_durable, step_seconds: The measurements.
         between: The expected time between interruptions.
@@ -267,12 +292,12 @@ class Choice:
         """One line: the interval, and why."""
         why = (
             f"sqrt(2 x {duration(self.save_stall)} save stall x {duration(self.between)} between "
-            f"interruptions) = {duration(self.young_daly)}"
+            f"interruptions), Daly's higher-order form = {duration(self.young_daly)}"
         )
         if self.bound is Bound.TO_DURABLE:
             why += f", raised to the {duration(self.to_durable)} a save takes to be durable"
         elif self.bound is Bound.BETWEEN:
-            why += ", lowered to the time between interruptions"
+            why += ", the time between interruptions (a save that costly: once per interruption)"
         elif self.bound is Bound.ONE_STEP:
             why += ", raised to one step"
         return (
@@ -291,12 +316,31 @@ def young_daly(save_stall: float, between: float) -> float:
     return math.sqrt(2.0 * max(save_stall, 0.0) * max(between, 0.0))
 
 
+def daly(save_stall: float, between: float) -> float:
+    """Daly's higher-order optimum: ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``.
+
+    ``d`` is the save stall, ``M`` the mean time between interruptions (Daly 2006, "A higher order
+    estimate of the optimum checkpoint interval for restart dumps"). Below ``d = 2M`` it equals
+    ``2M x (1 - x/3)^2 x x`` with ``x = sqrt(d/2M)``: positive, and shorter than Young's by about
+    two thirds of ``d``.
+
+    Example::
+
+        >>> round(daly(2.0, 3600.0), 2)  # Young's: 120.0
+        118.67
+    """
+    d, m = max(save_stall, 0.0), max(between, 0.0)
+    if d >= 2.0 * m:
+        return m
+    return math.sqrt(2.0 * d * m) * (1.0 + math.sqrt(d / (2.0 * m)) / 3.0 + d / (18.0 * m)) - d
+
+
 def choose(measured: Measurements, between: Between) -> Choice:
-    """The interval for these measurements: Young/Daly, then the bounds, in steps."""
-    ideal = young_daly(measured.save_stall, between.seconds)
+    """The interval for these measurements: Daly's optimum, then the bounds, in steps."""
+    ideal = daly(measured.save_stall, between.seconds)
     seconds, bound = ideal, None
-    if seconds > between.seconds:
-        seconds, bound = between.seconds, Bound.BETWEEN  # Daly: a save that costly, once per interruption
+    if measured.save_stall >= 2.0 * between.seconds:
+        bound = Bound.BETWEEN  # Daly: a save that costly, once per interruption
     if seconds < measured.to_durable:
         seconds, bound = measured.to_durable, Bound.TO_DURABLE  # never two saves in flight back to back
     step = max(measured.step_seconds, 1e-9)

@@ -16,10 +16,12 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint
-from lightning_resume._run import attempts, layout
+from lightning_resume._run import attempts, cadence, layout
 from lightning_resume._run.attempts import Cause
 from lightning_resume.cli import main
 
+#: The exit status of a job preempted by SIGTERM (128 + 15), as PreemptionHandler leaves it.
+EXIT = 143
 AUTO = ("--every", "auto", "--no-epoch-end", "--key", "auto", "--expect-every", "3600")
 
 
@@ -44,6 +46,27 @@ def test_a_kill_shortens_the_interval_and_doctor_and_inspect_show_it(
     line = re.search(r"RequeueCheckpoint\(every_n_train_steps='auto'\) saves every \d+ steps .*", last.output)
     assert line is not None and "save stall" in line.group(0) and "1 interruption(s)" in line.group(0)
     shown_by_doctor_and_inspect(root, last.run_dir, second.cadence, capsys)
+
+
+@pytest.mark.slow  # the default run has the kill case; tests/run/test_cadence.py counts this one too
+def test_a_preemption_saved_at_its_signal_still_shortens_the_interval(
+    tmp_path: Path, baseline: dict[str, Path]
+) -> None:
+    """A graceful preemption lost nothing, yet it tells the preemption rate: the restart counts it."""
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    first = run_job(root, out, *AUTO, "--preemption", "--signal-at", 12)
+    assert first.returncode == EXIT, first.output[-3000:]
+    last = run_job(root, out, *AUTO, "--preemption")
+    assert last.returncode == 0, last.output[-3000:]
+    assert same_weights(out, baseline["stateful"])
+    assert last.run_dir is not None
+    preempted, second = attempts.read(last.run_dir).attempts
+    assert preempted.end is not None and preempted.end.cause is Cause.PREEMPTED
+    assert not cadence.lost_work(preempted)  # its save at SIGTERM holds its last step
+    assert preempted.cadence is not None and second.cadence is not None
+    assert second.cadence["between_detail"].startswith("the history: 1 interruption(s)")
+    assert second.cadence["between_detail"].endswith("(0 lost work)")
+    assert second.cadence["steps"] < preempted.cadence["steps"]
 
 
 def shown_by_doctor_and_inspect(

@@ -4,6 +4,7 @@ its bounds, its prior and its hysteresis; and the save times and choices the att
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,27 +42,62 @@ def interval(history: History, now: float, prior_seconds: float = DAY) -> int:
 
 
 def test_more_interruptions_in_the_history_choose_a_shorter_interval() -> None:
-    calm = run_of((Cause.PREEMPTED, 40, 40), (Cause.FINISHED, 80, 80))
+    calm = run_of((Cause.FINISHED, 80, 80))
     one_kill = run_of((Cause.KILLED, 40, 30), (Cause.FINISHED, 80, 80))
     kills = run_of(
         (Cause.KILLED, 40, 30), (Cause.KILLED, 70, 60), (Cause.KILLED, 90, 80), (Cause.FAILED, 95, 90)
     )
     now = 10_000.0
-    # The graceful preemption saved its last step: it lost nothing and does not count.
-    assert cadence.interruptions(calm, now).count == 0
-    assert cadence.interruptions(one_kill, now).count == 1
-    assert cadence.interruptions(kills, now).count == 4
+    assert cadence.interruptions(calm, now) == Interruptions(100.0, 0, 1, 0)
+    assert cadence.interruptions(one_kill, now) == Interruptions(200.0, 1, 2, 1)
+    assert cadence.interruptions(kills, now) == Interruptions(400.0, 4, 4, 4)
     assert interval(kills, now) < interval(one_kill, now) < interval(calm, now)
     # 4 interruptions in 400 s (killed attempts end at their step beat): 100 s between them.
     seen = cadence.interruptions(kills, now)
     between = cadence.time_between_interruptions(seen, cadence.prior())
     assert (between.source, between.seconds) == ("history", 100.0)
-    assert cadence.choose(Measurements(2.0, 2.0, 0.5), between).steps == 40  # sqrt(2 x 2 x 100) = 20 s
+    assert between.detail == "the history: 4 interruption(s) in 6.7 min of this run (4 lost work)"
+    # Daly: sqrt(2 x 2 x 100) x (1 + 0.1 / 3 + 2 / 1800) - 2 = 18.69 s, at 0.5 s a step.
+    assert cadence.choose(Measurements(2.0, 2.0, 0.5), between).steps == 38
+
+
+def test_a_preemption_that_lost_nothing_still_counts_as_an_interruption() -> None:
+    """A save at the signal says nothing about the next preemption, which may come without grace."""
+    graceful = run_of((Cause.PREEMPTED, 40, 40), (Cause.FINISHED, 80, 80))
+    one_kill = run_of((Cause.KILLED, 40, 30), (Cause.FINISHED, 80, 80))
+    now = 10_000.0
+    assert [cadence.lost_work(a) for a in graceful.attempts] == [False, False]
+    assert cadence.interruptions(graceful, now) == Interruptions(200.0, 1, 2, 0)
+    calm = run_of((Cause.FINISHED, 80, 80))
+    assert interval(graceful, now) == interval(one_kill, now) < interval(calm, now)
+    between = cadence.time_between_interruptions(cadence.interruptions(graceful, now), cadence.prior())
+    assert between.detail == "the history: 1 interruption(s) in 3.3 min of this run (0 lost work)"
+    # Preempted before its first step (nothing to lose), hung and failed count too.
+    early = run_of((Cause.PREEMPTED, 0, None), (Cause.HUNG, 5, 5), (Cause.FAILED, 9, 5))
+    early = early.with_attempt(replace(early.attempts[0], last_step=None))
+    assert cadence.interruptions(early, now) == Interruptions(300.0, 3, 3, 1)
+
+
+def test_daly_higher_order_optimum() -> None:
+    young = cadence.young_daly
+    # The formula, written out, for a save stall d below twice the time between interruptions M.
+    for d, m in ((2.0, 3600.0), (0.2, 30.0), (100.0, 150.0), (1.0, 0.51)):
+        written = math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
+        assert cadence.daly(d, m) == pytest.approx(written, rel=1e-12)
+        x = math.sqrt(d / (2 * m))  # the same, factored: 2M x (1 - x/3)^2
+        assert cadence.daly(d, m) == pytest.approx(2 * m * x * (1 - x / 3) ** 2, rel=1e-12)
+        assert 0 < cadence.daly(d, m) < young(d, m)
+    assert cadence.daly(2.0, 3600.0) == pytest.approx(118.6704, abs=1e-4)  # Young's: 120 s
+    # A cheap save: two thirds of the stall shorter than Young's.
+    assert cadence.daly(0.01, 3600.0) == pytest.approx(young(0.01, 3600.0) - 0.01 * 2 / 3, abs=1e-5)
+    # A save as costly as twice M or more: once per interruption.
+    assert cadence.daly(300.0, 150.0) == 150.0 and cadence.daly(301.0, 150.0) == 150.0
+    assert cadence.daly(0.0, 100.0) == 0.0 and cadence.daly(1.0, 0.0) == 0.0
 
 
 def test_the_running_attempt_counts_until_now_and_a_long_calm_outgrows_the_prior() -> None:
     running = History(attempts=(Attempt(1, "node", 1, None, started=0.0),))
-    assert cadence.interruptions(running, now=500.0) == Interruptions(500.0, 0, 1)
+    assert cadence.interruptions(running, now=500.0) == Interruptions(500.0, 0, 1, 0)
     short_prior = cadence.prior(user_seconds=100.0)
     between = cadence.time_between_interruptions(cadence.interruptions(running, 500.0), short_prior)
     assert (between.seconds, between.source) == (500.0, "history")
@@ -74,18 +110,21 @@ def test_young_daly_and_its_bounds() -> None:
         return cadence.choose(Measurements(stall, durable, step), cadence.Between(between, "user", "given"))
 
     plain = choose(stall=2.0, durable=2.0, step=0.5, between=3600.0)
-    assert plain.young_daly == pytest.approx(math.sqrt(2 * 2.0 * 3600.0)) and plain.bound is None
-    assert plain.steps == math.ceil(120 / 0.5) and plain.seconds == pytest.approx(120.0)
+    assert plain.young_daly == pytest.approx(cadence.daly(2.0, 3600.0)) and plain.bound is None
+    assert plain.steps == 238 and plain.seconds == pytest.approx(119.0)  # Daly's 118.67 s, in steps
     # A background write that takes longer than the interval: never two saves in flight.
     slow_write = choose(stall=0.01, durable=30.0, step=0.5, between=3600.0)
     assert (slow_write.bound, slow_write.steps) == (Bound.TO_DURABLE, 60)
-    # A save more costly than half the time between interruptions: once per interruption (Daly).
+    # A costly save: Daly's higher-order terms shorten it (Young's would be 173 s, longer than M).
     costly = choose(stall=100.0, durable=100.0, step=1.0, between=150.0)
-    assert (costly.bound, costly.steps) == (Bound.BETWEEN, 150)
+    assert (costly.bound, costly.steps) == (None, 113)
+    # A save costlier than twice M: Daly says once per interruption, the time to durable says later.
+    costlier = choose(stall=400.0, durable=400.0, step=1.0, between=150.0)
+    assert (costlier.bound, costlier.steps, costlier.young_daly) == (Bound.TO_DURABLE, 400, 150.0)
     # Steps longer than the interval: every step.
     tiny = choose(stall=0.001, durable=0.001, step=10.0, between=60.0)
     assert (tiny.bound, tiny.steps) == (Bound.ONE_STEP, 1)
-    assert "every 240 steps" in plain.describe() and "sqrt(2 x 2 s save stall x 60.0 min" in plain.describe()
+    assert "every 238 steps" in plain.describe() and "sqrt(2 x 2 s save stall x 60.0 min" in plain.describe()
     assert "raised to the 30 s a save takes to be durable" in slow_write.describe()
 
 
