@@ -1,6 +1,6 @@
 """Shared fixtures: a clean environment and signal table per test, and a runner for the demo job.
 
-``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). What must not be split
+``make test`` runs the suite on three pytest-xdist workers (``--dist loadgroup``). What must not be split
 across them is grouped here, in :func:`pytest_collection_modifyitems`; what both may need is built once
 for the whole run by :func:`built_once`.
 """
@@ -60,8 +60,12 @@ SCHEDULER_VARS = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group the tests that must run on one pytest-xdist worker (no effect without ``--dist loadgroup``).
+
+    ``tryfirst``: pytest-xdist reads the groups in a hook of its own, which would otherwise run first.
+    (Under pytest 9 its groups are ignored altogether: ``pyproject.toml`` keeps pytest below 9.)
 
     - Every ``slurm`` test: there is one cluster of one node, and each test expects it idle.
     - The tests of a module that has a module- or session-scoped fixture of its own (a reference run,

@@ -34,6 +34,11 @@ def run_trials(tmp_path: Path, trials: int, seed: int) -> dict[str, Any]:
     return report
 
 
+def landed_mid_write(report: dict[str, Any]) -> bool:
+    """Whether some kill or freeze found a save half-written (its temporary file on disk)."""
+    return any(t["litter"] for t in report["trials"])
+
+
 def check(report: dict[str, Any], trials: int) -> None:
     assert len(report["trials"]) == trials
     for trial in report["trials"]:
@@ -42,19 +47,27 @@ def check(report: dict[str, Any], trials: int) -> None:
             assert trial["start"] == trial["expected_start"], trial  # resumed from the verified last.ckpt
     kinds = {t["kind"] for t in report["trials"]}
     assert kinds == {"trainer", "writer", "both"}
-    assert any(t["litter"] for t in report["trials"]), "no kill landed mid-write: the test proves nothing"
     final = report["final"]
     assert final["torn"] == [] and final["litter"] == [] and final["orphans"] == []
     assert final["start"] == report["trials"][-1]["verified_step"]
 
 
 def test_kill_9_during_saves_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
-    check(run_trials(tmp_path, trials=20, seed=0), 20)
+    # The instants are random: most batches of 20 land a kill mid-write; on a loaded machine one may
+    # not, and then another batch runs (a batch without one proves nothing, but is still checked).
+    for seed in range(3):
+        report = run_trials(tmp_path / f"seed-{seed}", trials=20, seed=seed)
+        check(report, 20)
+        if landed_mid_write(report):
+            return
+    pytest.fail("no kill landed mid-write in 3 batches of 20 trials: the test proves nothing")
 
 
 @pytest.mark.slow
 def test_kill_9_during_saves_many_trials(tmp_path: Path) -> None:
-    check(run_trials(tmp_path, trials=300, seed=1), 300)
+    report = run_trials(tmp_path, trials=300, seed=1)
+    check(report, 300)
+    assert landed_mid_write(report), "no kill landed mid-write: the test proves nothing"
 
 
 # ---------------------------------------------------------------------------------------------------
