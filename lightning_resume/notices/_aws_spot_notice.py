@@ -64,7 +64,7 @@ class AwsSpotNotice(MetadataServerNotice):
         self._token: tuple[str, float] | None = None  # the token and when to renew it
 
     def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """On EC2 (firmware strings), or anywhere with an ``endpoint``."""
+        """An EC2 machine (its firmware strings)."""
         return on_aws(machine)
 
     def _poll(self, now: float) -> Notice | None:

@@ -85,7 +85,7 @@ class AzureNotice(MetadataServerNotice):
         self._first_seen: dict[str, float] = {}  # by event id: when a started event was first seen
 
     def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """On Azure (chassis asset tag), or anywhere with an ``endpoint``."""
+        """An Azure machine (its chassis asset tag)."""
         return on_azure(machine)
 
     def _poll(self, now: float) -> Notice | None:

@@ -73,7 +73,7 @@ class GceNotice(MetadataServerNotice):
         self._first_seen: dict[str, float] = {}  # the deadline counts from the first sighting
 
     def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """On Compute Engine (firmware strings), or anywhere with an ``endpoint``."""
+        """A Compute Engine machine (its firmware strings)."""
         return on_gce(machine)
 
     def _poll(self, now: float) -> Notice | None:
