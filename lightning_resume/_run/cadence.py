@@ -311,11 +311,6 @@ class Choice:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
 
 
-def young_daly(save_stall: float, between: float) -> float:
-    """``sqrt(2 x save_stall x between)``: the interval that loses the least time on average."""
-    return math.sqrt(2.0 * max(save_stall, 0.0) * max(between, 0.0))
-
-
 def daly(save_stall: float, between: float) -> float:
     """Daly's higher-order optimum: ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``.
 
