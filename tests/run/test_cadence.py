@@ -78,8 +78,12 @@ def test_a_preemption_that_lost_nothing_still_counts_as_an_interruption() -> Non
     assert cadence.interruptions(early, now) == Interruptions(300.0, 3, 3, 1)
 
 
+def young(d: float, m: float) -> float:
+    """Young's first-order optimum, ``sqrt(2dM)``: Daly's is shorter."""
+    return math.sqrt(2 * d * m)
+
+
 def test_daly_higher_order_optimum() -> None:
-    young = cadence.young_daly
     # The formula, written out, for a save stall d below twice the time between interruptions M.
     for d, m in ((2.0, 3600.0), (0.2, 30.0), (100.0, 150.0), (1.0, 0.51)):
         written = math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
