@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.strategies import Strategy
@@ -44,19 +45,18 @@ def save_planner() -> Any:
     saves. DCP compares each rank's new local plan with the cached one and plans again when one
     differs. Torch without plan caching (before 2.6) gets the plain planner.
     """
-    planner = _planner_class()
-    if "enable_plan_caching" not in inspect.signature(planner.__init__).parameters:
-        return planner()
-    return planner(enable_plan_caching=True)
+    return _planner_factory()()
 
 
 @functools.cache
-def _planner_class() -> type[Any]:
+def _planner_factory() -> Callable[[], Any]:
     from torch.distributed.checkpoint import DefaultSavePlanner
 
     class LightningResumeSavePlanner(DefaultSavePlanner):
         """``DefaultSavePlanner`` under a name of its own (the key of DCP's plan cache)."""
 
+    if "enable_plan_caching" in inspect.signature(DefaultSavePlanner.__init__).parameters:
+        return functools.partial(LightningResumeSavePlanner, enable_plan_caching=True)
     return LightningResumeSavePlanner
 
 
