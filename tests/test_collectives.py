@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -125,14 +126,41 @@ def test_the_agreement_puts_its_flag_on_the_strategy_device() -> None:
     assert strategy.devices == [torch.device("meta")]
 
 
-def test_the_rng_gather_puts_every_tensor_on_the_strategy_device() -> None:
-    state = {"rng": rng.capture(), "generators": [[torch.Generator().get_state(), None]], "epoch_start": None}
+@pytest.mark.parametrize("extra", [0, 200_000], ids=["one all-gather", "sizes then bytes"])
+def test_the_rng_gather_puts_every_tensor_on_the_strategy_device(extra: int) -> None:
+    state = {
+        "rng": rng.capture(),
+        "generators": [[torch.Generator().get_state(), None]],
+        "epoch_start": None,
+        "padding": b"x" * extra,  # past the single all-gather's room: a second round
+    }
     loopback = LoopbackStrategy()
     expected = _collectives.gather_objects(loopback, state)
     assert len(expected) == 2
     strategy = RecordingStrategy(replies=loopback.replies)
     gathered = _collectives.gather_objects(strategy, state)
-    assert strategy.devices == [torch.device("meta"), torch.device("meta")]
+    assert strategy.devices == [torch.device("meta")] * (2 if extra else 1)
     for got in gathered:
         assert torch.equal(got["rng"]["torch"], state["rng"]["torch"])
         assert torch.equal(got["generators"][0][0], state["generators"][0][0])
+        assert got["padding"] == state["padding"]
+
+
+def test_gathered_tensors_come_back_equal_in_value_dtype_and_shape() -> None:
+    tensors = [
+        torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        torch.randn(3, 4).t(),  # not contiguous: torch's own pickling
+        torch.ones(2, 2, dtype=torch.bfloat16),
+        torch.tensor([True, False]),
+        torch.zeros(0, 5),
+        torch.tensor(3.5),  # no dimension
+        torch.randn(2, requires_grad=True),
+    ]
+    shared = torch.arange(3)
+    state = {"tensors": tensors, "twice": [shared, shared]}
+    got = _collectives.gather_objects(LoopbackStrategy(), state)[1]
+    for sent, back in zip(tensors, got["tensors"], strict=True):
+        assert back.dtype == sent.dtype and back.shape == sent.shape
+        assert torch.equal(back.detach(), sent.detach())
+        assert back.requires_grad == sent.requires_grad
+    assert got["twice"][0] is got["twice"][1]
