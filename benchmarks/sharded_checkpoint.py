@@ -477,7 +477,12 @@ def main() -> None:
     )
     parser.add_argument("--sizes", default="200,800", help="total state sizes in MB (default: 200,800)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to run (default: {','.join(ROWS)})")
-    parser.add_argument("--out", default=None, help="keep the checkpoints and results here")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="keep the checkpoints and results here (default: a temporary folder, "
+        "where only the results and logs are kept)",
+    )
     parser.add_argument(
         "--breakdown", action="store_true", help="print where the time of a save of ours goes"
     )
@@ -512,6 +517,9 @@ def main() -> None:
                 print(f"{key}: failed ({proc.returncode}), see {out / 'log.txt'}", flush=True)
                 continue
             results[key] = summarize(out)
+            if not args.out:  # the checkpoints are up to 20 GB a row: keep only the results and the log
+                for folder in (p for p in out.iterdir() if p.is_dir()):
+                    shutil.rmtree(folder, ignore_errors=True)
             print(f"{key}: {time.time() - started:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
     (work / "summary.json").write_text(json.dumps(results, indent=1))
     print()

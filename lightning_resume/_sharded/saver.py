@@ -39,12 +39,14 @@ from lightning_resume._sharded.dcp import (
     required_files,
     save_planner,
     uses_dcp,
+    without_torch_crc32,
 )
 from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
 from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
 from lightning_resume._storage.manifest import DirectoryManifest
 from lightning_resume._storage.mirror import Mirror
 from lightning_resume._warnings import warn
+from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.io._protocol import CheckpointSettings, settings_of
 from lightning_resume.io.durable_checkpoint_io import manifest_versions
 
@@ -84,6 +86,15 @@ class DirectorySaver:
         self._stager: Any = None
         self._cleaned = False
         self._lock = threading.Lock()
+        self._last_write: WriteStats | None = None
+
+    @property
+    def last_write(self) -> WriteStats | None:
+        """Global rank 0: how the newest committed save was written (``seconds``: from the hand-off to
+        the writer, or the start of a synchronous save's commit, until the commit), a new object at
+        every commit (``RequeueCheckpoint`` times the save's time to durable from it); ``None`` before
+        the first one and on the other ranks."""
+        return self._last_write
 
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
@@ -138,7 +149,8 @@ class DirectorySaver:
     def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
         strategy = trainer.strategy
         rank, world = trainer.global_rank, trainer.world_size
-        trainer.save_checkpoint(save_dir, weights_only=False)  # every rank; ends with a barrier
+        with without_torch_crc32():  # our manifest checksums every file
+            trainer.save_checkpoint(save_dir, weights_only=False)  # every rank; ends with a barrier
         if not broadcast(strategy, save_dir.is_dir()):
             # An unknown strategy wrote one file: commit it as a file.
             if trainer.is_global_zero:
@@ -150,7 +162,8 @@ class DirectorySaver:
         if trainer.is_global_zero:
             fields = self._fields(trainer, f"{type(strategy).__name__}.save_checkpoint")
             required = required_files(strategy)
-            error = _attempt(lambda: self._commit(save_dir, world, required, fields))
+            started = time.monotonic()
+            error = _attempt(lambda: self._commit(save_dir, world, required, fields, started))
         self._agree(trainer, error, save_dir)
 
     def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
@@ -168,7 +181,9 @@ class DirectorySaver:
         self._async_used = True
         self._pending_dir = save_dir
         write = partial(self._write, staged, save_dir)
-        commit = partial(self._commit, save_dir, trainer.world_size, required_files(strategy), fields)
+        commit = partial(
+            self._commit, save_dir, trainer.world_size, required_files(strategy), fields, time.monotonic()
+        )
         self._pending = self._pool.submit(self._finish, write, save_dir, meta, trainer.global_rank, commit)
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +208,8 @@ class DirectorySaver:
         import torch.distributed.checkpoint as dcp
 
         try:
-            dcp.save(staged, checkpoint_id=save_dir, process_group=self._group, planner=save_planner())
+            with without_torch_crc32():
+                dcp.save(staged, checkpoint_id=save_dir, process_group=self._group, planner=save_planner())
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
 
@@ -223,8 +239,11 @@ class DirectorySaver:
         """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
         parts.write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
 
-    def _commit(self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any]) -> None:
-        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror."""
+    def _commit(
+        self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any], started: float
+    ) -> None:
+        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror
+        (``started``: the hand-off to the writer, for :attr:`last_write`)."""
         deadline = time.monotonic() + self.part_timeout
         while not parts.parts_complete(save_dir, world):
             if time.monotonic() > deadline:
@@ -235,6 +254,7 @@ class DirectorySaver:
             time.sleep(_POLL)
         manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
         final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
+        self._last_write = WriteStats(sum(f.size for f in manifest.files), time.monotonic() - started)
         log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
         if self.on_commit is not None:
             self.on_commit()

@@ -25,7 +25,7 @@ from lightning_resume._run.attempts import History
 from lightning_resume._run.scheduler import ENV, on_slurm
 from lightning_resume._run.slurm import slurm_output
 from lightning_resume.callbacks.run_dir import RunDir
-from lightning_resume.io._protocol import HurryingCheckpointIO
+from lightning_resume.io._protocol import ReportsWrites
 from lightning_resume.notices._machine import on_aws, on_azure, on_gce, read_machine
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class Cadence:
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
         self._last: tuple[int, float] | None = None  # the last optimizer step seen and when
         self._stalled = 0.0  # save stall since then (left out of the step time)
-        self._save: tuple[float, object] | None = None  # the save in progress: start, plugin's last write
+        self._save: tuple[float, object] | None = None  # the save in progress: start, the last write
+        self._source: ReportsWrites | None = None  # what says when the newest save is durable
         self._writing: tuple[float, object] | None = None  # a background write: its save's stall, last write
 
     # -- every rank ------------------------------------------------------------------------------
@@ -143,10 +144,13 @@ class Cadence:
         if self.auto and self._prior is None:
             self._prior = cadence.prior(self.expected_seconds, _time_limit(), _cloud())
 
-    def saving(self, trainer: pl.Trainer) -> None:
-        """A save of ``last.ckpt`` begins."""
-        io = trainer.strategy.checkpoint_io
-        self._save = (time.monotonic(), io.last_write if isinstance(io, HurryingCheckpointIO) else None)
+    def saving(self, trainer: pl.Trainer, writer: object = None) -> None:
+        """A save of ``last.ckpt`` begins; ``writer`` writes it where the checkpoint plugin does not
+        (the sharded saver). The plugin or the writer, when it says when a save is durable
+        (:class:`ReportsWrites`), times a write that goes on in the background."""
+        source = writer if writer is not None else trainer.strategy.checkpoint_io
+        self._source = source if isinstance(source, ReportsWrites) else None
+        self._save = (time.monotonic(), self._source.last_write if self._source is not None else None)
 
     def saved(self, trainer: pl.Trainer) -> None:
         """The save returned: its stall is timed; its time to durable now, or when its write is done."""
@@ -158,8 +162,7 @@ class Cadence:
         self._stalls.append(stall)
         self._stalled += stall
         self._pending = True
-        io = trainer.strategy.checkpoint_io
-        background = isinstance(io, HurryingCheckpointIO) and io.last_write is write_before
+        background = self._source is not None and self._source.last_write is write_before
         if background:
             self._writing = (stall, write_before)  # committed later, by the plugin's writer
         else:
@@ -192,8 +195,7 @@ class Cadence:
         """A background write of the newest save is done: its time to durable is the stall plus the write."""
         if self._writing is None:
             return
-        io = trainer.strategy.checkpoint_io
-        write = io.last_write if isinstance(io, HurryingCheckpointIO) else None
+        write = self._source.last_write if self._source is not None else None
         stall, before = self._writing
         if write is None or write is before:
             return

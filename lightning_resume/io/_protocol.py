@@ -77,6 +77,18 @@ class AtomicCheckpointIO(Protocol):
 
 
 @runtime_checkable
+class ReportsWrites(Protocol):
+    """Something that writes checkpoints and says when each one became durable: a new
+    :attr:`last_write` object appears as a save is committed (the plugin's own, or the sharded saver's).
+    ``RequeueCheckpoint`` times a save's time to durable from it."""
+
+    @property
+    def last_write(self) -> WriteStats | None:
+        """How the newest committed save was written, or ``None`` before the first one."""
+        ...
+
+
+@runtime_checkable
 class HurryingCheckpointIO(Protocol):
     """A checkpoint plugin that can make its next save durable sooner, and says how each write went.
 

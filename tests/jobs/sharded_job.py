@@ -186,7 +186,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--key", default=None)
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--every", type=int, default=3)
+    p.add_argument("--every", type=lambda v: v if v == "auto" else int(v), default=3, help="N or auto")
     p.add_argument("--refs", default=None)
     p.add_argument("--loaded", default=None)
     p.add_argument("--kill-after-step", type=int, default=None)

@@ -25,7 +25,7 @@ from _s3 import moto_endpoint, new_bucket, s3_options
 from conftest import job_env, same_weights
 
 from lightning_resume import CheckpointVerificationError, DurableCheckpointIO
-from lightning_resume._run import layout
+from lightning_resume._run import attempts, layout
 from lightning_resume._sharded.choice import prepare_resume
 from lightning_resume._sharded.parts import list_files, read_manifest
 from lightning_resume._storage.catalog import Status, candidates, verify
@@ -346,3 +346,16 @@ def test_the_job_compares_weights_bitwise(tmp_path: Path, reference: Reference) 
     weights[name].view(-1).view(torch.int32)[0] ^= 1
     torch.save(weights, tmp_path / "changed.pt")
     assert not same_weights(reference.final, tmp_path / "changed.pt")
+
+
+def test_auto_cadence_times_background_sharded_saves_until_their_commit(tmp_path: Path) -> None:
+    """The sharded saver, not the plugin, says when an asynchronous save is durable: ``"auto"`` learns
+    the time to durable from its commits and chooses an interval (it waited for the plugin forever)."""
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    job = run(root, out, "--durable", "--every", "auto", "--epochs", "8")
+    assert job.returncode == 0, job.output[-3000:]
+    (attempt,) = attempts.read(layout.run_dirs(root)[0]).attempts
+    saves = attempt.last_ckpt_saves
+    assert saves.count >= 2 and saves.durable_count >= 1, saves
+    assert saves.max_to_durable > saves.max_stall  # the stall plus the write in the background
+    assert attempt.cadence is not None and attempt.cadence["to_durable"] > attempt.cadence["save_stall"]
