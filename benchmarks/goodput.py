@@ -1,7 +1,10 @@
 """Goodput under preemption: plain Lightning against lightning_resume, side by side in one run.
 
 A training job runs under a seeded preemption process and is relaunched after every exit, the way a
-SLURM requeue relaunches it (same run dir key, ``--requeue-wait`` seconds later), until it finishes.
+SLURM requeue relaunches it (same run dir key, the same ``SLURM_JOB_ID`` with ``SLURM_RESTART_COUNT``
+counting the launches, ``--requeue-wait`` seconds later), until it finishes. A launch killed during
+its imports leaves no attempt record; the next one sees the gap in the restart count, and ``"auto"``
+counts it as an interruption.
 Preemptions arrive as a Poisson process in wall-clock time (mean ``--mtbp`` seconds), each one of
 three kinds (``--mix``). Every row of a rate faces the same process: the same seeded arrivals and
 the same kind for its n-th preemption (the kinds are a seeded sequence drawn in blocks of ten that
@@ -336,6 +339,9 @@ def run_row(
         )
     else:
         env["LIGHTNING_RESUME_KEY"] = "goodput"
+        # A SLURM job id and the stub, as for the plain row: the restart count below is how a relaunch
+        # killed during its imports (before RunDir) is still counted by "auto" (a gap in the count).
+        env.update(SLURM_JOB_ID="4242", PATH=f"{stub}{os.pathsep}{env['PATH']}")
     pending, delivered = list(times), 0
     launches: list[Launch] = []
     origin = time.monotonic()
@@ -360,9 +366,11 @@ def run_row(
             "--steps", str(args.steps), "--step-ms", str(args.step_ms), "--state-mb", str(args.state_mb),
             "--batch", str(args.batch), "--expected", str(0 if args.no_prior else expected),
         ] + (["--sync"] if args.sync else [])  # fmt: skip
+        # SLURM's count of requeues, unset at the first launch.
+        restarts = {"SLURM_RESTART_COUNT": str(len(launches) - 1)} if len(launches) > 1 else {}
         with open(work / "job.log", "a") as log:
             proc = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command, env={**env, **restarts}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         scheduled: list[tuple[float, signal.Signals, bool]] = []
         warning: tuple[float, float] | None = None  # a notice given: its deadline, when last written

@@ -16,7 +16,8 @@ The file, version 1 (times are wall clock, seconds since the epoch)::
      "reset_after": 0,                      # the crash-loop count starts after this attempt
      "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
      "attempts": [
-       {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r2",
+       {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r3",
+        "unrecorded_launches": 1,           # r2 died while starting (only when > 0)
         "started": 1717000000.0,            # the process start of rank 0
         "resumed_from": 400,                # null: a fresh start (or ended before training)
         "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,6 +177,9 @@ class Attempt:
         host: Rank 0's host.
         pid: Rank 0's process id.
         launch: What the scheduler calls this launch (``None`` outside one).
+        unrecorded_launches: Launches of the same job between the attempt before and this one that
+            left no record (killed while starting up, before ``RunDir`` ran): the scheduler's restart
+            count in ``launch`` skipped them (:func:`unrecorded_between`).
         started: When rank 0's process started.
         resumed_from: The step training resumed from (``None``: a fresh start, or not reached).
         checkpoint_at_start: The newest durable checkpoint when the attempt began.
@@ -194,6 +199,7 @@ class Attempt:
     pid: int
     launch: str | None
     started: float
+    unrecorded_launches: int = 0
     resumed_from: int | None = None
     checkpoint_at_start: Checkpoint | None = None
     first_step: float | None = None
@@ -300,6 +306,7 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
         pid=int(data.get("pid", 0)),
         launch=data.get("launch"),
         started=float(data.get("started") or 0.0),
+        unrecorded_launches=int(data.get("unrecorded_launches") or 0),
         resumed_from=data.get("resumed_from"),
         checkpoint_at_start=_checkpoint(data.get("checkpoint_at_start")),
         first_step=data.get("first_step"),
@@ -350,11 +357,13 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         end_data.update({k: v for k, v in optional.items() if v is not None})
         if end.stacks:
             end_data["stacks"] = list(end.stacks)
+    unrecorded = {"unrecorded_launches": attempt.unrecorded_launches} if attempt.unrecorded_launches else {}
     return {
         "attempt": attempt.number,
         "host": attempt.host,
         "pid": attempt.pid,
         "launch": attempt.launch,
+        **unrecorded,
         "started": _rounded(attempt.started),
         "resumed_from": attempt.resumed_from,
         "checkpoint_at_start": checkpoint(attempt.checkpoint_at_start),
@@ -583,8 +592,33 @@ def begin(
         and (last.checkpoint is None or checkpoint.step >= last.checkpoint.step)
     ):
         history = history.with_attempt(replace(last, checkpoint=checkpoint))
-    started = replace(attempt, checkpoint_at_start=checkpoint, checkpoint=checkpoint)
+    unrecorded = unrecorded_between(last.launch if last is not None else None, attempt.launch)
+    started = replace(
+        attempt, checkpoint_at_start=checkpoint, checkpoint=checkpoint, unrecorded_launches=unrecorded
+    )
     return history.with_attempt(started)
+
+
+#: A launch key with the scheduler's restart count at its end (``scheduler.launch_key``): SLURM's
+#: ``slurm-<job>-step<step>-r<SLURM_RESTART_COUNT>``, TorchElastic's ``elastic-<run>-r<restart count>``.
+_COUNTED = re.compile(r"^(?P<job>(?:slurm|elastic)-.+)-r(?P<count>\d+)$")
+
+
+def unrecorded_between(before: str | None, launch: str | None) -> int:
+    """How many launches of the same job the scheduler counted between ``before`` and ``launch`` (the
+    launch keys of two consecutive attempts; ``before=None``: the first recorded one) that left no
+    record: a requeue killed during the imports, before ``RunDir`` recorded it, shows only as a gap in
+    the restart count. Another job, or a launcher without a restart count: 0.
+    """
+    now = _COUNTED.match(launch or "")
+    if now is None:
+        return 0
+    if before is None:
+        return int(now["count"])  # the job's launches before this one all died unrecorded
+    previous = _COUNTED.match(before)
+    if previous is None or previous["job"] != now["job"]:
+        return 0
+    return max(int(now["count"]) - int(previous["count"]) - 1, 0)
 
 
 def without_progress(history: History, before: int | None = None) -> list[Attempt]:

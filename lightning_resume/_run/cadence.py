@@ -177,12 +177,15 @@ class Interruptions:
         attempts: Attempts counted.
         lost_work: Those of ``count`` that lost work (:func:`lost_work`; the summed-up earlier
             attempts do not say, and count as none).
+        unrecorded: Those of ``count`` (and ``attempts``) that were launches killed while starting,
+            which left no record (``Attempt.unrecorded_launches``).
     """
 
     seconds: float
     count: int
     attempts: int
     lost_work: int = 0
+    unrecorded: int = 0
 
 
 def interruptions(history: History, now: float) -> Interruptions:
@@ -192,12 +195,17 @@ def interruptions(history: History, now: float) -> Interruptions:
     next attempt's start (``attempts.begin``).
     """
     seconds, count, lossy = history.earlier.seconds, history.earlier.interruptions, 0
+    unrecorded = 0
     for attempt in history.attempts:
         end = attempt.end.time if attempt.end is not None else now
         seconds += max(end - attempt.started, 0.0)
         count += interrupted(attempt)
         lossy += lost_work(attempt)
-    return Interruptions(seconds, count, history.earlier.attempts + len(history.attempts), lossy)
+        # Launches killed while starting, seen as gaps in the scheduler's restart count: interruptions
+        # whose seconds are unknown (short: they never reached RunDir) and count as none.
+        unrecorded += attempt.unrecorded_launches
+    attempts = history.earlier.attempts + len(history.attempts) + unrecorded
+    return Interruptions(seconds, count + unrecorded, attempts, lossy, unrecorded)
 
 
 @dataclass(frozen=True)
@@ -222,9 +230,10 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
     at least that, and the prior when longer.
     """
     if seen.count:
+        starting = f", {seen.unrecorded} killed while starting" if seen.unrecorded else ""
         detail = (
             f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run "
-            f"({seen.lost_work} lost work)"
+            f"({seen.lost_work} lost work{starting})"
         )
         return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
     if seen.seconds > before.seconds:

@@ -21,7 +21,9 @@ measured here. The definitions (also on the command-line docs page):
 
 A killed attempt's last step comes from its step beat (``attempts.BEAT``, overwritten at every step);
 without one (a node lost with its page cache) it is the last one its record holds, written every 30
-s, and its steps lost are a lower bound (marked ``>=``).
+s, and its steps lost are a lower bound (marked ``>=``). A launch killed during its imports, before
+``RunDir`` could record it, leaves no attempt; under SLURM and TorchElastic it shows as a gap in the
+restart count, and the attempt after it says how many (``unrecorded_before``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from lightning_resume._run.attempts import Attempt, Cause, History
 
 #: What ``--plot`` needs, and how to get it.
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
+
+
+#: The ``interruptions`` key of launches killed while starting, which left no attempt record.
+UNRECORDED = "killed while starting (unrecorded)"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class AttemptRow:
         save_seconds: Its save stall.
         saves: How many saves that is.
         cadence_steps: The interval ``every_n_train_steps="auto"`` chose last in it.
+        unrecorded_before: Launches between the previous attempt and this one that were killed while
+            starting, before they could record themselves (gaps in the scheduler's restart count).
     """
 
     attempt: int
@@ -88,6 +96,7 @@ class AttemptRow:
     save_seconds: float
     saves: int
     cadence_steps: int | None
+    unrecorded_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,8 @@ class GoodputReport:
         restart_seconds: Restart overheads, summed.
         save_seconds: Save stalls, summed.
         wait_seconds: Time between attempts, summed.
-        interruptions: Attempts per ending, for those that did not finish.
+        interruptions: Attempts per ending, for those that did not finish; launches killed while
+            starting, which left no record, under :data:`UNRECORDED`.
         earlier: The attempts ``attempts.json`` summed up (beyond its last 100), left out above.
         cadence: The interval ``every_n_train_steps="auto"`` chose last in the run, if any.
     """
@@ -220,6 +230,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
                 save_seconds=saved,
                 saves=saves,
                 cadence_steps=(attempt.cadence or {}).get("steps"),
+                unrecorded_before=attempt.unrecorded_launches,
             )
         )
         previous_end = end_time if end_time is not None else attempt.last_seen
@@ -227,6 +238,9 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
     useful = sum(r.useful_seconds for r in rows)
     interruptions: dict[str, int] = {}
     for row in rows:
+        if row.unrecorded_before:
+            key = UNRECORDED
+            interruptions[key] = interruptions.get(key, 0) + row.unrecorded_before
         if row.cause not in (Cause.FINISHED.value, "running"):
             key = f"{row.cause} ({row.how})" if row.cause == Cause.PREEMPTED.value else row.cause
             interruptions[key] = interruptions.get(key, 0) + 1

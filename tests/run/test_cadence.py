@@ -206,3 +206,38 @@ def test_a_killed_attempt_ends_at_its_step_beat_when_the_beat_is_its_own(tmp_pat
         open_record, Attempt(2, "node", 2, None, started=1300.0), None, beat=Beat(9, 1, 0.0)
     )
     assert stale.attempts[0].end is not None and stale.attempts[0].end.step is None  # another attempt's beat
+
+
+def test_launches_killed_while_starting_count_from_the_gaps_in_the_restart_count() -> None:
+    """A requeue killed during its imports never reaches RunDir: only the scheduler's count shows it."""
+    between = attempts.unrecorded_between
+    assert between("slurm-42-stepbatch-r0", "slurm-42-stepbatch-r1") == 0
+    assert between("slurm-42-stepbatch-r1", "slurm-42-stepbatch-r4") == 2
+    assert between("slurm-42_7-stepbatch-r2", "slurm-42_7-stepbatch-r5") == 2  # an array task
+    assert between("elastic-abc-r0", "elastic-abc-r3") == 2
+    assert between(None, "slurm-42-stepbatch-r2") == 2  # the first record: r0 and r1 died starting
+    assert between(None, "slurm-42-stepbatch-r0") == 0
+    assert between("slurm-41-stepbatch-r3", "slurm-42-stepbatch-r1") == 0  # another job
+    assert between("slurm-42-step0-r1", "slurm-42-step3-r4") == 0  # another step
+    assert between("local-127.0.0.1-29500-pg7", "local-127.0.0.1-29500-pg9") == 0  # no count
+    assert between("slurm-42-stepbatch-r4", None) == 0
+
+    history = History()
+    for number, (launch, start) in enumerate(
+        (("slurm-42-stepbatch-r0", 0.0), ("slurm-42-stepbatch-r3", 300.0))
+    ):
+        history = attempts.begin(history, Attempt(number + 1, "node", 1, launch, started=start), None)
+        end = End(start + 100.0, Cause.KILLED, "killed") if number == 0 else None
+        if end is not None:
+            history = history.with_attempt(replace(history.attempts[-1], end=end))
+    assert [a.unrecorded_launches for a in history.attempts] == [0, 2]
+    seen = cadence.interruptions(history, now=400.0)
+    assert seen == Interruptions(200.0, 3, 4, 1, unrecorded=2)
+    with_gaps = cadence.time_between_interruptions(seen, cadence.prior())
+    assert with_gaps.seconds == pytest.approx(200.0 / 3)
+    assert with_gaps.detail.endswith("(1 lost work, 2 killed while starting)")
+    blind = replace(history, attempts=tuple(replace(a, unrecorded_launches=0) for a in history.attempts))
+    assert interval(history, 400.0) < interval(blind, 400.0)
+    # Kept in attempts.json, written only when there were any.
+    assert attempts.attempt_from_dict(attempts.attempt_to_dict(history.attempts[1])).unrecorded_launches == 2
+    assert "unrecorded_launches" not in attempts.attempt_to_dict(history.attempts[0])
