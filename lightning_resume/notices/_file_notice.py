@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
+from lightning_resume._run.resolve import process_start_time
 from lightning_resume._run.scheduler import ENV
 from lightning_resume.notices._notice import Notice, parse_deadline
 from lightning_resume.notices._notice_source import NoticeSource
@@ -20,8 +20,10 @@ class FileNotice(NoticeSource):
     The file's appearance is the notice. It may hold the deadline, as seconds since the epoch
     (``date -d '+25 seconds' +%s > FILE``) or an ISO 8601 time (``2026-05-01T12:00:00Z``); empty, the
     notice has no deadline (the handler saves and trains on until the signal). A file older than this
-    source (left by an earlier attempt) is ignored with one warning, so that a restart does not stop
-    at once: delete it between attempts. Node-local: the first process of each node polls it.
+    process (left by an earlier attempt) is ignored with one warning, so that a restart does not stop
+    at once: delete it between attempts. A file written after the process started counts, also one
+    written while it was still importing, before this source existed. Node-local: the first process
+    of each node polls it.
 
     In a Kubernetes pod, a ``preStop`` hook that writes the file and then sleeps gives the job the
     hook's time before the SIGTERM::
@@ -54,7 +56,9 @@ class FileNotice(NoticeSource):
         if path is not None and not str(path).strip():
             raise ValueError(f"path must be a file path or None, got {path!r}.")
         self.path = Path(path) if path is not None else None
-        self._created = time.time()  # a file older than this is left from an earlier attempt
+        # A file older than this process is left from an earlier attempt; one written since, while the
+        # job was still importing (a preStop hook at the start of an attempt), is this attempt's notice.
+        self._since = process_start_time()
 
     @property
     def target(self) -> Path | None:
@@ -81,7 +85,7 @@ class FileNotice(NoticeSource):
                 content = f.read(MAX_BYTES).decode("utf-8", "replace")
         except FileNotFoundError:
             return None
-        if modified < self._created:
+        if modified < self._since:
             self._complain(
                 f"{target} is older than this process (left by an earlier attempt?): ignored. Delete it "
                 "between attempts; a notice is a file created while the job runs"

@@ -665,10 +665,40 @@ def test_sources_apply_only_on_their_cloud_without_a_network_call(
     assert FileNotice().target == tmp_path / "notice"
 
 
+NOTICE_SEEN_BY_A_LATE_SOURCE = """
+import sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text("started")
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.01)
+from lightning_resume.notices import FileNotice
+print("old:", FileNotice(sys.argv[3]).poll() is not None, "new:", FileNotice(sys.argv[2]).poll() is not None)
+"""
+
+
+def test_a_notice_written_while_the_job_still_imports_counts(tmp_path: Path) -> None:
+    """A preStop hook may write the file before the job's FileNotice exists: newer than the process
+    is this attempt's notice; older than the process is a leftover."""
+    started, new, old = tmp_path / "started", tmp_path / "new", tmp_path / "old"
+    old.write_text("")
+    os.utime(old, (time.time() - 5, time.time() - 5))
+    job = subprocess.Popen(
+        [sys.executable, "-c", NOTICE_SEEN_BY_A_LATE_SOURCE, str(started), str(new), str(old)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    new.write_text("")  # after the process started, before it constructs the source
+    out, _ = job.communicate(timeout=60)
+    assert out.split() == ["old:", "False", "new:", "True"], out
+
+
 def test_file_notice_ignores_a_file_left_by_an_earlier_attempt(tmp_path: Path) -> None:
     flag = tmp_path / "preempted"
     flag.write_text("")
-    os.utime(flag, (time.time() - 60, time.time() - 60))
+    os.utime(flag, (1.0, 1.0))  # long before this process started
     source = FileNotice(flag)
     assert source.poll() is None and "older than this process" in (source.last_error or "")
     flag.write_text("in a while")  # written now: a notice, whose deadline cannot be read
