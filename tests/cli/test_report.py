@@ -69,19 +69,17 @@ def test_report_reads_back_a_run_with_every_kind_of_ending(
 def test_a_requeue_killed_while_importing_counts_from_the_gap_in_the_restart_count(
     tmp_path: Path, baseline: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Launch r1 dies before RunDir exists: no record, but r2 sees the gap and the report and the
-    ``"auto"`` interval count it."""
+    """Launch r0 dies before RunDir exists: no record, but r1 sees the restart count and the report and
+    the ``"auto"`` interval count it (tests/run/test_cadence.py counts gaps between two records)."""
     root, out = tmp_path / "runs", tmp_path / "out.pt"
     common = ("--key", "gap", "--every", "auto")
 
     def scheduler(count: int) -> dict[str, str | int | None]:
         return {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": count or None}
 
-    killed = run_job(root, out, *common, "--kill-at", 7, **scheduler(0))
-    assert killed.returncode == -9, killed.output[-3000:]
     starting = subprocess.Popen(
         [sys.executable, "-m", JOB_MODULE, "--root", str(root), "--out", str(out), *common],
-        env=job_env(**scheduler(1)),
+        env=job_env(**scheduler(0)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -90,18 +88,18 @@ def test_a_requeue_killed_while_importing_counts_from_the_gap_in_the_restart_cou
     except subprocess.TimeoutExpired:
         starting.kill()
     assert starting.wait() == -9
-    finished = run_job(root, out, *common, **scheduler(2))
+    finished = run_job(root, out, *common, **scheduler(1))
     assert finished.returncode == 0 and finished.run_dir is not None, finished.output[-3000:]
     assert same_weights(out, baseline["stateful"])
 
     assert main(["report", str(finished.run_dir), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
-    assert [(row["attempt"], row["unrecorded_before"]) for row in found["attempts"]] == [(1, 0), (2, 1)]
-    assert found["interruptions"] == {"killed": 1, report.UNRECORDED: 1}
-    recorded = json.loads((finished.run_dir / "attempts.json").read_text())["attempts"]
-    assert [a["launch"] for a in recorded] == ["elastic-job7-r0", "elastic-job7-r2"]
-    assert "2 interruption(s)" in recorded[1]["cadence"]["between_detail"]
-    assert "1 killed while starting" in recorded[1]["cadence"]["between_detail"]
+    assert [(row["attempt"], row["unrecorded_before"]) for row in found["attempts"]] == [(1, 1)]
+    assert found["interruptions"] == {report.UNRECORDED: 1}
+    (recorded,) = json.loads((finished.run_dir / "attempts.json").read_text())["attempts"]
+    assert recorded["launch"] == "elastic-job7-r1" and recorded["unrecorded_launches"] == 1
+    assert "1 interruption(s)" in recorded["cadence"]["between_detail"]
+    assert "1 killed while starting" in recorded["cadence"]["between_detail"]
 
 
 def test_report_refuses_what_is_not_a_run_dir_or_a_png(
