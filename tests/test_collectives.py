@@ -164,3 +164,6 @@ def test_gathered_tensors_come_back_equal_in_value_dtype_and_shape() -> None:
         assert torch.equal(back.detach(), sent.detach())
         assert back.requires_grad == sent.requires_grad
     assert got["twice"][0] is got["twice"][1]
+    # A plain CPU tensor travels as its bytes, not through torch's own pickling (torch.save's format).
+    assert b"_rebuild_tensor" not in _collectives._dumps({"rng": torch.get_rng_state()})
+    assert b"_rebuild_tensor" in _collectives._dumps({"grad": tensors[-1]})  # with autograd: torch's

@@ -374,19 +374,18 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
         """
         io = trainer.strategy.checkpoint_io
-        if saves_directory(trainer.strategy) is not False:
+        directory = saves_directory(trainer.strategy) is not False
+        if directory and self._saver is None:
+            self._saver = DirectorySaver.for_trainer(
+                trainer, Path(self.ckpt_path), on_commit=lambda: self._mark_saved(trainer)
+            )
+        self._cadence.saving(trainer, self._saver if directory else None)
+        if directory and self._saver is not None:
             # Sharded strategies write a directory, bypassing checkpoint_io: written aside, then committed.
-            if self._saver is None:
-                self._saver = DirectorySaver.for_trainer(
-                    trainer, Path(self.ckpt_path), on_commit=lambda: self._mark_saved(trainer)
-                )
-            self._cadence.saving(trainer, self._saver)
             self._saver.save(trainer)
         elif isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
-            self._cadence.saving(trainer)
             trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         else:
-            self._cadence.saving(trainer)
             partial = self._partial_path
             trainer.save_checkpoint(partial, weights_only=False)
             if trainer.is_global_zero:

@@ -89,7 +89,7 @@ class ReportsWrites(Protocol):
 
 
 @runtime_checkable
-class HurryingCheckpointIO(Protocol):
+class HurryingCheckpointIO(ReportsWrites, Protocol):
     """A checkpoint plugin that can make its next save durable sooner, and says how each write went.
 
     ``PreemptionHandler`` calls :meth:`hurry` before its last save (a wait for it follows at once) and
@@ -98,9 +98,4 @@ class HurryingCheckpointIO(Protocol):
 
     def hurry(self) -> None:
         """Switch writes in flight to full speed and write the next save as soon as possible."""
-        ...
-
-    @property
-    def last_write(self) -> WriteStats | None:
-        """How the newest committed save was written, or ``None`` before the first one."""
         ...
