@@ -19,7 +19,8 @@ time between interruptions,
   its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
   ``expected_interruption_every``, else the shortest of the SLURM time limit, an assumed
   :data:`CLOUD_SECONDS` on a cloud virtual machine (possibly spot or preemptible) and
-  :data:`DEFAULT_SECONDS`;
+  :data:`DEFAULT_SECONDS`. The user's value also stays in the history's estimate, as one more
+  interruption (:func:`time_between_interruptions`);
 - **every interruption counts** (preempted by a signal or a notice, killed, hung, failed), whether or
   not a save at the signal made it lose nothing: a graceful preemption is evidence of the preemption
   rate, and the next one may come without grace (a SIGKILL, a node lost, a grace window too short for
@@ -226,6 +227,13 @@ class Between:
 def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
     """From the history once it holds an interruption (its seconds over their number); else the prior.
 
+    The user's ``expected_interruption_every`` stays in the estimate as one more interruption after
+    that many seconds (the mean of a gamma posterior whose prior is worth one interruption): the first
+    few lifetimes of a run are as noisy as single draws, and a user who knows the rate should not see
+    the interval swing with each. A history that disagrees outweighs it as interruptions accumulate
+    (after ``n`` of them it counts for ``1 / (n + 1)``). The other priors are assumptions or bounds
+    (a day, a cloud's six hours, the time limit), not estimates of the rate: the history replaces them.
+
     Without any interruption yet, the run has gone ``seen.seconds`` without one: the expected time is
     at least that, and the prior when longer.
     """
@@ -235,6 +243,11 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
             f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run "
             f"({seen.lost_work} lost work{starting})"
         )
+        if before.source is PriorSource.USER:
+            detail += f", and {before.detail} counted as one more"
+            return Between(
+                (seen.seconds + before.seconds) / (seen.count + 1), "history", f"the history: {detail}"
+            )
         return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
     if seen.seconds > before.seconds:
         detail = (

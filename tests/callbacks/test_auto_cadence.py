@@ -65,7 +65,7 @@ def test_a_preemption_saved_at_its_signal_still_shortens_the_interval(
     assert not cadence.lost_work(preempted)  # its save at SIGTERM holds its last step
     assert preempted.cadence is not None and second.cadence is not None
     assert second.cadence["between_detail"].startswith("the history: 1 interruption(s)")
-    assert second.cadence["between_detail"].endswith("(0 lost work)")
+    assert "(0 lost work)" in second.cadence["between_detail"]
     assert second.cadence["steps"] < preempted.cadence["steps"]
 
 

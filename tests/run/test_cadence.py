@@ -34,10 +34,10 @@ def run_of(*endings: tuple[Cause, int, int | None], seconds: float = 100.0) -> H
     return history
 
 
-def interval(history: History, now: float, prior_seconds: float = DAY) -> int:
-    """The steps ``"auto"`` chooses for a 2 s save stall and 0.5 s steps."""
+def interval(history: History, now: float) -> int:
+    """The steps ``"auto"`` chooses for a 2 s save stall and 0.5 s steps (the default prior: a day)."""
     seen = cadence.interruptions(history, now)
-    between = cadence.time_between_interruptions(seen, cadence.prior(prior_seconds))
+    between = cadence.time_between_interruptions(seen, cadence.prior())
     return cadence.choose(Measurements(2.0, 2.0, 0.5), between).steps
 
 
@@ -107,6 +107,26 @@ def test_the_running_attempt_counts_until_now_and_a_long_calm_outgrows_the_prior
     assert (between.seconds, between.source) == (500.0, "history")
     early = cadence.time_between_interruptions(cadence.interruptions(running, 50.0), short_prior)
     assert (early.seconds, early.source) == (100.0, "user")
+
+
+def test_the_users_expected_time_stays_in_the_estimate_as_one_more_interruption() -> None:
+    """A user's value damps the first, noisy lifetimes; an assumed prior (a day) gives way at once."""
+    one_kill = run_of((Cause.KILLED, 40, 30), (Cause.FINISHED, 80, 80))
+    seen = cadence.interruptions(one_kill, now=10_000.0)  # 1 interruption in 200 s
+    users = cadence.time_between_interruptions(seen, cadence.prior(user_seconds=1000.0))
+    assert (users.source, users.seconds) == ("history", 600.0)  # (200 + 1000) / (1 + 1)
+    assert users.detail == (
+        "the history: 1 interruption(s) in 3.3 min of this run (1 lost work), "
+        "and expected_interruption_every=16.7 min counted as one more"
+    )
+    assert cadence.time_between_interruptions(seen, cadence.prior()).seconds == 200.0
+    assert cadence.time_between_interruptions(seen, cadence.prior(time_limit_seconds=900.0)).seconds == 200.0
+    # A history that disagrees outweighs it as it grows: 20 interruptions 10 s apart, told 1000 s.
+    kills = run_of(*((Cause.KILLED, 10, 5),) * 20, seconds=10.0)
+    many = cadence.time_between_interruptions(
+        cadence.interruptions(kills, 1e6), cadence.prior(user_seconds=1000.0)
+    )
+    assert many.seconds == pytest.approx((200 + 1000) / 21)
 
 
 def test_young_daly_and_its_bounds() -> None:
