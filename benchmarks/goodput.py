@@ -48,8 +48,10 @@ Rows:
 - ``ours auto + notices``: the same with ``PreemptionHandler(notices=[FileNotice(...)], notice_margin=1)``.
 
 Columns: goodput (the steps' own time, ``--steps`` x the median step time of an uninterrupted run,
-over the row's wall time from the first launch to the finish, requeue waits included); the
-preemptions that hit the row; steps lost per preemption (the steps trained and not part of the final
+over the row's wall time from the first launch to the finish, requeue waits included); goodput at
+the horizon (the time the first of the rate's rows trained its last step: the steps of each row's
+final result trained by then, at the same step time, over the horizon; the rows are compared by it);
+the preemptions that hit the row; steps lost per preemption (the steps trained and not part of the final
 result, read from a per-step progress file, over the preemptions that hit a running job), per noticed
 one, and per SIGKILL; the mean restart overhead (a relaunch to the end of its first step: imports,
 the checkpoint load, the first step); the two costs the interval trades, the save stall and the lost
@@ -57,27 +59,42 @@ steps, in seconds (the lost steps at the median step time; the stall from ``atte
 only, and a lower bound where attempts were killed: a killed attempt's record holds the saves up to
 its last write); the intervals ``auto`` chose, attempt by attempt; whether the final weights are bitwise equal
 to the uninterrupted run's; for our rows, the goodput ``lightning-resume report`` computes from
-``attempts.json`` (a check of the report). A last table compares, per rate, plain Lightning, the best
-fixed N of the sweep, ``auto`` and ``auto + notices``, and a PNG plots goodput against the mean time
-between preemptions (its path is printed).
+``attempts.json`` (a check of the report).
+
+Why the horizon: a row's goodput to its finish jumps by a whole restart (imports, load, first step:
+several seconds) when its last few steps spill into one more attempt, so two rows a few steps apart
+can differ by points. Up to a time every row reached (the rows of a rate stay in step: each attempt
+lives the same time), each row counts what it kept by then, with no such jump. For the first row to
+finish, the two differ only by the end of its process after the last step (the same for every row).
+
+``--seed`` takes several seeds: every rate's rows run once per seed (each seed its own arrivals and
+kinds), and the last tables give each row's mean goodput at the horizon over the seeds with its
+standard error, and the differences the targets are about, taken seed by seed (the rows of a seed met
+the same preemptions) with their mean, standard error and range: ``auto`` minus the best fixed N (the
+one with the highest mean), ``auto`` minus each seed's own best (the maximum of a few noisy rows,
+which favours the sweep), ours minus plain Lightning, and the steps lost per noticed preemption over
+all seeds. A PNG plots the mean goodput against the mean time between preemptions, with the standard
+errors (its path is printed).
 
 Usage::
 
     python benchmarks/goodput.py --quick        # 300 steps, 6 rows, one rate: about 5 min quiet
                                                 # (--quick's rate: half the uninterrupted run's wall time)
     python benchmarks/goodput.py --medium       # 2 rates x 5 rows, sized to --budget (30 min)
+    python benchmarks/goodput.py --medium --seed 0 1 2 3 --budget 90 --plain-every 60
+                                                # the same 4 times over, the means and their errors
     python benchmarks/goodput.py                # 4 rates x 9 rows of 2000 steps: about 2 hours, quiet machine
 
 ``--medium`` is sized to end within ``--budget`` minutes (default 30) on the machine it runs on, a
 loaded 2-core one included. A probe run (60 steps) measures the restart cost ``c`` (launch to the
 end of the first step, plus ``--requeue-wait``) and the step time; the two rates are ``2c`` and
 ``3c`` mean seconds between preemptions (the fastest a job that pays ``c`` at every restart still
-finishes at); the steps are as many as the budget allows. On a 2-core machine shared with other
-work it took 17 to 26 minutes (``c`` = 8 s, 1167 steps), and its rows met 6 to 10 preemptions at
-``2c``, 3 to 6 at ``3c``: enough for the notices row to show its gain, not to rank intervals
-within a factor of three of the optimum. Rows facing the same preemptions still differ by where each
-SIGKILL falls within their interval (up to a whole interval of steps each); compare ``auto`` with the
-best fixed N over several ``--seed`` values, not one run.
+finishes at); the steps are as many as the budget allows (all seeds together). On a 2-core
+machine shared with other work it took 17 to 26 minutes (``c`` = 8 s, 1167 steps), and its rows
+met 6 to 10 preemptions at ``2c``, 3 to 6 at ``3c``: enough for the notices row to show its gain,
+not to rank intervals within a factor of three of the optimum. Rows facing the same preemptions
+still differ by where each SIGKILL falls within their interval (up to a whole interval of steps
+each); compare ``auto`` with the best fixed N over several seeds (``--seed 0 1 2 3``), not one run.
 Rows: ours every 20, 60 and 180 steps, ``auto``, ``auto + notices`` (plain Lightning only with
 ``--plain-every N``); ``--notice-grace 0.1`` (rows without notices never save at a notice's SIGTERM,
 where 0.5 s made it a coin toss against a 0.5 s save); saves synchronous (``--sync``) of 128 MB of
@@ -295,6 +312,23 @@ class Outcome:
             found.append((self.launches[attempt - 1].ended_by, max(reached - max(kept_to, 0), 0)))
         return found
 
+    def kept_times(self) -> list[float]:
+        """When each step of the final result was trained, in s since the first launch, in order.
+
+        A step trained by several attempts counts once: the copy the final weights descend from (an
+        attempt keeps its steps up to the step the next attempts resumed from).
+        """
+        if not self.launches:
+            return []
+        origin = self.launches[0].started
+        trained = [a for a in sorted(self.progress) if self.progress[a]]
+        found = []
+        for index, attempt in enumerate(trained):
+            later = [self.progress[a][0][0] - 1 for a in trained[index + 1 :]]
+            kept_to = min(later) if later else math.inf
+            found += [when - origin for step, when in self.progress[attempt] if step <= kept_to]
+        return sorted(found)
+
     def restart_overhead(self) -> float | None:
         """Mean of the relaunches' time from launch to the end of their first step."""
         times = [
@@ -443,7 +477,7 @@ def size_medium(args: argparse.Namespace, work: Path) -> None:
     rows = len(args.sweep) + 2 + (1 if args.plain_every else 0)
     stretch = sum(1 / max(1 - MEDIUM_COST_PER_RESTART * restart / m, 0.2) for m in args.mtbp)
     left = 60 * args.budget - (time.monotonic() - START) - start
-    useful = max(left / (1 + rows * stretch), 10 * step)
+    useful = max(left / (1 + rows * stretch * len(args.seed)), 10 * step)
     args.steps = args.steps or max(int(useful / step), 2 * max(args.sweep))
     expected = {m: round(useful / max(1 - MEDIUM_COST_PER_RESTART * restart / m, 0.2) / m) for m in args.mtbp}
     print(
@@ -469,16 +503,19 @@ def _mean(values: list[int]) -> str:
 
 
 def summarise(outcome: Outcome, useful: float, step: float) -> dict[str, Any]:
+    """A row's columns (``at_horizon`` is filled in once every row of its rate has run)."""
     losses = outcome.losses()
     hit = [lost for kind, lost in losses if kind is not None]
     overhead = outcome.restart_overhead()
     return {
         "row": outcome.row.name,
         "goodput": useful / outcome.wall if outcome.finished else None,
+        "at_horizon": None,
         "report_goodput": outcome.report_goodput,
         "preemptions": sum(1 for launch in outcome.launches if launch.ended_by),
         "lost_per_preemption": _mean(hit),
         "lost_per_notice": _mean([lost for kind, lost in losses if kind == "notice"]),
+        "notice_losses": [lost for kind, lost in losses if kind == "notice"],
         "lost_per_sigkill": _mean([lost for kind, lost in losses if kind == "sigkill"]),
         "restart_overhead": overhead,
         "lost_seconds": step * sum(lost for _, lost in losses),
@@ -490,20 +527,29 @@ def summarise(outcome: Outcome, useful: float, step: float) -> dict[str, Any]:
     }
 
 
-def print_rate(mtbp: float, rows: list[dict[str, Any]]) -> None:
+def at_horizon(kept: list[float], horizon: float, step: float) -> float:
+    """Goodput over the first ``horizon`` s: the steps of the final result trained by then (``kept``,
+    their times since the first launch), at the uninterrupted run's median ``step`` time, over it."""
+    return sum(1 for when in kept if when <= horizon) * step / horizon
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def print_rate(mtbp: float, rows: list[dict[str, Any]], horizon: float | None) -> None:
     from lightning_resume.cli.render import table
 
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1%}"
-
+    at = "-" if horizon is None else f"{horizon:.0f}"
     table(
         f"mean time between preemptions {mtbp:g} s",
-        ("row", "goodput", "report", "preempt.", "lost/preempt.", "lost/notice", "lost/SIGKILL", "restart s",
-         "saves s", "lost s", "auto N", "wall s", "bitwise"),
+        ("row", "goodput", f"at {at} s", "report", "preempt.", "lost/preempt.", "lost/notice", "lost/SIGKILL",
+         "restart s", "saves s", "lost s", "auto N", "wall s", "bitwise"),
         [
             (
-                r["row"], pct(r["goodput"]) if r["finished"] else "did not finish", pct(r["report_goodput"]),
-                str(r["preemptions"]), r["lost_per_preemption"], r["lost_per_notice"], r["lost_per_sigkill"],
+                r["row"], pct(r["goodput"]) if r["finished"] else "did not finish", pct(r["at_horizon"]),
+                pct(r["report_goodput"]), str(r["preemptions"]), r["lost_per_preemption"],
+                r["lost_per_notice"], r["lost_per_sigkill"],
                 "-" if r["restart_overhead"] is None else f"{r['restart_overhead']:.1f}",
                 "-" if r["save_seconds"] is None else f"{r['save_seconds']:.1f}", f"{r['lost_seconds']:.1f}",
                 " ".join(map(str, r["auto_steps"])) or "-", f"{r['wall']:.0f}",
@@ -515,32 +561,173 @@ def print_rate(mtbp: float, rows: list[dict[str, Any]]) -> None:
 
 
 def best_of(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
-    found = [r for r in rows if r["row"].startswith(prefix) and r["goodput"] is not None]
-    return max(found, key=lambda r: r["goodput"]) if found else None
+    found = [r for r in rows if r["row"].startswith(prefix) and r["at_horizon"] is not None]
+    return max(found, key=lambda r: r["at_horizon"]) if found else None
 
 
-def plot(results: dict[float, list[dict[str, Any]]], path: Path) -> Path:
+def named(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["row"] == name and r["at_horizon"] is not None), None)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The mean of a few values (seeds), its standard error and their range."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.values)
+
+    @property
+    def error(self) -> float | None:
+        """The standard error of the mean (``None`` for one value)."""
+        if len(self.values) < 2:
+            return None
+        return statistics.stdev(self.values) / math.sqrt(len(self.values))
+
+    def points(self) -> str:
+        """``+1.2 ± 0.8 (-0.5..+2.9)`` in goodput points."""
+        if not self.values:
+            return "-"
+        text = f"{100 * self.mean:+.1f}"
+        if self.error is not None:
+            text += (
+                f" ± {100 * self.error:.1f} ({100 * min(self.values):+.1f}..{100 * max(self.values):+.1f})"
+            )
+        return text
+
+    def share(self) -> str:
+        """``45.2% ± 1.1``."""
+        if not self.values:
+            return "-"
+        return f"{self.mean:.1%}" + ("" if self.error is None else f" ± {100 * self.error:.1f}")
+
+
+def spread(values: list[float | None]) -> Spread:
+    return Spread(tuple(v for v in values if v is not None))
+
+
+def paired(runs: list[list[dict[str, Any]]], left: str, right: str) -> Spread:
+    """``left`` minus ``right`` at the horizon, run by run (a seed's rows met the same preemptions)."""
+    found = []
+    for rows in runs:
+        a, b = named(rows, left), named(rows, right)
+        if a is not None and b is not None:
+            found.append(a["at_horizon"] - b["at_horizon"])
+    return Spread(tuple(found))
+
+
+def compare(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """One rate over its runs (seeds): every row's mean, and the differences the targets are about.
+
+    The best fixed N is the one with the highest mean over the seeds; ``auto`` is also compared with
+    each seed's own best (the max of a few noisy rows: a comparison that favours the sweep).
+    """
+    names = list(dict.fromkeys(r["row"] for rows in runs for r in rows))
+    means = {name: spread([(named(rows, name) or {}).get("at_horizon") for rows in runs]) for name in names}
+    fixed = [n for n in names if n.startswith("ours every") and means[n].values]
+    best = max(fixed, key=lambda n: means[n].mean) if fixed else None
+    plain = next((n for n in names if n.startswith("plain Lightning")), None)
+    own_best = []
+    for rows in runs:
+        found, auto = best_of(rows, "ours every"), named(rows, "ours auto")
+        if found is not None and auto is not None:
+            own_best.append(auto["at_horizon"] - found["at_horizon"])
+    notices = [
+        lost
+        for rows in runs
+        for r in rows
+        if r["row"] == "ours auto + notices"
+        for lost in r["notice_losses"]
+    ]
+    return {
+        "means": means,
+        "best": best,
+        "plain": plain,
+        "auto_minus_best": paired(runs, "ours auto", best) if best else Spread(()),
+        "auto_minus_own_best": Spread(tuple(own_best)),
+        "auto_minus_plain": paired(runs, "ours auto", plain) if plain else Spread(()),
+        "notices_minus_plain": paired(runs, "ours auto + notices", plain) if plain else Spread(()),
+        "best_minus_plain": paired(runs, best, plain) if best and plain else Spread(()),
+        "lost_per_notice": statistics.mean(notices) if notices else None,
+        "notices": len(notices),
+    }
+
+
+def print_summary(results: dict[int, dict[float, list[dict[str, Any]]]]) -> dict[float, dict[str, Any]]:
+    """The rates over the seeds: each row's mean goodput at the horizon, then the targets' differences."""
+    from lightning_resume.cli.render import table
+
+    rates = sorted({mtbp for found in results.values() for mtbp in found})
+    seeds = len(results)
+    summary = {mtbp: compare([found[mtbp] for found in results.values() if mtbp in found]) for mtbp in rates}
+    for mtbp, found in summary.items():
+        table(
+            f"{mtbp:g} s between preemptions, over {seeds} seed(s): goodput at the horizon",
+            ("row", "mean ± standard error", "seeds"),
+            [(name, spread.share(), str(len(spread.values))) for name, spread in found["means"].items()],
+        )
+    table(
+        f"the targets, over {seeds} seed(s): differences in goodput points at the horizon, seed by seed "
+        "(mean ± standard error (range))",
+        ("MTBP s", "best fixed", "auto - best", "auto - each seed's best", "best - plain", "auto - plain",
+         "auto + notices - plain", "lost/notice"),
+        [
+            (f"{mtbp:g}", (found["best"] or "-").removeprefix("ours "), found["auto_minus_best"].points(),
+             found["auto_minus_own_best"].points(), found["best_minus_plain"].points(),
+             found["auto_minus_plain"].points(), found["notices_minus_plain"].points(),
+             "-" if found["lost_per_notice"] is None
+             else f"{found['lost_per_notice']:.1f} ({found['notices']})")
+            for mtbp, found in summary.items()
+        ],
+    )  # fmt: skip
+    return summary
+
+
+def jsonable(found: dict[str, Any]) -> dict[str, Any]:
+    """A rate's :func:`compare` for JSON: every :class:`Spread` as its mean, error and values."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Spread):
+            return {
+                "mean": value.mean if value.values else None,
+                "error": value.error,
+                "values": value.values,
+            }
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return {k: plain(v) for k, v in found.items()}
+
+
+def plot(summary: dict[float, dict[str, Any]], path: Path) -> Path:
+    """Mean goodput at the horizon against the rate, with the standard error over the seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = sorted(results)
+    rates = sorted(summary)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     lines = {
-        "plain Lightning": lambda rows: best_of(rows, "plain Lightning"),
-        "ours, best fixed N": lambda rows: best_of(
-            [r for r in rows if "notices" not in r["row"]], "ours every"
-        ),
-        "ours auto": lambda rows: next((r for r in rows if r["row"] == "ours auto"), None),
-        "ours auto + notices": lambda rows: next(
-            (r for r in rows if r["row"] == "ours auto + notices"), None
-        ),
+        "plain Lightning": lambda found: found["plain"],
+        "ours, best fixed N": lambda found: found["best"],
+        "ours auto": lambda found: "ours auto",
+        "ours auto + notices": lambda found: "ours auto + notices",
     }
     for label, pick in lines.items():
-        points = [(rate, row["goodput"]) for rate in rates if (row := pick(results[rate])) and row["goodput"]]
+        points = [
+            (rate, means.mean, means.error or 0.0)
+            for rate in rates
+            if (name := pick(summary[rate])) and (means := summary[rate]["means"].get(name)) and means.values
+        ]
         if points:
-            axes.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=label)
+            axes.errorbar(
+                [p[0] for p in points], [100 * p[1] for p in points], yerr=[100 * p[2] for p in points],
+                marker="o", capsize=3, label=label,
+            )  # fmt: skip
     axes.set_xscale("log")
     axes.set_xlabel("mean time between preemptions (s)")
     axes.set_ylabel("goodput (%)")
@@ -551,6 +738,43 @@ def plot(results: dict[float, list[dict[str, Any]]], path: Path) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def run_seed(
+    seed: int, rows: list[Row], mix: dict[str, float], args: argparse.Namespace, workdir: Path, step: float
+) -> dict[float, list[dict[str, Any]]]:
+    """Every rate's rows under the preemptions of ``seed``; the rows' columns, rate by rate."""
+    useful = args.steps * step
+    results: dict[float, list[dict[str, Any]]] = {}
+    for index, mtbp in enumerate(args.mtbp):
+        horizon = 50 * args.steps * args.step_ms / 1000 + 100 * mtbp
+        stream = seed * 1000 + index  # one per seed and rate (seed 0: 0, 1, ...)
+        at = arrivals(stream, mtbp, horizon)
+        kinds = kind_sequence(stream, mix, len(at))
+        found, kept = [], []
+        for row in rows:
+            where = workdir / f"seed-{seed}" / f"{mtbp:g}" / row.name.replace(" ", "-")
+            outcome = run_row(row, at, kinds, args, where, mtbp)
+            final = where / "final.pt"
+            outcome.exact = (
+                same_weights(final, workdir / "reference" / "final.pt") if outcome.finished else None
+            )
+            found.append(summarise(outcome, useful, step))
+            kept.append(outcome.kept_times())
+            print(f"  seed {seed}, {mtbp:g} s, {row.name}: {found[-1]['wall']:.0f} s", flush=True)
+            if args.workdir is None:
+                shutil.rmtree(where, ignore_errors=True)
+        # The horizon: the first row to train its last step. A row's goodput to its finish jumps by a
+        # whole restart when its last steps spill into one more attempt; up to a time every row
+        # reached, it counts what each kept by then, with no such jump.
+        ends = [times[-1] for r, times in zip(found, kept, strict=True) if r["finished"] and times]
+        horizon = min(ends) if ends else None
+        for r, times in zip(found, kept, strict=True):
+            r["at_horizon"] = at_horizon(times, horizon, step) if horizon else None
+            r["horizon"] = horizon
+        print_rate(mtbp, found, horizon)
+        results[mtbp] = found
+    return results
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -593,7 +817,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--requeue-wait", type=float, default=None, help="s between exit and relaunch (2; --medium 1)"
     )
-    parser.add_argument("--seed", type=int, default=None, help="of the arrivals (default: 0; --quick: 1)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=None,
+        help="of the arrivals; several: the rows once per seed, and their means (default: 0; --quick: 1)",
+    )
     parser.add_argument(
         "--sync", action="store_true", help="our rows without DurableCheckpointIO (--medium: always)"
     )
@@ -625,7 +855,7 @@ def main(argv: list[str] | None = None) -> None:
     # saves at the SIGTERM is a coin toss worth an interval of steps; with 0.1 s it never does.
     args.notice_grace = args.notice_grace if args.notice_grace is not None else (0.1 if args.medium else 0.5)
     # Seed 1's first arrivals bring each kind of preemption within --quick's few runs' time.
-    args.seed = args.seed if args.seed is not None else (1 if args.quick else 0)
+    args.seed = args.seed or [1 if args.quick else 0]
     mix = {kind: float(weight) for kind, _, weight in (p.partition("=") for p in args.mix.split(","))}
     if set(mix) - set(KINDS):
         parser.error(f"--mix kinds are {', '.join(KINDS)}, got {args.mix!r}")
@@ -653,7 +883,6 @@ def main(argv: list[str] | None = None) -> None:
         reference = run_row(Row("ours", 0), [], [], args, workdir / "reference", expected=0.0)
         times = [b[1] - a[1] for steps in reference.progress.values() for a, b in itertools.pairwise(steps)]
         step = statistics.median(times)
-        useful = args.steps * step
         print(f"uninterrupted: {reference.wall:.1f} s wall, median step {step * 1e3:.1f} ms", flush=True)
         if not reference.finished:
             raise SystemExit(f"the uninterrupted run did not finish: see {workdir / 'reference' / 'job.log'}")
@@ -664,52 +893,22 @@ def main(argv: list[str] | None = None) -> None:
             print(f"--quick: mean time between preemptions {args.mtbp[0]:g} s", flush=True)
         rows = [*([Row("plain", args.plain_every)] if args.plain_every else []),
                 *(Row("ours", n) for n in args.sweep), Row("ours", 0), Row("notices", 0)]  # fmt: skip
-        results: dict[float, list[dict[str, Any]]] = {}
-        for index, mtbp in enumerate(args.mtbp):
-            horizon = 50 * args.steps * args.step_ms / 1000 + 100 * mtbp
-            at = arrivals(args.seed + index, mtbp, horizon)
-            kinds = kind_sequence(args.seed + index, mix, len(at))
-            results[mtbp] = []
-            for row in rows:
-                where = workdir / f"{mtbp:g}" / row.name.replace(" ", "-")
-                outcome = run_row(row, at, kinds, args, where, mtbp)
-                final = where / "final.pt"
-                outcome.exact = (
-                    same_weights(final, workdir / "reference" / "final.pt") if outcome.finished else None
-                )
-                results[mtbp].append(summarise(outcome, useful, step))
-                print(f"  {row.name}: {results[mtbp][-1]['wall']:.0f} s", flush=True)
-            print_rate(mtbp, results[mtbp])
-        comparison = []
-        for mtbp, found in results.items():
-            plain = best_of(found, "plain Lightning")
-            fixed = best_of([r for r in found if "notices" not in r["row"]], "ours every")
-            auto = next((r for r in found if r["row"] == "ours auto"), None)
-            noticed = next((r for r in found if r["row"] == "ours auto + notices"), None)
-
-            def share(r: dict[str, Any] | None) -> str:
-                return "-" if r is None or r["goodput"] is None else f"{r['goodput']:.1%}"
-
-            gap = (
-                f"{100 * (auto['goodput'] - fixed['goodput']):+.1f}"
-                if auto and fixed and auto["goodput"] is not None and fixed["goodput"] is not None
-                else "-"
-            )
-            comparison.append(
-                (f"{mtbp:g}", share(plain), f"{share(fixed)} ({fixed['row'][5:] if fixed else '-'})",
-                 share(auto), gap, share(noticed), noticed["lost_per_notice"] if noticed else "-")
-            )  # fmt: skip
-        from lightning_resume.cli.render import table
-
-        table(
-            "goodput per rate",
-            ("MTBP s", "plain Lightning", "ours best fixed", "ours auto", "auto - best (points)",
-             "auto + notices", "lost/notice"),
-            comparison,
-        )  # fmt: skip
-        print(f"plot: {plot(results, args.plot).resolve()}")
+        results: dict[int, dict[float, list[dict[str, Any]]]] = {}
+        for index, seed in enumerate(args.seed):
+            results[seed] = run_seed(seed, rows, mix, args, workdir, step)
+            if index + 1 < len(args.seed):
+                print_summary(results)  # so far: a run cut short still says what it saw
+                print(f"{time.monotonic() - started:.0f} s so far", flush=True)
+        summary = print_summary(results)
+        print(f"plot: {plot(summary, args.plot).resolve()}")
         if args.json:
-            args.json.write_text(json.dumps({str(k): v for k, v in results.items()}, indent=2))
+            document = {
+                "seeds": {
+                    str(seed): {str(k): v for k, v in found.items()} for seed, found in results.items()
+                },
+                "summary": {str(k): jsonable(v) for k, v in summary.items()},
+            }
+            args.json.write_text(json.dumps(document, indent=2))
         print(f"total {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
     finally:
         if args.workdir is None:
