@@ -151,6 +151,12 @@ def settle_validation_progress(trainer: pl.Trainer) -> None:
     total.ready = total.started = total.processed = total.completed
 
 
+def stop_deferred(trainer: pl.Trainer) -> bool:
+    """Whether a stop was asked for (``trainer.should_stop``) that Lightning puts off until
+    ``min_steps``/``min_epochs`` are met: training goes on, and the request is in no checkpoint."""
+    return bool(trainer.should_stop) and not trainer.fit_loop._can_stop_early
+
+
 # -- epoch boundaries ---------------------------------------------------------------------------------
 
 # The fit loop's epoch progress in a checkpoint.

@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from lightning_resume._checks import flag, positive_number
 from lightning_resume._collectives import broadcast
+from lightning_resume._resume import stop_request
 from lightning_resume._resume.exact_resume import ExactResume
 from lightning_resume._resume.lightning_internals import saves_directory
 from lightning_resume._resume.quiet_lightning import QuietLightning
@@ -171,6 +172,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._marked = False  # checkpoints/.saved is known to exist
         self._quiet = QuietLightning(self)
         self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
+        self._loaded: dict[str, Any] | None = None  # the state restored from a checkpoint
 
     def _run(self) -> Path:
         """The run dir of the Trainer's ``RunDir``, or of this process's before ``setup``."""
@@ -244,6 +246,7 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume.load(state_dict)
+        self._loaded = state_dict
         step = state_dict.get("global_step")
         self._last_save_step = int(step) if step is not None else -1
 
@@ -258,6 +261,12 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._resume.at_train_start(
             trainer, saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes)
         )
+        if stop_request.requested(self._loaded, restart=self._run_dir.is_resumed):
+            trainer.should_stop = True
+            log.info(
+                "a stop asked for before step %s waits for min_steps/min_epochs: asked for again",
+                trainer.global_step,
+            )
 
     def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
         """As an epoch starts, before any other callback's hook (called by :class:`EpochBoundary`):
@@ -431,7 +440,8 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
     @override
     def state_dict(self) -> dict[str, Any]:
         step = self._trainer.global_step if self._trainer else None
-        return {**self._resume.state_to_save(self._trainer), "global_step": step}
+        state = {**self._resume.state_to_save(self._trainer), **stop_request.to_save(self._trainer)}
+        return {**state, "global_step": step}
 
     @override
     def on_save_checkpoint(

@@ -362,6 +362,8 @@ def add_epoch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", action="store_true", help="torchmetrics and self.log(on_epoch=True)")
     p.add_argument("--csv", action="store_true", help="CSVLogger in the run dir, with LocalLoggerResume")
     p.add_argument("--max-steps", type=int, default=None, help="Trainer(max_steps=N), no max_epochs")
+    p.add_argument("--min-steps", type=int, default=None, help="Trainer(min_steps=N)")
+    p.add_argument("--stop-at", type=int, default=None, help="a callback asks to stop once, after step N")
     p.add_argument("--no-seed-workers", action="store_true", help="seed_everything(workers=False)")
     p.add_argument("--draw-log", default=None, help="write every batch's augmentation draws here")
     p.add_argument("--step-log", default=None, help="write each step's weights/RNG/LR digest here, per rank")
@@ -408,6 +410,18 @@ class Metered(SlowValidation):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
 
 
+class StopAt(pl.Callback):
+    """Ask the Trainer to stop once, at the end of a step (as ``EarlyStopping`` does when its metric
+    has stalled, before improving again); with ``min_steps`` Lightning trains on until it is met."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
 def epoch_callbacks(args: argparse.Namespace, run_dir: RunDir) -> list[pl.Callback]:
     """EarlyStopping and ModelCheckpoint on ``val_loss`` (``--monitor``); ``LocalLoggerResume``
     (``--csv``)."""
@@ -415,7 +429,7 @@ def epoch_callbacks(args: argparse.Namespace, run_dir: RunDir) -> list[pl.Callba
 
     from lightning_resume import LocalLoggerResume
 
-    found: list[pl.Callback] = []
+    found: list[pl.Callback] = [StopAt(args.stop_at)] if args.stop_at is not None else []
     if args.monitor:
         found.append(EarlyStopping(monitor="val_loss", patience=args.patience, min_delta=1e-3))
         best = ModelCheckpoint(
@@ -623,6 +637,7 @@ def main(argv: list[str] | None = None) -> None:
         else None,
         max_epochs=args.epochs if args.max_steps is None else None,
         max_steps=args.max_steps if args.max_steps is not None else -1,
+        min_steps=args.min_steps,
         accelerator="cpu",
         devices=args.devices,
         num_nodes=args.nodes,
@@ -660,7 +675,8 @@ def main(argv: list[str] | None = None) -> None:
     if trainer.is_global_zero:
         torch.save(trainer.lightning_module.state_dict(), args.out)
         with open(args.out + ".json", "w") as f:
-            json.dump({"run_dir": str(run_dir.path), "resumed": run_dir.is_resumed}, f)
+            resumed, step = run_dir.is_resumed, trainer.global_step
+            json.dump({"run_dir": str(run_dir.path), "resumed": resumed, "step": step}, f)
         if args.monitor:
             write_epoch_outcome(args, trainer)
 

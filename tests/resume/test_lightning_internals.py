@@ -39,6 +39,7 @@ from lightning_resume._resume.lightning_internals import (
     set_mlflow_run,
     settle_validation_progress,
     start_epoch_afresh,
+    stop_deferred,
     train_loader_states,
     watch_train_loaders,
     wrapped_sampler,
@@ -415,8 +416,10 @@ def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp
 
 
 def test_the_reported_checkpoint_path_is_what_lightning_logs_as_restored(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Lightning stops its logger propagating when imported before the root logger has a handler.
+    monkeypatch.setattr(logging.getLogger("lightning.pytorch"), "propagate", True)
     trainer = tiny_fit(tmp_path, 2)
     trainer.save_checkpoint(tmp_path / "two.ckpt")
     shutil.copy(tmp_path / "two.ckpt", tmp_path / "also-two.ckpt")
@@ -554,3 +557,27 @@ def test_epoch_accumulators_and_callback_metrics_round_trip(tmp_path: Path) -> N
     assert fit(round_trip) == fit() == {"mean": 1.5, "sum": 6.0}
     assert sorted(e["key"] for e in round_trip.entries) == ["training_step.mean", "training_step.sum"]
     assert {e["reduce"] for e in round_trip.entries} == {"mean", "sum"}
+
+
+def test_stop_deferred_until_min_steps_and_lightning_saves_no_trace_of_it(tmp_path: Path) -> None:
+    class AskOnce(pl.Callback):
+        def __init__(self) -> None:
+            self.deferred: list[bool] = []
+            self.checkpoint: dict[str, Any] | None = None
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 2:
+                trainer.should_stop = True
+            if trainer.global_step == 3:
+                self.checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+            self.deferred.append(stop_deferred(trainer))
+
+    asker = AskOnce()
+    trainer = tiny_trainer(asker, tmp_path=tmp_path, max_steps=8, min_steps=5, max_epochs=-1)
+    trainer.fit(Recorder())
+    assert trainer.global_step == 5 and asker.deferred == [False, True, True, True, False]
+    assert asker.checkpoint is not None
+    torch.save(asker.checkpoint, tmp_path / "asked.ckpt")
+    resumed = tiny_trainer(tmp_path=tmp_path, max_steps=8, min_steps=5, max_epochs=-1)
+    resumed.fit(Recorder(), ckpt_path=str(tmp_path / "asked.ckpt"))
+    assert resumed.global_step == 8  # Lightning alone forgets the request
