@@ -150,6 +150,11 @@ class LastCkptSaves:
     max_to_durable: float = 0.0
     last_to_durable: float | None = None
 
+    @property
+    def mean_stall(self) -> float | None:
+        """The mean stall of these saves (``None`` without any)."""
+        return self.stall_seconds / self.count if self.count else None
+
     def stalled(self, seconds: float) -> LastCkptSaves:
         return replace(
             self,

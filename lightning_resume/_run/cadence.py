@@ -13,7 +13,8 @@ time between interruptions,
 (:func:`daly`; for a save far cheaper than ``M`` the two agree). Here:
 
 - the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
-  rank's), not the background write;
+  rank's mean over its recent saves: the expected cost of a save, long ones included), not the
+  background write;
 - the **mean time between interruptions** comes from the run's own attempt history
   (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the number of
   its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
@@ -42,7 +43,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -265,7 +266,8 @@ class Measurements:
     """What the interval is computed from, measured in this run.
 
     Attributes:
-        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (the slowest rank).
+        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (the mean of recent
+            saves, the slowest rank's).
         to_durable: Seconds from the start of a save until it is durable (``save_stall`` or more).
         step_seconds: Seconds per optimizer step (saves left out).
     """
@@ -331,6 +333,22 @@ class Choice:
         data = asdict(self)
         data["bound"] = self.bound.value if self.bound is not None else None
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
+
+
+def expected_stall(recent: Sequence[float]) -> float:
+    """The cost of a save to put in the interval: the mean of recent stalls, long ones included.
+
+    Not the median: saves of one checkpoint are often bimodal, or now and then much longer (the
+    page cache's write-back throttling the writer), and the interval trades their total cost.
+
+    Example::
+
+        >>> expected_stall([0.2, 0.2, 0.2, 1.4])  # the median would say 0.2
+        0.5
+    """
+    if not recent:
+        raise ValueError("expected_stall needs at least one measured save.")
+    return math.fsum(recent) / len(recent)
 
 
 def daly(save_stall: float, between: float) -> float:

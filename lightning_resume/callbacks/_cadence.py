@@ -33,7 +33,11 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 #: Batches timed before the first decision (a restart decides from its recorded save times then).
 FIRST_DECISION_BATCHES = 5
-#: Recent saves and steps whose median is used (one slow save or a validation does not move it).
+#: Recent saves whose mean stall is used: saves of one size are often bimodal or take a rare long
+#: one (the page cache's write-back throttles a writer now and then), and the interval trades
+#: their total cost, which the median of a few would understate.
+SAVE_WINDOW = 16
+#: Recent saves (times to durable) and steps whose median is used (a validation does not move it).
 WINDOW = 5
 STEP_WINDOW = 32
 
@@ -115,7 +119,7 @@ class Cadence:
         self._start_step = 0
         self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
         self._pending = True  # a decision is due: at the start, and after each save
-        self._stalls: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._stalls: collections.deque[float] = collections.deque(maxlen=SAVE_WINDOW)
         self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
         self._last: tuple[int, float] | None = None  # the last optimizer step seen and when
@@ -137,7 +141,7 @@ class Cadence:
         history = run_dir.attempts.history
         measured, chosen = attempts.last_measured(history), attempts.last_cadence(history)
         self._recorded = (
-            measured.last_stall if measured is not None else None,
+            measured.mean_stall if measured is not None else None,
             measured.last_to_durable if measured is not None else None,
             float(chosen["step_seconds"]) if chosen and chosen.get("step_seconds") else None,
         )
@@ -212,7 +216,7 @@ class Cadence:
 
     def _decide(self, trainer: pl.Trainer) -> None:
         strategy = trainer.strategy
-        mine = round(statistics.median(self._stalls) * 1e6) if self._stalls else -1
+        mine = round(cadence.expected_stall(self._stalls) * 1e6) if self._stalls else -1
         slowest = max_over_ranks(strategy, mine)  # the slowest rank's stall holds every rank
         steps = self._choose(slowest / 1e6 if slowest >= 0 else None) if trainer.is_global_zero else None
         self.steps = broadcast(strategy, steps)
