@@ -167,6 +167,18 @@ def run_job(
     return Attempt(proc.returncode, proc.stdout + proc.stderr, run_dir)
 
 
+def uninterrupted(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *args: str | int, timeout: float = 240
+) -> Path:
+    """The final weights of ``train_job`` run with ``args`` once, uninterrupted (built once per test run)."""
+
+    def build(folder: Path) -> None:
+        attempt = run_job(folder / "runs", folder / "ref.pt", *args, timeout=timeout)
+        assert attempt.returncode == 0, attempt.output
+
+    return built_once(tmp_path_factory, name, build) / "ref.pt"
+
+
 def same_weights(a: Path, b: Path) -> bool:
     left, right = torch.load(a), torch.load(b)
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)

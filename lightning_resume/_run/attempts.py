@@ -26,7 +26,8 @@ The file, version 1 (times are wall clock, seconds since the epoch)::
         "checkpoint": {"step": 600, "time": 1717000350.0},   # newest durable one it saw
         "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
         "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
-                            "durable_count": 3, "max_to_durable": 5.2, "last_to_durable": 4.8},
+                            "first_stall": 1.1, "durable_count": 3, "max_to_durable": 5.2,
+                            "last_to_durable": 4.8},
         "cadence": {"steps": 120, "seconds": 300.0, ...},   # RequeueCheckpoint(every_n_train_steps="auto")
         "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step",
                 "step": 655, "seconds": 300.2, "timeout": 300.0, "rank": 1,
@@ -140,6 +141,7 @@ class LastCkptSaves:
         durable_count: Saves whose time to durable is known (a background write is known once done).
         max_to_durable: The longest time from the start of a save until it was durable.
         last_to_durable: The newest one.
+        first_stall: The first save's stall (it pays the attempt's one-time costs).
     """
 
     count: int = 0
@@ -149,11 +151,17 @@ class LastCkptSaves:
     durable_count: int = 0
     max_to_durable: float = 0.0
     last_to_durable: float | None = None
+    first_stall: float | None = None
 
     @property
-    def mean_stall(self) -> float | None:
-        """The mean stall of these saves (``None`` without any)."""
-        return self.stall_seconds / self.count if self.count else None
+    def steady_stall(self) -> float | None:
+        """The mean stall of the saves after the first (the first alone when it is the only one;
+        the mean of all for a record written before the first was kept; ``None`` without any)."""
+        if not self.count:
+            return None
+        if self.first_stall is None or self.count == 1:
+            return self.stall_seconds / self.count
+        return max(self.stall_seconds - self.first_stall, 0.0) / (self.count - 1)
 
     def stalled(self, seconds: float) -> LastCkptSaves:
         return replace(
@@ -162,6 +170,7 @@ class LastCkptSaves:
             stall_seconds=self.stall_seconds + seconds,
             max_stall=max(self.max_stall, seconds),
             last_stall=seconds,
+            first_stall=seconds if self.first_stall is None else self.first_stall,
         )
 
     def durable(self, seconds: float) -> LastCkptSaves:
@@ -326,6 +335,7 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
             stall_seconds=float(last.get("stall_seconds", 0.0)),
             max_stall=float(last.get("max_stall", 0.0)),
             last_stall=last.get("last_stall"),
+            first_stall=last.get("first_stall"),
             durable_count=int(last.get("durable_count", 0)),
             max_to_durable=float(last.get("max_to_durable", 0.0)),
             last_to_durable=last.get("last_to_durable"),
@@ -386,6 +396,7 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
             "stall_seconds": round(last.stall_seconds, 4),
             "max_stall": round(last.max_stall, 4),
             "last_stall": _rounded(last.last_stall, 4),
+            "first_stall": _rounded(last.first_stall, 4),
             "durable_count": last.durable_count,
             "max_to_durable": round(last.max_to_durable, 4),
             "last_to_durable": _rounded(last.last_to_durable, 4),

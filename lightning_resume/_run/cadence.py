@@ -13,8 +13,8 @@ time between interruptions,
 (:func:`daly`; for a save far cheaper than ``M`` the two agree). Here:
 
 - the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
-  rank's mean over its recent saves: the expected cost of a save, long ones included), not the
-  background write;
+  rank's mean over its recent saves after the attempt's first: the expected cost of a save, long
+  ones included; :func:`save_cost`), not the background write;
 - the **mean time between interruptions** comes from the run's own attempt history
   (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the number of
   its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
@@ -335,20 +335,40 @@ class Choice:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
 
 
-def expected_stall(recent: Sequence[float]) -> float:
-    """The cost of a save to put in the interval: the mean of recent stalls, long ones included.
+def mean_stall(stalls: Sequence[float]) -> float | None:
+    """The mean of save stalls, long ones included (``None`` for none).
 
-    Not the median: saves of one checkpoint are often bimodal, or now and then much longer (the
-    page cache's write-back throttling the writer), and the interval trades their total cost.
+    The mean, not the median: saves of one checkpoint are often bimodal, or now and then much longer
+    (the page cache's write-back throttling the writer), and the interval trades their total cost.
 
     Example::
 
-        >>> expected_stall([0.2, 0.2, 0.2, 1.4])  # the median would say 0.2
-        0.5
+        >>> mean_stall([0.2, 0.2, 0.2, 1.0])  # the median would say 0.2
+        0.4
     """
-    if not recent:
-        raise ValueError("expected_stall needs at least one measured save.")
-    return math.fsum(recent) / len(recent)
+    return math.fsum(stalls) / len(stalls) if stalls else None
+
+
+def save_cost(later: float | None, recorded: float | None, first: float | None) -> float | None:
+    """The cost of a save to put in the interval (``None`` until one is measured).
+
+    ``later``, the mean stall (:func:`mean_stall`) of this attempt's recent saves after its first;
+    before there are any, ``recorded``, the one of the last attempt that saved
+    (:attr:`LastCkptSaves.steady_stall`); else ``first``, this attempt's first save.
+
+    The first save of an attempt comes last: it pays one-time costs (the first large allocations,
+    the writer's start: 1.4 s against 0.2 to 0.5 s for the others of a 128 MB synchronous save),
+    which every attempt pays once whatever the interval, and which would otherwise count as the cost
+    of each save of an attempt that makes only a few.
+
+    Example::
+
+        >>> save_cost(None, recorded=0.3, first=1.4)
+        0.3
+    """
+    if later is not None:
+        return later
+    return recorded if recorded is not None else first
 
 
 def daly(save_stall: float, between: float) -> float:

@@ -2,7 +2,7 @@
 ``every_n_train_steps="auto"``, chooses the interval (the logic is ``lightning_resume._run.cadence``).
 
 Every rank times its own saves and steps; rank 0 records them in the attempt history and decides the
-interval from the slowest rank's stall (one all-reduce) and broadcasts it, after each save, so that
+interval from the slowest rank's stalls (two small all-reduces) and broadcasts it, after each save, so that
 every rank saves at the same steps. A restart starts from the figures its history recorded.
 """
 
@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 #: Batches timed before the first decision (a restart decides from its recorded save times then).
 FIRST_DECISION_BATCHES = 5
-#: Recent saves whose mean stall is used: saves of one size are often bimodal or take a rare long
-#: one (the page cache's write-back throttles a writer now and then), and the interval trades
-#: their total cost, which the median of a few would understate.
+#: Recent saves (after an attempt's first) whose mean stall is the cost of a save
+#: (``cadence.save_cost``).
 SAVE_WINDOW = 16
 #: Recent saves (times to durable) and steps whose median is used (a validation does not move it).
 WINDOW = 5
@@ -74,6 +73,15 @@ def checked_seconds(value: Any) -> float | None:
             f"expected_interruption_every must be a timedelta, a number of seconds or None, got {value!r}."
         )
     return positive_number("expected_interruption_every", value, "timedelta or number of seconds")
+
+
+def _micro(seconds: float | None) -> int:
+    """Seconds as whole microseconds for an all-reduce (-1: none measured)."""
+    return round(seconds * 1e6) if seconds is not None else -1
+
+
+def _seconds(micro: int) -> float | None:
+    return micro / 1e6 if micro >= 0 else None
 
 
 def _cloud() -> str | None:
@@ -119,7 +127,8 @@ class Cadence:
         self._start_step = 0
         self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
         self._pending = True  # a decision is due: at the start, and after each save
-        self._stalls: collections.deque[float] = collections.deque(maxlen=SAVE_WINDOW)
+        self._first_stall: float | None = None  # this attempt's first save: one-time costs
+        self._stalls: collections.deque[float] = collections.deque(maxlen=SAVE_WINDOW)  # the later ones
         self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
         self._last: tuple[int, float] | None = None  # the last optimizer step seen and when
@@ -141,7 +150,7 @@ class Cadence:
         history = run_dir.attempts.history
         measured, chosen = attempts.last_measured(history), attempts.last_cadence(history)
         self._recorded = (
-            measured.mean_stall if measured is not None else None,
+            measured.steady_stall if measured is not None else None,
             measured.last_to_durable if measured is not None else None,
             float(chosen["step_seconds"]) if chosen and chosen.get("step_seconds") else None,
         )
@@ -163,7 +172,10 @@ class Cadence:
         started, write_before = self._save
         self._save = None
         stall = time.monotonic() - started
-        self._stalls.append(stall)
+        if self._first_stall is None:
+            self._first_stall = stall
+        else:
+            self._stalls.append(stall)
         self._stalled += stall
         self._pending = True
         background = self._source is not None and self._source.last_write is write_before
@@ -216,15 +228,16 @@ class Cadence:
 
     def _decide(self, trainer: pl.Trainer) -> None:
         strategy = trainer.strategy
-        mine = round(cadence.expected_stall(self._stalls) * 1e6) if self._stalls else -1
-        slowest = max_over_ranks(strategy, mine)  # the slowest rank's stall holds every rank
-        steps = self._choose(slowest / 1e6 if slowest >= 0 else None) if trainer.is_global_zero else None
+        # The slowest rank's stall holds every rank: its later saves' mean, and its first save.
+        later = max_over_ranks(strategy, _micro(cadence.mean_stall(self._stalls)))
+        first = max_over_ranks(strategy, _micro(self._first_stall))
+        steps = self._choose(_seconds(later), _seconds(first)) if trainer.is_global_zero else None
         self.steps = broadcast(strategy, steps)
 
-    def _choose(self, stall: float | None) -> int | None:
+    def _choose(self, later: float | None, first: float | None) -> int | None:
         """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""
         recorded_stall, recorded_durable, recorded_step = self._recorded
-        stall = stall if stall is not None else recorded_stall
+        stall = cadence.save_cost(later, recorded_stall, first)
         durable = statistics.median(self._durables) if self._durables else recorded_durable
         if durable is None and self._writing is None and stall is not None:
             durable = stall

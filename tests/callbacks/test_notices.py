@@ -27,7 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import built_once, job_env, run_job, same_weights, tiny_trainer
+from conftest import job_env, run_job, same_weights, tiny_trainer, uninterrupted
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -212,12 +212,7 @@ DDP = ("--devices", "2", "--loader", "plain", "--every", "0", "--preemption")
 @pytest.fixture(scope="module")
 def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Final weights of the 2-rank job, uninterrupted."""
-
-    def build(folder: Path) -> None:
-        attempt = run_job(folder / "runs", folder / "ref.pt", *DDP, timeout=240)
-        assert attempt.returncode == 0, attempt.output
-
-    return built_once(tmp_path_factory, "notices-ddp-reference", build) / "ref.pt"
+    return uninterrupted(tmp_path_factory, "notices-ddp-reference", *DDP)
 
 
 def test_aws_spot_notice_under_ddp_saves_on_every_rank_at_one_step_then_the_sigterm_resumes_exactly(

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import built_once, run_job, same_weights
+from conftest import run_job, same_weights, uninterrupted
 
 # 12 batches an epoch, a save every 5 steps and at each epoch's end (step 12).
 STOPS_EARLY = (
@@ -24,11 +24,7 @@ STOPS_EARLY = (
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    def build(folder: Path) -> None:
-        attempt = run_job(folder / "runs", folder / "ref.pt", *STOPS_EARLY, timeout=300)
-        assert attempt.returncode == 0, attempt.output
-
-    return built_once(tmp_path_factory, "stop-request", build) / "ref.pt"
+    return uninterrupted(tmp_path_factory, "stop-request", *STOPS_EARLY, timeout=300)
 
 
 def final_step(out: Path) -> int:

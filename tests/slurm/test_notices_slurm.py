@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOB_MODULE, built_once, run_job, same_weights
+from conftest import JOB_MODULE, same_weights, uninterrupted
 
 from .conftest import SlurmCluster
 
@@ -25,12 +25,7 @@ SLOW = ("--preemption", "--durable", "--step-sleep", "6", "--notice-margin", "5"
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Final weights of the same job, uninterrupted and outside SLURM."""
-
-    def build(folder: Path) -> None:
-        attempt = run_job(folder / "runs", folder / "ref.pt", *JOB)
-        assert attempt.returncode == 0, attempt.output
-
-    return built_once(tmp_path_factory, "notices-slurm-reference", build) / "ref.pt"
+    return uninterrupted(tmp_path_factory, "notices-slurm-reference", *JOB, timeout=180)
 
 
 PROBE = """
