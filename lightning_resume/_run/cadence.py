@@ -266,8 +266,8 @@ class Measurements:
     """What the interval is computed from, measured in this run.
 
     Attributes:
-        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (the mean of recent
-            saves, the slowest rank's).
+        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (:func:`save_cost`:
+            the mean of recent saves after the attempt's first, the slowest rank's).
         to_durable: Seconds from the start of a save until it is durable (``save_stall`` or more).
         step_seconds: Seconds per optimizer step (saves left out).
     """
