@@ -56,8 +56,8 @@ result, read from a per-step progress file, over the preemptions that hit a runn
 one, and per SIGKILL; the mean restart overhead (a relaunch to the end of its first step: imports,
 the checkpoint load, the first step); the two costs the interval trades, the save stall and the lost
 steps, in seconds (the lost steps at the median step time; the stall from ``attempts.json``, our rows
-only, and a lower bound where attempts were killed: a killed attempt's record holds the saves up to
-its last write); the intervals ``auto`` chose, attempt by attempt; whether the final weights are bitwise equal
+only: every save is recorded as it returns, a killed attempt misses only the save it was killed
+in); the intervals ``auto`` chose, attempt by attempt; whether the final weights are bitwise equal
 to the uninterrupted run's; for our rows, the goodput ``lightning-resume report`` computes from
 ``attempts.json`` (a check of the report).
 

@@ -221,11 +221,12 @@ class AttemptRecorder:
         times = self._attempt.last_ckpt_saves
         times = times.stalled(stall) if stall is not None else times
         times = times.durable(to_durable) if to_durable is not None else times
-        first_stall = times.count == 1 and stall is not None
-        first = first_stall or (times.durable_count == 1 and to_durable is not None)
+        first_durable = times.durable_count == 1 and to_durable is not None
         self._attempt = replace(self._attempt, last_ckpt_saves=times)
-        if first:
-            self._flush()  # at once: a restart after a kill starts from these figures
+        if stall is not None or first_durable:
+            # At once, every save (one small write next to a checkpoint's): a restart after a kill
+            # starts from these figures, the mean stall after the attempt's first save among them.
+            self._flush()
 
     @_never_raises
     def chose_cadence(self, choice: dict[str, Any]) -> None:

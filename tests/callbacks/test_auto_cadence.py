@@ -185,3 +185,15 @@ def test_every_rank_saves_at_the_same_steps_under_ddp_and_the_run_ends_exact(tmp
     saves = re.findall(r"SAVED rank=(\d) step=(\d+)", last.output)
     by_rank = {rank: [step for r, step in saves if r == rank] for rank in ("0", "1")}
     assert by_rank["0"] == by_rank["1"] and len(by_rank["0"]) >= 3, saves
+
+
+def test_a_killed_attempt_records_every_save_it_made(tmp_path: Path) -> None:
+    """A restart after a SIGKILL prices a save from the killed attempt's saves after its first: the
+    record must hold them all, not only the first (it was written at the first save alone)."""
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    assert run_job(root, out, "--every", "2", "--no-epoch-end", "--kill-at", 9).returncode == -9
+    (run_dir,) = layout.run_dirs(root)
+    (first,) = attempts.read(run_dir).attempts
+    saves = first.last_ckpt_saves
+    assert saves.count == 4 and saves.first_stall is not None  # steps 2, 4, 6 and 8
+    assert saves.steady_stall == pytest.approx((saves.stall_seconds - saves.first_stall) / 3)
