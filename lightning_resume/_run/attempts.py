@@ -130,6 +130,28 @@ class Saves:
 
 
 @dataclass(frozen=True)
+class Stalls:
+    """Save stalls pooled over saves (and attempts): their total and their number.
+
+    Example::
+
+        >>> (Stalls(1.0, 2) + Stalls(0.5, 2)).mean
+        0.375
+    """
+
+    seconds: float = 0.0
+    count: int = 0
+
+    def __add__(self, other: Stalls) -> Stalls:
+        return Stalls(self.seconds + other.seconds, self.count + other.count)
+
+    @property
+    def mean(self) -> float | None:
+        """The mean stall (``None`` for none)."""
+        return self.seconds / self.count if self.count else None
+
+
+@dataclass(frozen=True)
 class LastCkptSaves:
     """``RequeueCheckpoint``'s saves of ``last.ckpt`` in an attempt, timed around its ``save``.
 
@@ -157,11 +179,16 @@ class LastCkptSaves:
     def steady_stall(self) -> float | None:
         """The mean stall of the saves after the first (the first alone when it is the only one;
         the mean of all for a record written before the first was kept; ``None`` without any)."""
-        if not self.count:
-            return None
-        if self.first_stall is None or self.count == 1:
-            return self.stall_seconds / self.count
-        return max(self.stall_seconds - self.first_stall, 0.0) / (self.count - 1)
+        later = self.later
+        return later.mean if later.count else Stalls(self.stall_seconds, self.count).mean
+
+    @property
+    def later(self) -> Stalls:
+        """The stalls of the saves after the first (all of them for a record written before the first
+        was kept)."""
+        if self.first_stall is None:
+            return Stalls(self.stall_seconds, self.count)
+        return Stalls(max(self.stall_seconds - self.first_stall, 0.0), max(self.count - 1, 0))
 
     def stalled(self, seconds: float) -> LastCkptSaves:
         return replace(
@@ -698,6 +725,21 @@ def last_measured(history: History) -> LastCkptSaves | None:
         if attempt.last_ckpt_saves.count:
             return attempt.last_ckpt_saves
     return None
+
+
+def recorded_stalls(history: History, enough: int) -> Stalls:
+    """The stalls of the saves after each attempt's first, pooled over the newest attempts until
+    ``enough`` (or the whole history): what a restart prices a save at.
+
+    At a high interruption rate most attempts make one or two saves, and the newest attempt alone
+    would often say nothing but its first save, which pays one-time costs.
+    """
+    pooled = Stalls()
+    for attempt in reversed(history.attempts):
+        if pooled.count >= enough:
+            break
+        pooled += attempt.last_ckpt_saves.later
+    return pooled
 
 
 def last_cadence(history: History) -> dict[str, Any] | None:

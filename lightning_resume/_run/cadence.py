@@ -13,8 +13,9 @@ time between interruptions,
 (:func:`daly`; for a save far cheaper than ``M`` the two agree). Here:
 
 - the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
-  rank's mean over its recent saves after the attempt's first: the expected cost of a save, long
-  ones included; :func:`save_cost`), not the background write;
+  rank's mean over its recent saves after the attempt's first, pooled with the earlier attempts'
+  until there are enough: the expected cost of a save, long ones included; :func:`save_cost`), not
+  the background write;
 - the **mean time between interruptions** comes from the run's own attempt history
   (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the number of
   its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
@@ -47,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_resume._run.attempts import INTERRUPTIONS, Attempt, Cause, History
+from lightning_resume._run.attempts import INTERRUPTIONS, Attempt, Cause, History, Stalls
 
 #: The mean time between interruptions assumed when nothing else is known: a day.
 DEFAULT_SECONDS = 24 * 3600.0
@@ -56,6 +57,8 @@ DEFAULT_SECONDS = 24 * 3600.0
 CLOUD_SECONDS = 6 * 3600.0
 #: Steps trained before the first save of a run that has no save measured yet (it measures one).
 FIRST_SAVE_STEPS = 10
+#: Saves after an attempt's first whose mean stall is the cost of a save (:func:`save_cost`).
+SAVE_WINDOW = 16
 #: A new interval replaces the current one only when it is this many times longer or shorter.
 HYSTERESIS = 1.25
 
@@ -349,26 +352,29 @@ def mean_stall(stalls: Sequence[float]) -> float | None:
     return math.fsum(stalls) / len(stalls) if stalls else None
 
 
-def save_cost(later: float | None, recorded: float | None, first: float | None) -> float | None:
+def save_cost(
+    later: Stalls, recorded: Stalls, first: float | None, enough: int = SAVE_WINDOW
+) -> float | None:
     """The cost of a save to put in the interval (``None`` until one is measured).
 
-    ``later``, the mean stall (:func:`mean_stall`) of this attempt's recent saves after its first;
-    before there are any, ``recorded``, the one of the last attempt that saved
-    (:attr:`LastCkptSaves.steady_stall`); else ``first``, this attempt's first save.
+    The mean stall of the saves after an attempt's first: ``later``, this attempt's recent ones,
+    alone once there are ``enough``; before that pooled with ``recorded``, those of the newest earlier
+    attempts (``attempts.recorded_stalls``). Without any such save, ``first``: the first save of this
+    attempt, else the one an earlier attempt recorded (an over-estimate, but a measurement).
 
     The first save of an attempt comes last: it pays one-time costs (the first large allocations,
     the writer's start: 1.4 s against 0.2 to 0.5 s for the others of a 128 MB synchronous save),
     which every attempt pays once whatever the interval, and which would otherwise count as the cost
-    of each save of an attempt that makes only a few.
+    of each save of an attempt that makes only a few. Pooled, because at a high interruption rate
+    an attempt makes one or two saves: the newest attempt alone often has no later save to tell.
 
     Example::
 
-        >>> save_cost(None, recorded=0.3, first=1.4)
-        0.3
+        >>> save_cost(Stalls(0.5, 1), recorded=Stalls(1.0, 2), first=1.4)  # (0.5 + 1.0) / 3
+        0.5
     """
-    if later is not None:
-        return later
-    return recorded if recorded is not None else first
+    pooled = later if later.count >= enough else later + recorded
+    return pooled.mean if pooled.count else first
 
 
 def daly(save_stall: float, between: float) -> float:

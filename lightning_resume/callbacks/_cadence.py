@@ -13,6 +13,7 @@ import logging
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 #: Batches timed before the first decision (a restart decides from its recorded save times then).
 FIRST_DECISION_BATCHES = 5
-#: Recent saves (after an attempt's first) whose mean stall is the cost of a save
-#: (``cadence.save_cost``).
-SAVE_WINDOW = 16
 #: Recent saves (times to durable) and steps whose median is used (a validation does not move it).
 WINDOW = 5
 STEP_WINDOW = 32
@@ -102,6 +100,23 @@ def _time_limit() -> float | None:
     return cadence.slurm_time_limit(os.environ, text)
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """What a restart starts from: the history's figures (rank 0).
+
+    Attributes:
+        stalls: The stalls after each attempt's first save, of the newest attempts.
+        first: The first save of the newest attempt that saved (when no later save was ever made).
+        to_durable: Its newest time to durable.
+        step: The step time the interval was last chosen with.
+    """
+
+    stalls: attempts.Stalls = field(default_factory=attempts.Stalls)
+    first: float | None = None
+    to_durable: float | None = None
+    step: float | None = None
+
+
 class Cadence:
     """Times ``RequeueCheckpoint``'s saves (every rank) and chooses the ``"auto"`` interval (rank 0).
 
@@ -120,7 +135,7 @@ class Cadence:
         self.choice: cadence.Choice | None = None
         self._run_dir: RunDir | None = None
         self._prior: cadence.Prior | None = None
-        self._recorded: tuple[float | None, float | None, float | None] = (None, None, None)
+        self._recorded = _Recorded()
         self._reset()
 
     def _reset(self) -> None:
@@ -128,7 +143,8 @@ class Cadence:
         self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
         self._pending = True  # a decision is due: at the start, and after each save
         self._first_stall: float | None = None  # this attempt's first save: one-time costs
-        self._stalls: collections.deque[float] = collections.deque(maxlen=SAVE_WINDOW)  # the later ones
+        # the saves after the first
+        self._stalls: collections.deque[float] = collections.deque(maxlen=cadence.SAVE_WINDOW)
         self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
         self._last: tuple[int, float] | None = None  # the last optimizer step seen and when
@@ -149,8 +165,9 @@ class Cadence:
             return
         history = run_dir.attempts.history
         measured, chosen = attempts.last_measured(history), attempts.last_cadence(history)
-        self._recorded = (
-            measured.steady_stall if measured is not None else None,
+        self._recorded = _Recorded(
+            attempts.recorded_stalls(history, cadence.SAVE_WINDOW),
+            (measured.first_stall or measured.steady_stall) if measured is not None else None,
             measured.last_to_durable if measured is not None else None,
             float(chosen["step_seconds"]) if chosen and chosen.get("step_seconds") else None,
         )
@@ -236,12 +253,14 @@ class Cadence:
 
     def _choose(self, later: float | None, first: float | None) -> int | None:
         """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""
-        recorded_stall, recorded_durable, recorded_step = self._recorded
-        stall = cadence.save_cost(later, recorded_stall, first)
-        durable = statistics.median(self._durables) if self._durables else recorded_durable
+        recorded = self._recorded
+        count = len(self._stalls)
+        mine = attempts.Stalls(later * count, count) if later is not None else attempts.Stalls()
+        stall = cadence.save_cost(mine, recorded.stalls, first if first is not None else recorded.first)
+        durable = statistics.median(self._durables) if self._durables else recorded.to_durable
         if durable is None and self._writing is None and stall is not None:
             durable = stall
-        step = statistics.median(self._step_times) if len(self._step_times) >= WINDOW else recorded_step
+        step = statistics.median(self._step_times) if len(self._step_times) >= WINDOW else recorded.step
         step = (
             step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
         )
@@ -253,11 +272,11 @@ class Cadence:
         between = cadence.time_between_interruptions(seen, self._prior)
         choice = cadence.choose(cadence.Measurements(stall, max(durable, stall), step), between)
         if self.choice is None or cadence.material(self.steps, choice.steps):
-            first = self.choice is None
+            initial = self.choice is None
             self.choice = choice
             log.info(
                 "RequeueCheckpoint(every_n_train_steps='auto') %s %s",
-                "saves" if first else "now saves",
+                "saves" if initial else "now saves",
                 choice.describe(),
             )
             self._run_dir.attempts.chose_cadence(choice.to_dict())

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from lightning_resume._run import attempts, cadence
-from lightning_resume._run.attempts import Attempt, Beat, Cause, Checkpoint, End, History, LastCkptSaves
+from lightning_resume._run.attempts import (
+    Attempt,
+    Beat,
+    Cause,
+    Checkpoint,
+    End,
+    History,
+    LastCkptSaves,
+    Stalls,
+)
 from lightning_resume._run.cadence import Bound, Interruptions, Measurements, PriorSource
 from lightning_resume.notices._policy import DEFAULT_SECONDS_TO_DURABLE, expected_seconds_to_durable
 
@@ -106,10 +115,14 @@ def test_the_cost_of_a_save_is_the_mean_after_the_first_long_ones_included() -> 
     assert cadence.mean_stall(later) == pytest.approx(sum(later) / len(later))
     assert cadence.mean_stall(later) > 1.2 * sorted(later)[len(later) // 2]  # not the median
     assert cadence.mean_stall([]) is None
-    assert cadence.save_cost(0.3, recorded=0.5, first=first) == 0.3  # this attempt's own, once it has them
-    assert cadence.save_cost(None, recorded=0.5, first=first) == 0.5  # else the last attempt's
-    assert cadence.save_cost(None, recorded=None, first=first) == first  # else its first save
-    assert cadence.save_cost(None, recorded=None, first=None) is None
+    none, recorded = Stalls(), Stalls(1.0, 2)
+    mine = Stalls(sum(later), len(later))
+    # This attempt's later saves pooled with the recorded ones; its own alone once it has enough.
+    assert cadence.save_cost(mine, recorded, first) == pytest.approx((sum(later) + 1.0) / (len(later) + 2))
+    assert cadence.save_cost(mine, recorded, first, enough=len(later)) == pytest.approx(mine.mean)
+    assert cadence.save_cost(none, recorded, first) == 0.5  # before its second save: the recorded ones
+    assert cadence.save_cost(none, none, first) == first  # no later save anywhere: a first save
+    assert cadence.save_cost(none, none, None) is None
     # What a restart starts from: the attempt's mean after its first save.
     saves = LastCkptSaves()
     for stall in [first, *later]:
@@ -119,6 +132,34 @@ def test_the_cost_of_a_save_is_the_mean_after_the_first_long_ones_included() -> 
     assert LastCkptSaves().steady_stall is None and LastCkptSaves().stalled(0.7).steady_stall == 0.7
     old = LastCkptSaves(count=2, stall_seconds=1.0)  # recorded before first_stall was kept
     assert old.steady_stall == 0.5
+
+
+def test_a_restart_prices_a_save_from_the_later_saves_of_the_newest_attempts() -> None:
+    """At a high interruption rate attempts make one or two saves: the newest attempt alone would
+    often say only its first save's one-time costs (1.4 s for saves of 0.3 s)."""
+
+    def attempt(number: int, *stalls: float) -> Attempt:
+        saves = LastCkptSaves()
+        for stall in stalls:
+            saves = saves.stalled(stall)
+        return replace(Attempt(number, "node", 1, None, started=0.0), last_ckpt_saves=saves)
+
+    history = History(
+        attempts=(
+            attempt(1, 1.4, 0.9, 0.9, 0.9, 0.9),  # oldest: left out once the newer ones are enough
+            attempt(2, 1.4, 0.2, 0.4),
+            attempt(3, 1.5),  # one save: nothing but one-time costs
+            attempt(4, 1.4, 0.3),
+            attempt(5),  # killed before its first save
+        )
+    )
+    assert attempts.last_measured(history).steady_stall == pytest.approx(0.3)  # type: ignore[union-attr]
+    pooled = attempts.recorded_stalls(history, enough=3)  # attempts 4 and 2
+    assert pooled.count == 3 and pooled.seconds == pytest.approx(0.9)
+    assert attempts.recorded_stalls(history, enough=100).count == 7  # the whole history
+    assert attempts.recorded_stalls(History(attempts=(attempt(1, 1.5),)), enough=3) == Stalls()
+    restart = cadence.save_cost(Stalls(), attempts.recorded_stalls(history, enough=3), first=None)
+    assert restart == pytest.approx(0.3)
 
 
 def test_the_running_attempt_counts_until_now_and_a_long_calm_outgrows_the_prior() -> None:
