@@ -55,7 +55,8 @@ DEFAULT_SECONDS = 24 * 3600.0
 #: The mean time between interruptions assumed on a cloud virtual machine (it may be spot or
 #: preemptible, which the firmware strings do not tell): six hours.
 CLOUD_SECONDS = 6 * 3600.0
-#: Steps trained before the first save of a run that has no save measured yet (it measures one).
+#: The interval while a run has no save after an attempt's first measured yet: the first save of an
+#: attempt pays one-time costs, the second tells what a save costs.
 FIRST_SAVE_STEPS = 10
 #: Saves after an attempt's first whose mean stall is the cost of a save (:func:`save_cost`).
 SAVE_WINDOW = 16
@@ -352,29 +353,28 @@ def mean_stall(stalls: Sequence[float]) -> float | None:
     return math.fsum(stalls) / len(stalls) if stalls else None
 
 
-def save_cost(
-    later: Stalls, recorded: Stalls, first: float | None, enough: int = SAVE_WINDOW
-) -> float | None:
-    """The cost of a save to put in the interval (``None`` until one is measured).
+def save_cost(later: Stalls, recorded: Stalls, enough: int = SAVE_WINDOW) -> float | None:
+    """The cost of a save to put in the interval: the mean stall of saves after an attempt's first
+    (``None`` until one is measured: the run is still measuring).
 
-    The mean stall of the saves after an attempt's first: ``later``, this attempt's recent ones,
-    alone once there are ``enough``; before that pooled with ``recorded``, those of the newest earlier
-    attempts (``attempts.recorded_stalls``). Without any such save, ``first``: the first save of this
-    attempt, else the one an earlier attempt recorded (an over-estimate, but a measurement).
+    ``later``, this attempt's recent ones, alone once there are ``enough``; before that pooled with
+    ``recorded``, those of the newest earlier attempts (``attempts.recorded_stalls``).
 
-    The first save of an attempt comes last: it pays one-time costs (the first large allocations,
+    The first save of an attempt is left out: it pays one-time costs (the first large allocations,
     the writer's start: 1.4 s against 0.2 to 0.5 s for the others of a 128 MB synchronous save),
-    which every attempt pays once whatever the interval, and which would otherwise count as the cost
-    of each save of an attempt that makes only a few. Pooled, because at a high interruption rate
-    an attempt makes one or two saves: the newest attempt alone often has no later save to tell.
+    which every attempt pays once whatever the interval. Priced at it, a save looked three to five
+    times as costly and the interval came out twice as long. Pooled, because at a high interruption
+    rate an attempt makes one or two saves: the newest attempt alone often has no later save to tell.
 
     Example::
 
-        >>> save_cost(Stalls(0.5, 1), recorded=Stalls(1.0, 2), first=1.4)  # (0.5 + 1.0) / 3
+        >>> save_cost(Stalls(0.5, 1), recorded=Stalls(1.0, 2))  # (0.5 + 1.0) / 3
         0.5
+        >>> save_cost(Stalls(), Stalls()) is None  # only first saves so far: measure a second one
+        True
     """
     pooled = later if later.count >= enough else later + recorded
-    return pooled.mean if pooled.count else first
+    return pooled.mean
 
 
 def daly(save_stall: float, between: float) -> float:

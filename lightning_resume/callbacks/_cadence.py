@@ -2,7 +2,7 @@
 ``every_n_train_steps="auto"``, chooses the interval (the logic is ``lightning_resume._run.cadence``).
 
 Every rank times its own saves and steps; rank 0 records them in the attempt history and decides the
-interval from the slowest rank's stalls (two small all-reduces) and broadcasts it, after each save, so that
+interval from the slowest rank's stalls (one small all-reduce) and broadcasts it, after each save, so that
 every rank saves at the same steps. A restart starts from the figures its history recorded.
 """
 
@@ -106,13 +106,11 @@ class _Recorded:
 
     Attributes:
         stalls: The stalls after each attempt's first save, of the newest attempts.
-        first: The first save of the newest attempt that saved (when no later save was ever made).
-        to_durable: Its newest time to durable.
+        to_durable: The newest time to durable of the newest attempt that saved.
         step: The step time the interval was last chosen with.
     """
 
     stalls: attempts.Stalls = field(default_factory=attempts.Stalls)
-    first: float | None = None
     to_durable: float | None = None
     step: float | None = None
 
@@ -167,7 +165,6 @@ class Cadence:
         measured, chosen = attempts.last_measured(history), attempts.last_cadence(history)
         self._recorded = _Recorded(
             attempts.recorded_stalls(history, cadence.SAVE_WINDOW),
-            (measured.first_stall or measured.steady_stall) if measured is not None else None,
             measured.last_to_durable if measured is not None else None,
             float(chosen["step_seconds"]) if chosen and chosen.get("step_seconds") else None,
         )
@@ -245,18 +242,17 @@ class Cadence:
 
     def _decide(self, trainer: pl.Trainer) -> None:
         strategy = trainer.strategy
-        # The slowest rank's stall holds every rank: its later saves' mean, and its first save.
+        # The slowest rank's stall holds every rank: the mean of its saves after its first.
         later = max_over_ranks(strategy, _micro(cadence.mean_stall(self._stalls)))
-        first = max_over_ranks(strategy, _micro(self._first_stall))
-        steps = self._choose(_seconds(later), _seconds(first)) if trainer.is_global_zero else None
+        steps = self._choose(_seconds(later)) if trainer.is_global_zero else None
         self.steps = broadcast(strategy, steps)
 
-    def _choose(self, later: float | None, first: float | None) -> int | None:
+    def _choose(self, later: float | None) -> int | None:
         """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""
         recorded = self._recorded
         count = len(self._stalls)
         mine = attempts.Stalls(later * count, count) if later is not None else attempts.Stalls()
-        stall = cadence.save_cost(mine, recorded.stalls, first if first is not None else recorded.first)
+        stall = cadence.save_cost(mine, recorded.stalls)
         durable = statistics.median(self._durables) if self._durables else recorded.to_durable
         if durable is None and self._writing is None and stall is not None:
             durable = stall
@@ -265,7 +261,7 @@ class Cadence:
             step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
         )
         if stall is None or durable is None or step is None or self._run_dir is None:
-            return self.steps  # measuring: the first save comes after FIRST_SAVE_STEPS
+            return self.steps  # measuring: FIRST_SAVE_STEPS until a save after a first one is timed
         assert self._prior is not None
         history: History = self._run_dir.attempts.history
         seen = cadence.interruptions(history, time.time())

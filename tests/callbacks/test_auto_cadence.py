@@ -29,15 +29,18 @@ def test_a_kill_shortens_the_interval_and_doctor_and_inspect_show_it(
     tmp_path: Path, baseline: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root, out = tmp_path / "runs", tmp_path / "out.pt"
-    # Attempt 1 saves once after 10 steps to measure a save, chooses from the prior, and is killed.
-    assert run_job(root, out, *AUTO, "--kill-at", 12).returncode == -9
+    # Attempt 1 saves at steps 10 and 20 to measure a save (the first pays one-time costs), chooses
+    # from the prior, and is killed.
+    assert run_job(root, out, *AUTO, "--kill-at", 22).returncode == -9
     last = run_job(root, out, *AUTO)
     assert last.returncode == 0, last.output[-3000:]
     assert same_weights(out, baseline["stateful"])
     assert last.run_dir is not None
     first, second = attempts.read(last.run_dir).attempts
-    # Its step beat tells where it stopped: step 11 was the last one RunDir saw (KillAt acts first at 12).
-    assert first.end is not None and first.end.cause is Cause.KILLED and first.end.step == 11
+    # Its step beat tells where it stopped: step 21 was the last one RunDir saw (KillAt acts first at 22).
+    assert first.end is not None and first.end.cause is Cause.KILLED and first.end.step == 21
+    assert first.last_ckpt_saves.count == 2 and first.cadence is not None
+    assert first.cadence["save_stall"] == pytest.approx(first.last_ckpt_saves.steady_stall, abs=1e-4)
     assert first.cadence is not None and second.cadence is not None
     assert first.cadence["between_source"] == "user" and first.cadence["between"] == 3600.0
     assert second.cadence["between_detail"].startswith("the history: 1 interruption(s)")
@@ -54,7 +57,7 @@ def test_a_preemption_saved_at_its_signal_still_shortens_the_interval(
 ) -> None:
     """A graceful preemption lost nothing, yet it tells the preemption rate: the restart counts it."""
     root, out = tmp_path / "runs", tmp_path / "out.pt"
-    first = run_job(root, out, *AUTO, "--preemption", "--signal-at", 12)
+    first = run_job(root, out, *AUTO, "--preemption", "--signal-at", 22)
     assert first.returncode == EXIT, first.output[-3000:]
     last = run_job(root, out, *AUTO, "--preemption")
     assert last.returncode == 0, last.output[-3000:]
@@ -88,9 +91,9 @@ def test_kills_shorten_the_interval_and_a_restart_starts_from_the_recorded_save_
     tmp_path: Path, baseline: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root, out = tmp_path / "runs", tmp_path / "out.pt"
-    assert run_job(root, out, *AUTO, "--kill-at", 12).returncode == -9
-    # Attempt 2 chooses before any save of its own, from attempt 1's recorded save time, and is killed.
-    assert run_job(root, out, *AUTO, "--kill-at", 20).returncode == -9
+    assert run_job(root, out, *AUTO, "--kill-at", 22).returncode == -9
+    # Attempt 2 chooses before any save of its own, from attempt 1's recorded save times, and is killed.
+    assert run_job(root, out, *AUTO, "--kill-at", 30).returncode == -9
     last = run_job(root, out, *AUTO)
     assert last.returncode == 0, last.output[-3000:]
     assert same_weights(out, baseline["stateful"])
@@ -107,7 +110,7 @@ def test_kills_shorten_the_interval_and_a_restart_starts_from_the_recorded_save_
 
 CONFIG = """
 trainer:
-  max_steps: 14
+  max_steps: 24
   accelerator: cpu
   logger: false
   enable_progress_bar: false
@@ -137,7 +140,7 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
     assert callback.expected_interruption_every == timedelta(hours=1, minutes=30)
     (run_dir,) = (tmp_path / "runs").glob(layout.RUN_GLOB)
     (attempt,) = attempts.read(run_dir).attempts
-    assert attempt.cadence is not None and attempt.cadence["between"] == 5400.0  # chosen after its first save
+    assert attempt.cadence is not None and attempt.cadence["between"] == 5400.0  # after its second save
     assert attempt.cadence["between_detail"] == "the prior: expected_interruption_every=1.5 h"
     hydra = instantiate(
         {

@@ -118,11 +118,10 @@ def test_the_cost_of_a_save_is_the_mean_after_the_first_long_ones_included() -> 
     none, recorded = Stalls(), Stalls(1.0, 2)
     mine = Stalls(sum(later), len(later))
     # This attempt's later saves pooled with the recorded ones; its own alone once it has enough.
-    assert cadence.save_cost(mine, recorded, first) == pytest.approx((sum(later) + 1.0) / (len(later) + 2))
-    assert cadence.save_cost(mine, recorded, first, enough=len(later)) == pytest.approx(mine.mean)
-    assert cadence.save_cost(none, recorded, first) == 0.5  # before its second save: the recorded ones
-    assert cadence.save_cost(none, none, first) == first  # no later save anywhere: a first save
-    assert cadence.save_cost(none, none, None) is None
+    assert cadence.save_cost(mine, recorded) == pytest.approx((sum(later) + 1.0) / (len(later) + 2))
+    assert cadence.save_cost(mine, recorded, enough=len(later)) == pytest.approx(mine.mean)
+    assert cadence.save_cost(none, recorded) == 0.5  # before its second save: the recorded ones
+    assert cadence.save_cost(none, none) is None  # only first saves: still measuring (never `first`)
     # What a restart starts from: the attempt's mean after its first save.
     saves = LastCkptSaves()
     for stall in [first, *later]:
@@ -158,7 +157,7 @@ def test_a_restart_prices_a_save_from_the_later_saves_of_the_newest_attempts() -
     assert pooled.count == 3 and pooled.seconds == pytest.approx(0.9)
     assert attempts.recorded_stalls(history, enough=100).count == 7  # the whole history
     assert attempts.recorded_stalls(History(attempts=(attempt(1, 1.5),)), enough=3) == Stalls()
-    restart = cadence.save_cost(Stalls(), attempts.recorded_stalls(history, enough=3), first=None)
+    restart = cadence.save_cost(Stalls(), attempts.recorded_stalls(history, enough=3))
     assert restart == pytest.approx(0.3)
 
 
