@@ -176,13 +176,6 @@ class LastCkptSaves:
     first_stall: float | None = None
 
     @property
-    def steady_stall(self) -> float | None:
-        """The mean stall of the saves after the first (the first alone when it is the only one;
-        the mean of all for a record written before the first was kept; ``None`` without any)."""
-        later = self.later
-        return later.mean if later.count else Stalls(self.stall_seconds, self.count).mean
-
-    @property
     def later(self) -> Stalls:
         """The stalls of the saves after the first (all of them for a record written before the first
         was kept)."""

@@ -140,7 +140,7 @@ class Cadence:
         self._start_step = 0
         self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
         self._pending = True  # a decision is due: at the start, and after each save
-        self._first_stall: float | None = None  # this attempt's first save: one-time costs
+        self._saved = False  # this attempt's first save is done (it pays one-time costs: left out)
         # the saves after the first
         self._stalls: collections.deque[float] = collections.deque(maxlen=cadence.SAVE_WINDOW)
         self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
@@ -186,8 +186,8 @@ class Cadence:
         started, write_before = self._save
         self._save = None
         stall = time.monotonic() - started
-        if self._first_stall is None:
-            self._first_stall = stall
+        if not self._saved:
+            self._saved = True
         else:
             self._stalls.append(stall)
         self._stalled += stall

@@ -39,9 +39,8 @@ def test_a_kill_shortens_the_interval_and_doctor_and_inspect_show_it(
     first, second = attempts.read(last.run_dir).attempts
     # Its step beat tells where it stopped: step 21 was the last one RunDir saw (KillAt acts first at 22).
     assert first.end is not None and first.end.cause is Cause.KILLED and first.end.step == 21
-    assert first.last_ckpt_saves.count == 2 and first.cadence is not None
-    assert first.cadence["save_stall"] == pytest.approx(first.last_ckpt_saves.steady_stall, abs=2e-4)
-    assert first.cadence is not None and second.cadence is not None
+    assert first.last_ckpt_saves.count == 2 and first.cadence is not None and second.cadence is not None
+    assert first.cadence["save_stall"] == pytest.approx(first.last_ckpt_saves.later.mean, abs=2e-4)
     assert first.cadence["between_source"] == "user" and first.cadence["between"] == 3600.0
     assert second.cadence["between_detail"].startswith("the history: 1 interruption(s)")
     assert second.cadence["steps"] < first.cadence["steps"]
@@ -101,7 +100,7 @@ def test_kills_shorten_the_interval_and_a_restart_starts_from_the_recorded_save_
     first, second, third = attempts.read(last.run_dir).attempts
     assert first.cadence is not None and second.cadence is not None and third.cadence is not None
     assert second.last_ckpt_saves.count == 0  # killed at 30, before its first save
-    assert second.cadence["save_stall"] == pytest.approx(first.last_ckpt_saves.steady_stall, abs=2e-4)
+    assert second.cadence["save_stall"] == pytest.approx(first.last_ckpt_saves.later.mean, abs=2e-4)
     assert third.cadence["between_source"] == "history"
     assert third.cadence["between_detail"].startswith("the history: 2 interruption(s)")
     assert third.cadence["steps"] < second.cadence["steps"] < first.cadence["steps"]
@@ -199,4 +198,5 @@ def test_a_killed_attempt_records_every_save_it_made(tmp_path: Path) -> None:
     (first,) = attempts.read(run_dir).attempts
     saves = first.last_ckpt_saves
     assert saves.count == 4 and saves.first_stall is not None  # steps 2, 4, 6 and 8
-    assert saves.steady_stall == pytest.approx((saves.stall_seconds - saves.first_stall) / 3)
+    assert saves.later.count == 3
+    assert saves.later.seconds == pytest.approx(saves.stall_seconds - saves.first_stall)

@@ -127,10 +127,10 @@ def test_the_cost_of_a_save_is_the_mean_after_the_first_long_ones_included() -> 
     for stall in [first, *later]:
         saves = saves.stalled(stall)
     assert saves.first_stall == first and saves.last_stall == later[-1]
-    assert saves.steady_stall == pytest.approx(cadence.mean_stall(later))
-    assert LastCkptSaves().steady_stall is None and LastCkptSaves().stalled(0.7).steady_stall == 0.7
+    assert saves.later.count == len(later) and saves.later.mean == pytest.approx(cadence.mean_stall(later))
+    assert LastCkptSaves().later == Stalls() == LastCkptSaves().stalled(0.7).later  # a first save only
     old = LastCkptSaves(count=2, stall_seconds=1.0)  # recorded before first_stall was kept
-    assert old.steady_stall == 0.5
+    assert old.later == Stalls(1.0, 2)
 
 
 def test_a_restart_prices_a_save_from_the_later_saves_of_the_newest_attempts() -> None:
@@ -152,7 +152,7 @@ def test_a_restart_prices_a_save_from_the_later_saves_of_the_newest_attempts() -
             attempt(5),  # killed before its first save
         )
     )
-    assert attempts.last_measured(history).steady_stall == pytest.approx(0.3)  # type: ignore[union-attr]
+    assert attempts.last_measured(history).later.mean == pytest.approx(0.3)  # type: ignore[union-attr]
     pooled = attempts.recorded_stalls(history, enough=3)  # attempts 4 and 2
     assert pooled.count == 3 and pooled.seconds == pytest.approx(0.9)
     assert attempts.recorded_stalls(history, enough=100).count == 7  # the whole history
