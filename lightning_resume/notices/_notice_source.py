@@ -47,6 +47,9 @@ class NoticeSource:
     #: ``"node"``: a notice about this machine, polled by the first process of each node;
     #: ``"job"``: about the whole job, polled by global rank 0 only.
     scope: ClassVar[Literal["node", "job"]] = "node"
+    #: ``True``: a notice, once given, stands (an empty answer later does not take it back);
+    #: ``False``: each answer replaces the last, and an empty one (not a failed poll) takes it back.
+    standing: ClassVar[bool] = True
 
     def __init__(self, interval: float = 5.0, timeout: float = 1.0) -> None:
         self.interval = positive_number("interval", interval, "number of seconds")

@@ -21,8 +21,9 @@ FAILURES_TO_WARN = 3
 class NoticePoller:
     """Polls each source every ``source.interval`` seconds, off the training thread.
 
-    Keeps the newest notice of each source (a notice, once given, stands: a later empty answer does
-    not take it back), with the time it was first seen. A source whose polls fail
+    Keeps the newest notice of each source, with the time it was first seen. A notice, once given,
+    stands (a later empty answer does not take it back) unless its source is not
+    :attr:`~NoticeSource.standing`; a failed poll never takes one back. A source whose polls fail
     :data:`FAILURES_TO_WARN` times in a row is warned about, once; training never waits for a poll.
     """
 
@@ -74,6 +75,11 @@ class NoticePoller:
         elif source.last_error is not None:
             log.debug("notice source %s: %s", source.describe(), source.last_error)
         if notice is None:
+            if not source.standing and source.last_error is None:
+                with self._lock:
+                    taken_back = self._notices.pop(index, None)
+                if taken_back is not None:
+                    log.info("notice %s taken back by %s", taken_back.describe(), source.describe())
             return
         with self._lock:
             earlier = self._notices.get(index)

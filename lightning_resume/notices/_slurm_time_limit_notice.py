@@ -58,7 +58,10 @@ class SlurmTimeLimitNotice(NoticeSource):
     comes, saves ``last.ckpt``, requeues the job (``scontrol requeue``) and exits, before SLURM
     kills the job at its limit. Applies in a SLURM job (``$SLURM_JOB_ID`` set); job-wide, so only
     global rank 0 polls it. A job submitted with ``--signal`` (SLURM's own warning before the time
-    limit, as submitit's jobs are) gets no notice: that signal is its warning, as before.
+    limit, as submitit's jobs are) gets no notice: that signal is its warning, as before. Until the
+    job's accounting record tells whether it has one (seconds after it starts; up to
+    :data:`SIGNAL_READ_SECONDS` on a busy ``slurmdbd``), the time limit counts: the notice is taken
+    back if a ``--signal`` shows up, and when the limit is removed.
 
     Args:
         interval: Seconds between two reads of the end time.
@@ -75,6 +78,7 @@ class SlurmTimeLimitNotice(NoticeSource):
 
     name = "slurm-time-limit"
     scope = "job"
+    standing = False  # the end time can change, and a --signal found late takes the notice back
 
     def __init__(self, interval: float = 60.0, timeout: float = 5.0) -> None:
         super().__init__(interval=interval, timeout=timeout)
@@ -102,6 +106,11 @@ class SlurmTimeLimitNotice(NoticeSource):
         if answer is None:
             raise ValueError(f"'scontrol show job {job}' failed, is missing from PATH or gave no answer")
         return parse_scontrol_end_time(answer)
+
+    @property
+    def signal_known(self) -> bool:
+        """Whether the job's ``--signal`` (or that it has none) is known: see :meth:`warning_signal`."""
+        return self._signal is not False
 
     def warning_signal(self) -> SlurmSignal | None:
         """The job's ``--signal`` (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the batch script).
@@ -138,6 +147,7 @@ class SlurmTimeLimitNotice(NoticeSource):
 
     def _poll(self, now: float) -> Notice | None:
         end = self.end_time()
-        if end is None or self.warning_signal() is not None or self._signal is False:
-            return None  # no limit, SLURM's own warning, or not known yet whether there is one
+        if end is None or self.warning_signal() is not None:
+            return None  # no limit, or SLURM's own warning
+        # Also while the --signal is not known yet: better requeued before the limit than killed at it.
         return Notice(self.name, TIME_LIMIT, end, detail=f"the job ends at {format_time(end)}", received=now)

@@ -597,6 +597,48 @@ def test_slurm_end_time_and_file_deadlines_are_read() -> None:
             parse_deadline(bad)
 
 
+def test_a_time_limit_counts_until_a_late_accounting_record_shows_the_jobs_own_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmdbd can record a job seconds, on a busy machine a minute, after it starts: until the record
+    tells, the time limit is a notice (requeued before the limit rather than killed at it); a
+    ``--signal`` found then takes it back, and no ``--signal`` keeps it. Fake ``sacct``/``scontrol``:
+    a late record cannot be made to happen on the real cluster."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    record = tmp_path / "submit-line"
+    (tools / "sacct").write_text(f"#!/bin/sh\ncat {record}\n")
+    (tools / "scontrol").write_text("#!/bin/sh\nprintf '#!/bin/bash\\nsrun python train.py\\n'\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 600))
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+
+    def until(condition: Any) -> None:
+        deadline = time.monotonic() + 20
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert condition()
+
+    for submit_line, kept in (("sbatch --signal=USR1@50 job.sh", False), ("sbatch job.sh", True)):
+        record.write_text("")  # not recorded yet
+        source = SlurmTimeLimitNotice(interval=0.05)
+        poller = NoticePoller([source])
+        poller.start()
+        try:
+            until(poller.notices)
+            (early,) = poller.notices()
+            assert early.is_time_limit and not source.signal_known and source.last_error is None
+            record.write_text(submit_line + "\n")
+            until(lambda source=source: source.signal_known)
+            time.sleep(0.3)  # a few polls more
+            assert poller.notices() == ([early] if kept else []), submit_line
+        finally:
+            poller.stop(wait=5)
+
+
 def notice(kind: str = "terminate", deadline: float | None = 1000.0) -> Notice:
     return Notice("aws-spot", kind, deadline, received=880.0)
 

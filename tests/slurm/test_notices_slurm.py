@@ -34,8 +34,8 @@ from lightning_resume.notices import SlurmTimeLimitNotice
 source = SlurmTimeLimitNotice()
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:  # a job that just started may not be in the accounting yet
-    notice = source.poll()
-    if notice is not None or source.warning_signal() is not None:
+    notice = source.poll()  # until it is, the time limit counts
+    if source.signal_known:
         break
     time.sleep(0.5)
 signal = source.warning_signal()
