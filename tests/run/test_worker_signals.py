@@ -72,14 +72,26 @@ def test_workers_ignore_a_foreign_sigterm_and_their_parent_still_stops_them() ->
     assert not any(w.is_alive() for w in workers)
 
 
+def started_then_sleep(started: Any) -> None:
+    started.set()
+    time.sleep(60)
+
+
 @pytest.mark.usefixtures("guarded")
 def test_other_forked_children_keep_the_normal_behaviour() -> None:
-    pool = multiprocessing.get_context("fork").Pool(1)
+    context = multiprocessing.get_context("fork")
+    started = context.Event()
+    child = context.Process(target=started_then_sleep, args=(started,), daemon=True)
+    child.start()
     try:
-        assert not blocked(pool._pool[0].pid, signal.SIGTERM)  # type: ignore[attr-defined]
+        assert started.wait(60)  # past the at-fork hook, which would have blocked the signal by now
+        assert not blocked(child.pid, signal.SIGTERM)  # type: ignore[arg-type]
     finally:
-        pool.terminate()
-        pool.join()
+        # SIGKILL: the child inherits the fixture's Python-level SIGTERM handler, which a child forked
+        # from a threaded process (an xdist worker) can be kept from ever running by a lock another
+        # thread held at the fork; a multiprocessing Pool's terminate() once waited on it for good.
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(timeout=30)
 
 
 def test_nothing_is_blocked_once_uninstalled() -> None:
