@@ -45,7 +45,7 @@ from lightning_resume import (
 )
 from lightning_resume._run import layout
 from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.resolve import create_run, handoff_path, index_path, read_index, resolve
+from lightning_resume._run.resolve import create_run, index_path, key_filename, read_index, resolve
 from lightning_resume._run.scheduler import launch_key, read_session
 from lightning_resume._sharded.parts import read_manifest
 from lightning_resume._storage.catalog import candidates, verify
@@ -1403,24 +1403,23 @@ def first_attempt_died_before_its_run_meta(tmp_path: Path) -> None:
 
 
 @case(
-    "a `.handoff` file left by an earlier launch with the same launch key, or holding garbage",
-    "ignored: a waiting rank never adopts it; it waits for this launch's rank 0 (`RunDirError` on timeout)",
+    "files in `.handoff` left by an earlier launch with the same launch key (an answer to another "
+    "request, an earlier version's single file), or holding garbage",
+    "ignored: a waiting rank never adopts them; it waits for this launch's rank 0 (`RunDirError` on timeout)",
 )
 def stale_handoff(tmp_path: Path) -> None:
     root = tmp_path / "root"
     env = {"SLURM_JOB_ID": "40", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
     os.environ.update(env)
-    earlier = resolve(root, read_session({"SLURM_JOB_ID": "40"}))
-    handoff = handoff_path(root, launch_key(env) or "")
-    handoff.parent.mkdir()
-    for content in (
-        json.dumps({**json.loads(earlier.to_json()), "written": 1.0}),  # long before this launch started
-        json.dumps({**json.loads(earlier.to_json()), "path": str(tmp_path / "gone"), "written": time.time()}),
-        "{garbage",
-    ):
-        handoff.write_text(content)
-        with pytest.raises(RunDirError, match="did not publish its run dir"):
-            RunDir(root=root, handoff_timeout=0.3)
+    earlier = json.loads(resolve(root, read_session({"SLURM_JOB_ID": "40"})).to_json())
+    folder = root / layout.HANDOFF_DIR
+    folder.mkdir()
+    launch = key_filename(launch_key(env) or "")
+    (folder / f"{launch}.0a1b.answer").write_text(json.dumps({**earlier, "written": time.time()}))
+    (folder / launch).write_text(json.dumps({**earlier, "written": time.time()}))
+    (folder / f"{launch}.2c3d.answer").write_text("{garbage")
+    with pytest.raises(RunDirError, match="did not publish its run dir"):
+        RunDir(root=root, handoff_timeout=0.3)
 
 
 # -- callback arguments ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._run import layout
+from lightning_resume._run.status import RunStatus, read_status
 from lightning_resume.exceptions import RunDirError
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,32 @@ def live_holder(run_dir: Path) -> dict[str, Any] | None:
     finally:
         os.close(fd)
     return None
+
+
+def in_use(run_dir: Path) -> bool:
+    """Whether an attempt may still be using ``run_dir``: what the tools that delete ask first.
+
+    Yes while its lock is held by a process not known to be gone. With the lock free, or where it
+    cannot tell (no locks on this filesystem, or locks that do not reach across hosts), a run whose
+    ``status.json`` says running is in use unless its recorded owner is a process of this machine
+    that no longer runs: a killed attempt on another host keeps its files until its restart.
+    """
+    try:
+        fd = os.open(run_dir / layout.LOCK, os.O_RDONLY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return not is_gone(_read_record(fd))
+        except OSError:
+            pass  # no locks here: the status decides
+        finally:
+            os.close(fd)
+    if read_status(run_dir)["status"] != RunStatus.RUNNING.value:
+        return False
+    return not is_gone(read_owner(run_dir / layout.LOCK))
 
 
 def _open(path: Path) -> int:

@@ -566,63 +566,6 @@ def check_index(root: Path, key: str, run_dir: Path) -> None:
     )
 
 
-def handoff_path(root: Path, launch: str) -> Path:
-    return root / layout.HANDOFF_DIR / key_filename(launch)
-
-
-def publish_handoff(root: Path, launch: str, resolution: Resolution) -> None:
-    """Publish rank 0's choice for the other ranks of the same launch (atomic).
-
-    Raises:
-        RunDirError: the handoff file cannot be written (``.handoff`` is a file, the root is full).
-    """
-    path = handoff_path(root, launch)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {**json.loads(resolution.to_json()), "written": time.time()})
-    except OSError as e:
-        raise RunDirError(
-            f"Cannot publish this launch's run dir for its other ranks in {str(path)!r} ({e.strerror or e}): "
-            f"they would wait for it in vain. {str(path.parent)!r} must be a writable folder: move away what "
-            "is there, or free space.",
-            path,
-        ) from e
-
-
-def wait_for_handoff(
-    root: Path, launch: str, timeout: float, not_before: float, poll: float = 0.05
-) -> Resolution:
-    """Wait for rank 0 of this launch to publish its run dir.
-
-    Args:
-        root: The runs root.
-        launch: The launch key shared by all ranks.
-        timeout: Seconds to wait.
-        not_before: Ignore a handoff written before this time (a leftover of an earlier launch).
-        poll: Seconds between looks.
-
-    Raises:
-        RunDirError: nothing usable appeared within ``timeout``.
-    """
-    path = handoff_path(root, launch)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            data = json.loads(path.read_text())
-            if float(data.get("written", 0)) >= not_before and Path(data["path"]).is_dir():
-                return Resolution.from_json(json.dumps(data))
-        except (OSError, ValueError, KeyError):
-            pass
-        if time.monotonic() >= deadline:
-            raise RunDirError(
-                f"Rank 0 did not publish its run dir at {str(path)!r} within {timeout:.0f} s. Is rank 0 "
-                "alive, and is the runs root on a filesystem every rank shares? Raise "
-                "RunDir(handoff_timeout=...) for slow shared filesystems.",
-                path,
-            )
-        time.sleep(poll)
-
-
 def process_start_time() -> float:
     """Wall-clock start time of this process (Linux ``/proc``; now, elsewhere)."""
     try:

@@ -7,7 +7,6 @@ Every function takes the environment as a mapping so the logic is testable witho
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -149,12 +148,22 @@ def expects_peers(environ: Mapping[str, str]) -> bool:
     return any(_as_int(environ, var) > 1 for var in counts)
 
 
+def global_rank(environ: Mapping[str, str]) -> int:
+    """This process's global rank as launchers report it before any process group exists (0 if unset)."""
+    for var in (ENV["rank"], ENV["slurm_procid"]):
+        if environ.get(var):
+            return _as_int(environ, var)
+    return 0
+
+
 def launch_key(environ: Mapping[str, str]) -> str | None:
-    """A name shared by every rank of one launch and distinct between launches, or ``None``.
+    """A name shared by every rank of one launch, or ``None``.
 
     SLURM: job, array task, step and restart count (so an interactive rerun in one allocation, which
     runs in a new step, gets a new key). TorchElastic: run id and restart count. Otherwise the
-    rendezvous address and port plus the process group id.
+    rendezvous address and port, the same on every node. A relaunch of the same command may get the
+    key of the launch before it (torchrun's restart count starts at 0 again):
+    :mod:`~lightning_resume._run.handoff` never takes that launch's files for its own.
     """
     job = slurm_key(environ)
     if job:
@@ -166,7 +175,7 @@ def launch_key(environ: Mapping[str, str]) -> str | None:
         return f"elastic-{elastic}-r{environ.get(ENV['elastic_restart'], '0')}"
     addr, port = environ.get(ENV["master_addr"]), environ.get(ENV["master_port"])
     if addr and port:
-        return f"local-{addr}-{port}-pg{os.getpgid(0)}"
+        return f"local-{addr}-{port}"
     return None
 
 

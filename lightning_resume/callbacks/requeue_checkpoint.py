@@ -349,6 +349,11 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
         self._after_fit(trainer, collective=False)
 
     @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Before any teardown hook: RunDir gives the run dir up in its own, once nothing is written.
+        self._after_fit(trainer, collective=True)
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._after_fit(trainer, collective=True)
 

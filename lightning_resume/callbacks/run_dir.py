@@ -13,14 +13,16 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
 from lightning_resume._checks import positive_number
+from lightning_resume._collectives import any_rank, broadcast
 from lightning_resume._resume.own_checkpoint_load import OwnCheckpointLoad
-from lightning_resume._run import layout, resolve
+from lightning_resume._run import handoff, layout, resolve
 from lightning_resume._run.binding import PROCESS
 from lightning_resume._run.owner import RunLock
 from lightning_resume._run.scheduler import (
     ENV,
     KeySource,
     expects_peers,
+    global_rank,
     is_global_zero,
     launch_key,
     read_session,
@@ -90,6 +92,7 @@ class RunDir(Callback):
             except ValueError as e:
                 raise RunDirError(str(e)) from None
         self._lock: RunLock | None = None
+        self._answerer: handoff.Answerer | None = None  # rank 0 of a launch with other ranks
         self._used = False
         self._own_load: OwnCheckpointLoad | None = None
         twin = self._unused_twin()
@@ -133,15 +136,18 @@ class RunDir(Callback):
                 return resolve.Resolution.from_json(payload)
             launch = launch_key(os.environ)
             if launch is not None:
-                return resolve.wait_for_handoff(
-                    self.root, launch, self.handoff_timeout, not_before=resolve.process_start_time() - 60
-                )
+                return handoff.ask(self.root, launch, global_rank(os.environ), self.handoff_timeout)
         resolve.prepare_root(self.root)
         resolution, self._lock = resolve.claim(self.root, self._session)  # decided and locked at once
         weakref.finalize(self, self._lock.release)
         launch = launch_key(os.environ)
         if launch is not None and expects_peers(os.environ):
-            resolve.publish_handoff(self.root, launch, resolution)
+            try:
+                self._answerer = handoff.Answerer(self.root, launch, resolution)
+            except RunDirError:
+                self._lock.release()
+                raise
+            weakref.finalize(self, self._answerer.stop)
         return resolution
 
     @property
@@ -178,6 +184,7 @@ class RunDir(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         first = not self._used  # trainer.test() after fit sets up again: the configuration is kept
         self._used = True
+        self._check_ranks_agree(trainer)
         redirected = [
             cb
             for cb in trainer.checkpoint_callbacks
@@ -194,6 +201,28 @@ class RunDir(Callback):
             self._own_load = OwnCheckpointLoad(trainer, self.path)
             self._own_load.install()
         self._attempts.begin(trainer, stage)
+
+    def _check_ranks_agree(self, trainer: pl.Trainer) -> None:
+        """Every rank is in the process group now: stop answering; refuse a split launch.
+
+        Ranks that took different run dirs (or disagree whether this is a restart) would wait on each
+        other's collectives for good; all of them raise instead.
+
+        Raises:
+            RunDirError: a rank's run dir or restart differs from rank 0's.
+        """
+        mine = (self.run_id, str(self.path), self.is_resumed)
+        theirs = broadcast(trainer.strategy, mine)
+        split = any_rank(trainer.strategy, tuple(theirs) != mine)
+        self._stop_answering()
+        if split:
+            raise RunDirError(
+                f"The ranks of this launch do not agree on the run: global rank 0 uses {theirs[1]!r} "
+                f"(restart: {theirs[2]}), and at least one rank another one (this rank: {mine[1]!r}, "
+                f"restart: {mine[2]}). Training would mix runs or hang. Relaunch the job; if it persists, "
+                "check that every rank sees the same runs root and the same scheduler variables.",
+                self.path,
+            )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -218,7 +247,9 @@ class RunDir(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._record_status(trainer, *self._attempts.stopped(trainer, exception))
-        self._release()
+        self._stop_answering()
+        # The lock stays until this process exits or fits again: a save may still be on its way
+        # (RequeueCheckpoint's, in a writer process), and no other attempt may start meanwhile.
         self._uninstall_own_load()
 
     @override
@@ -235,8 +266,14 @@ class RunDir(Callback):
 
     def _release(self) -> None:
         """This attempt no longer trains here: another may take the run dir."""
+        self._stop_answering()
         if self._lock is not None:
             self._lock.release()
+
+    def _stop_answering(self) -> None:
+        answerer, self._answerer = self._answerer, None
+        if answerer is not None:
+            answerer.stop()
 
     def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
         """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only.

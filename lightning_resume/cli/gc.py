@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from lightning_resume._run import layout
+from lightning_resume._run import handoff, layout
+from lightning_resume._run.owner import in_use, is_gone
 from lightning_resume._run.resolve import index_entries
 from lightning_resume._run.status import RunStatus, read_status
 from lightning_resume._storage.catalog import retention
@@ -70,7 +71,8 @@ def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Re
     names them. Committed checkpoint directories are left to the run's own retention (``keep``).
     """
     removals = []
-    for name in stale(folder, restart=True):
+    # Not the leftovers of a process that runs on this machine (a writer outliving its trainer).
+    for name in stale(folder):
         if _age(folder / name, now) > older_than:
             removals.append(Removal(str(folder / name), "leftover", "an interrupted save"))
     target = resolve_pointer(folder / layout.LAST_CKPT)
@@ -83,12 +85,18 @@ def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Re
     return removals
 
 
+#: A handoff file whose writer may still live (on another host, say) is kept at least this long.
+HANDOFF_LIFETIME = 86400.0
+
+
 def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
     """What ``gc`` removes: index entries of runs finished longer ago than ``older_than`` seconds,
-    entries whose run dir is gone and that are that old, handoff files that old, and leftovers of
-    interrupted sharded saves that old (:func:`checkpoint_leftovers`).
+    entries whose run dir is gone and that are that old, handoff files that old whose writer is gone
+    (else a day old), and leftovers of interrupted sharded saves that old (:func:`checkpoint_leftovers`).
 
     A run that is running, preempted, failed or of unknown status keeps its entry: a restart needs it.
+    Nothing of a run dir that a live attempt may be using is removed (:func:`~.owner.in_use`), whatever
+    its age: its save in flight, its entry.
     """
     now = time.time() if now is None else now
     removals = []
@@ -101,20 +109,22 @@ def plan(root: Path, older_than: float, now: float | None = None) -> list[Remova
                 removals.append(Removal(str(entry.path), "index", f"points at missing {target}"))
             continue
         finished = _status_age(target, now)
-        if finished is not None and finished > older_than:
+        if finished is not None and finished > older_than and not in_use(target):
             removals.append(
                 Removal(
                     str(entry.path), "index", f"run {target.name} finished {finished / 86400:.1f} days ago"
                 )
             )
-    handoff = root / layout.HANDOFF_DIR
-    for path in sorted(handoff.iterdir()) if handoff.is_dir() else []:
+    folder = root / layout.HANDOFF_DIR
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if not path.is_file() or path.is_symlink():
             continue  # handoffs are plain files; anything else is not ours to remove
-        if _age(path, now) > older_than:
-            removals.append(Removal(str(path), "handoff", f"written {_age(path, now) / 86400:.1f} days ago"))
+        age = _age(path, now)
+        if age > older_than and (age > HANDOFF_LIFETIME or is_gone(handoff.writer_of(path))):
+            removals.append(Removal(str(path), "handoff", f"written {age / 86400:.1f} days ago"))
     for run_dir in layout.run_dirs(root):
-        removals.extend(checkpoint_leftovers(layout.checkpoint_dir(run_dir), older_than, now))
+        if not in_use(run_dir):
+            removals.extend(checkpoint_leftovers(layout.checkpoint_dir(run_dir), older_than, now))
     return removals
 
 

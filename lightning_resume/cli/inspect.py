@@ -146,7 +146,9 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
     if rule is not Restart.RESUME:
         return {"checkpoint": None, "why": rule.rule}
     by_name = {c["name"]: c for c in checkpoints}
-    last = by_name[LAST]
+    last = by_name.get(LAST)
+    if last is None:  # committed after the listing: the run is saving right now
+        return {"checkpoint": LAST, "why": "last.ckpt was committed while this listing was made"}
     state = last["result"] + (f" ({last['reason']})" if last.get("reason") else "")
     if last["result"] in USABLE:
         return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}

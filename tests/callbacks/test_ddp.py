@@ -22,7 +22,7 @@ def test_lightning_launcher_ranks_share_one_run_dir_and_resume_exactly(tmp_path:
     assert same_weights(out, tmp_path / "ref.pt")
 
 
-def test_torchrun_ranks_agree_through_the_handoff_file(tmp_path: Path) -> None:
+def test_torchrun_ranks_agree_through_the_handoff_and_leave_nothing_behind(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     cmd = [
         sys.executable,
@@ -45,4 +45,4 @@ def test_torchrun_ranks_agree_through_the_handoff_file(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(list(root.glob("[0-9]*/[0-9]*/*"))) == 1
-    assert len(list((root / ".handoff").iterdir())) == 1
+    assert list((root / ".handoff").iterdir()) == []  # rank 1's request and its answer, withdrawn

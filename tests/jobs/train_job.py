@@ -28,6 +28,7 @@ from lightning_resume import (
     RunDir,
     SignalDiagnostics,
 )
+from lightning_resume._run.scheduler import is_global_zero
 from lightning_resume.cli.demo_job import Model as DemoModel
 from lightning_resume.cli.demo_job import Noisy
 
@@ -569,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mirror", default=None, help="DurableCheckpointIO(mirror=URL)")
     p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
+    p.add_argument("--rank0-delay", type=float, default=0.0, help="global rank 0 waits before RunDir")
     add_notice_arguments(p)
     add_world_size_arguments(p)
     add_epoch_arguments(p)
@@ -583,6 +585,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif args.before == "user":
         signal.signal(signal.SIGTERM, lambda *_: _append(args.out + ".user-handler", "called\n"))
+    if args.rank0_delay and is_global_zero(os.environ):
+        time.sleep(args.rank0_delay)  # a slow node: the other ranks look for the run dir first
     run_dir = RunDir(root=args.root, key=args.key)
     callbacks: list[pl.Callback] = [run_dir]
     if not args.no_requeue:

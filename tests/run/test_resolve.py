@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,8 @@ from lightning_resume._run.resolve import (
     entry_target,
     index_path,
     key_filename,
-    publish_handoff,
     read_index,
     resolve,
-    wait_for_handoff,
 )
 from lightning_resume._run.scheduler import read_session
 from lightning_resume.exceptions import LightningResumeWarning, RunDirError
@@ -167,11 +164,3 @@ def test_guard_accepts_own_entry_and_names_the_problem_otherwise(tmp_path: Path)
     assert str(first.path) in str(err.value)
     with pytest.raises(RunDirError, match="is missing"):
         check_index(tmp_path, "other", second.path)
-
-
-def test_handoff_roundtrip_and_stale_handoff_ignored(tmp_path: Path) -> None:
-    res = resolve(tmp_path, FIRST)
-    publish_handoff(tmp_path, "launch", res)
-    assert wait_for_handoff(tmp_path, "launch", timeout=1, not_before=0) == res
-    with pytest.raises(RunDirError, match="did not publish its run dir"):
-        wait_for_handoff(tmp_path, "launch", timeout=0.2, not_before=time.time() + 10)
