@@ -448,8 +448,8 @@ def run_row(
         attempt, step, when = line.split()
         outcome.progress.setdefault(int(attempt), []).append((int(step), float(when)))
     if row.kind != "plain":
-        from lightning_resume._run import layout
         from lightning_resume.cli.report import report
+        from lightning_resume.run_dir import layout
 
         run_dirs = layout.run_dirs(work / "runs")
         if run_dirs:

@@ -66,11 +66,11 @@ def depth_for(total_mb: int) -> int:
 
 #: (label, where it runs, what is wrapped): the phases of a save of ours, in the order they happen.
 PHASES = (
-    ("wait for the save before", "stall", "lightning_resume._sharded.saver:DirectorySaver._finish_pending"),
-    ("agree: outcome + new directory", "stall", "lightning_resume._sharded.saver:DirectorySaver._agree"),
-    ("Lightning state + barrier", "stall", "lightning_resume._sharded.saver:capture_checkpoint"),
-    ("staging copy", "stall", "lightning_resume._sharded.stager:ReusedBufferStager.stage"),
-    ("pickle meta.pt (rank 0)", "stall", "lightning_resume._sharded.saver:_serialised"),
+    ("wait for the save before", "stall", "lightning_resume.io.sharded.saver:DirectorySaver._finish_pending"),
+    ("agree: outcome + new directory", "stall", "lightning_resume.io.sharded.saver:DirectorySaver._agree"),
+    ("Lightning state + barrier", "stall", "lightning_resume.io.sharded.saver:capture_checkpoint"),
+    ("staging copy", "stall", "lightning_resume.io.sharded.stager:ReusedBufferStager.stage"),
+    ("pickle meta.pt (rank 0)", "stall", "lightning_resume.io.sharded.saver:_serialised"),
     ("hand-off to the writer", "stall", "concurrent.futures:ThreadPoolExecutor.submit"),
     ("dcp.save", "durable", "torch.distributed.checkpoint:save"),
     ("  plan (+ collective)", "durable", "torch.distributed.checkpoint.utils:_DistWrapper.reduce_scatter"),
@@ -80,11 +80,11 @@ PHASES = (
         "durable",
         "torch.distributed.checkpoint.filesystem:_FileSystemWriter.write_data",
     ),
-    ("meta.pt write + fsync", "durable", "lightning_resume._sharded.saver:write_bytes_durably"),
-    ("hash own shards + part", "durable", "lightning_resume._sharded.saver:DirectorySaver._record_part"),
-    ("rank 0: wait parts..commit", "durable", "lightning_resume._sharded.saver:DirectorySaver._commit"),
-    ("  of which manifest", "durable", "lightning_resume._sharded.parts:build_manifest"),
-    ("  of which commit + prune", "durable", "lightning_resume._sharded.parts:commit_directory"),
+    ("meta.pt write + fsync", "durable", "lightning_resume.io.sharded.saver:write_bytes_durably"),
+    ("hash own shards + part", "durable", "lightning_resume.io.sharded.saver:DirectorySaver._record_part"),
+    ("rank 0: wait parts..commit", "durable", "lightning_resume.io.sharded.saver:DirectorySaver._commit"),
+    ("  of which manifest", "durable", "lightning_resume.io.sharded.parts:build_manifest"),
+    ("  of which commit + prune", "durable", "lightning_resume.io.sharded.parts:commit_directory"),
 )
 
 
@@ -126,10 +126,10 @@ def job(row: str, total_mb: int, out: Path) -> None:
 
     from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
     from lightning_resume._collectives import cpu_group
-    from lightning_resume._resume.lightning_internals import capture_checkpoint
-    from lightning_resume._sharded import parts
-    from lightning_resume._sharded.dcp import dcp_state
+    from lightning_resume._compat.lightning import capture_checkpoint
     from lightning_resume._storage.atomic import fsync_file
+    from lightning_resume.io.sharded import parts
+    from lightning_resume.io.sharded.dcp import dcp_state
 
     torch.set_num_threads(1)
     me = psutil.Process()

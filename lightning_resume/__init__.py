@@ -1,10 +1,11 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
-The package is organised as its architecture: ``callbacks`` (run dir, ``last.ckpt`` and resume,
-preemption, diagnostics), ``notices`` (preemption notices), ``trackers`` (tracker resume),
-``loggers``, ``io`` (the checkpoint plugin), ``cli``; the private ``_run``, ``_resume`` and
-``_writer`` hold the logic they share. Every public name is importable from here (the notice sources
-from ``lightning_resume.notices``).
+One folder per feature: ``run_dir``, ``last_ckpt`` (``RequeueCheckpoint``), ``exact_resume``,
+``preemption`` (with its ``notices``), ``watchdog``, ``trackers`` (with its ``loggers``), ``io`` (the
+``DurableCheckpointIO`` plugin) and ``cli``; below them the private ``_scheduler``, ``_storage`` and
+``_writer``, and ``_compat``, the one place that touches other libraries' internals. Every public name
+is importable from here (the notice sources from ``lightning_resume.notices``, the loggers from
+``lightning_resume.loggers``).
 
 Importing this package has no side effects: it touches no signals, environment or logging, and
 imports no tracker. Nor does it import Lightning or torch until a name that needs them is used: the
@@ -30,39 +31,35 @@ from lightning_resume.exceptions import (
 
 if TYPE_CHECKING:
     from lightning_resume import notices
-    from lightning_resume.callbacks import (
-        PreemptionHandler,
-        ProgressWatchdog,
-        RequeueCheckpoint,
-        RunDir,
-        SignalDiagnostics,
-    )
-    from lightning_resume.io import DurableCheckpointIO
-    from lightning_resume.trackers import (
-        CometResume,
-        LocalLoggerResume,
-        MLflowResume,
-        SwanLabResume,
-        TrackerResume,
-        TrackioResume,
-        WandbResume,
-    )
+    from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+    from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
+    from lightning_resume.preemption.preemption_handler import PreemptionHandler
+    from lightning_resume.preemption.signal_diagnostics import SignalDiagnostics
+    from lightning_resume.run_dir.run_dir import RunDir
+    from lightning_resume.trackers.comet_resume import CometResume
+    from lightning_resume.trackers.local_logger_resume import LocalLoggerResume
+    from lightning_resume.trackers.mlflow_resume import MLflowResume
+    from lightning_resume.trackers.swanlab_resume import SwanLabResume
+    from lightning_resume.trackers.tracker_resume import TrackerResume
+    from lightning_resume.trackers.trackio_resume import TrackioResume
+    from lightning_resume.trackers.wandb_resume import WandbResume
+    from lightning_resume.watchdog.progress_watchdog import ProgressWatchdog
 
-#: The public names that need Lightning, and the subpackage each comes from (imported on first use).
+#: The public names that need Lightning, and the module each comes from (imported on first use).
 _LAZY = {
-    "PreemptionHandler": "lightning_resume.callbacks",
-    "ProgressWatchdog": "lightning_resume.callbacks",
-    "RequeueCheckpoint": "lightning_resume.callbacks",
-    "RunDir": "lightning_resume.callbacks",
-    "SignalDiagnostics": "lightning_resume.callbacks",
-    "DurableCheckpointIO": "lightning_resume.io",
-    "CometResume": "lightning_resume.trackers",
-    "LocalLoggerResume": "lightning_resume.trackers",
-    "MLflowResume": "lightning_resume.trackers",
-    "SwanLabResume": "lightning_resume.trackers",
-    "TrackerResume": "lightning_resume.trackers",
-    "TrackioResume": "lightning_resume.trackers",
-    "WandbResume": "lightning_resume.trackers",
+    "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
+    "PreemptionHandler": "lightning_resume.preemption.preemption_handler",
+    "ProgressWatchdog": "lightning_resume.watchdog.progress_watchdog",
+    "RequeueCheckpoint": "lightning_resume.last_ckpt.requeue_checkpoint",
+    "RunDir": "lightning_resume.run_dir.run_dir",
+    "SignalDiagnostics": "lightning_resume.preemption.signal_diagnostics",
+    "CometResume": "lightning_resume.trackers.comet_resume",
+    "LocalLoggerResume": "lightning_resume.trackers.local_logger_resume",
+    "MLflowResume": "lightning_resume.trackers.mlflow_resume",
+    "SwanLabResume": "lightning_resume.trackers.swanlab_resume",
+    "TrackerResume": "lightning_resume.trackers.tracker_resume",
+    "TrackioResume": "lightning_resume.trackers.trackio_resume",
+    "WandbResume": "lightning_resume.trackers.wandb_resume",
 }
 
 

@@ -1,15 +1,27 @@
-"""Constructor-argument checks, one wording for every public class.
+"""Checks of what a user gives, one wording for every public class: arguments, directories, callbacks.
 
 A ``bool`` is an ``int`` to Python but never a count or a number of seconds to a user, so every check
 refuses it. Type errors raise ``TypeError`` and out-of-range values ``ValueError``, both naming the
-argument and the value with ``!r``.
+argument and the value with ``!r``. A callback that needs another one in its Trainer raises
+``MissingCallbackError`` in one wording.
 
 Pure standard library.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lightning_resume.exceptions import MissingCallbackError
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+T = TypeVar("T")
+_VARIABLE = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
 
 
 def is_whole_number(value: Any) -> bool:
@@ -59,3 +71,55 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}.")
     return value
+
+
+def expand_dir(value: str | os.PathLike[str], what: str) -> Path:
+    """``value`` with ``$VAR``/``${VAR}`` and ``~`` expanded, made absolute.
+
+    A variable that is not set raises ``ValueError`` naming it: left as it is, ``"$TMPDIR/ckpt"``
+    would become a folder literally called ``$TMPDIR`` in the working directory, and checkpoints
+    would land where no restart looks for them.
+    """
+    text = os.fspath(value)
+    expanded = os.path.expandvars(text)
+    unset = sorted({a or b for a, b in _VARIABLE.findall(expanded)})
+    if unset:
+        names = ", ".join(f"${name}" for name in unset)
+        raise ValueError(
+            f"{what} {text!r} uses {names}, which is not set in this process's environment: set it "
+            "before the job starts (e.g. in the batch script), or give a path without it."
+        )
+    return Path(expanded).expanduser().absolute()
+
+
+def missing(needed: str, needed_by: str, why: str, found: int = 0) -> MissingCallbackError:
+    """The error for ``needed_by`` without exactly one ``needed`` callback (``why`` it needs one)."""
+    todo = f"add {needed}() to the Trainer's callbacks" if found == 0 else "keep one of them"
+    return MissingCallbackError(
+        f"{needed_by} needs a {needed} callback in the same Trainer ({why}): found {found}, and it needs "
+        f"exactly one {needed}; {todo}.",
+        needed=needed,
+        needed_by=needed_by,
+    )
+
+
+def _of(trainer: pl.Trainer, kind: type[T]) -> list[T]:
+    return [cb for cb in trainer.callbacks if isinstance(cb, kind)]  # type: ignore[attr-defined]
+
+
+def the_one(trainer: pl.Trainer, kind: type[T]) -> T | None:
+    """The one callback of ``kind`` among ``trainer.callbacks`` (``None`` unless there is exactly one)."""
+    found = _of(trainer, kind)
+    return found[0] if len(found) == 1 else None
+
+
+def find_one(trainer: pl.Trainer, kind: type[T], needed_by: str, why: str) -> T:
+    """The one callback of ``kind`` among ``trainer.callbacks``.
+
+    Raises:
+        MissingCallbackError: there is none, or more than one.
+    """
+    found = _of(trainer, kind)
+    if len(found) != 1:
+        raise missing(kind.__name__, needed_by, why, len(found))
+    return found[0]

@@ -18,7 +18,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_resume import RequeueCheckpoint, RunDir
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 
 SHARD = "__0_0.distcp"
 META = "meta.pt"

@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 
 TESTS = Path(__file__).resolve().parent
 #: The end-to-end tests' training job (``tests/jobs/train_job.py``), run with ``python -m``.

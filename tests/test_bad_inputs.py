@@ -43,15 +43,15 @@ from lightning_resume import (
     RunDir,
     RunDirError,
 )
-from lightning_resume._run import layout
-from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.resolve import create_run, index_path, key_filename, read_index, resolve
-from lightning_resume._run.scheduler import launch_key, read_session
-from lightning_resume._sharded.parts import read_manifest
+from lightning_resume._scheduler.environment import launch_key, read_session
 from lightning_resume._storage.catalog import candidates, verify
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
 from lightning_resume._storage.manifest import manifest_path
 from lightning_resume.cli import doctor
+from lightning_resume.io.sharded.parts import read_manifest
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.resolve import create_run, index_path, key_filename, read_index, resolve
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "src" / "troubleshooting.md"
 
@@ -1359,8 +1359,8 @@ def launch_between_run_dir_and_index(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import time; from lightning_resume._run.resolve import create_run; "
-            "from lightning_resume._run.scheduler import read_session; "
+            "import time; from lightning_resume.run_dir.resolve import create_run; "
+            "from lightning_resume._scheduler.environment import read_session; "
             f"create_run(__import__('pathlib').Path({str(root)!r}), read_session({{}}, 'k')); "
             "print('ready', flush=True); time.sleep(60)",
         ],
@@ -1900,7 +1900,7 @@ class _FailsInSetup:
     "`status.json` records `failed` at the step `last.ckpt` holds (not at step 0)",
 )
 def failed_restart_keeps_the_checkpoint_step(tmp_path: Path) -> None:
-    from lightning_resume._run.status import read_status
+    from lightning_resume.run_dir.status import read_status
 
     run_dir = first_run(tmp_path)  # last.ckpt at step 2
     for before_run_dir in (False, True):  # RunDir's own setup runs, or never does
@@ -1959,7 +1959,7 @@ def watchdog_without_run_dir(tmp_path: Path) -> None:
     "read as an empty history: the restart resumes and rewrites it; `inspect` works",
 )
 def unreadable_attempt_history(tmp_path: Path) -> None:
-    from lightning_resume._run import attempts
+    from lightning_resume.run_dir import attempts
 
     run_dir = first_run(tmp_path)
     (run_dir / layout.ATTEMPTS).write_text("{garbage")

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 import lightning_resume
 from lightning_resume import _collectives
-from lightning_resume._resume import rng
+from lightning_resume.exact_resume import rng
 
 PACKAGE = Path(lightning_resume.__file__).parent
 # torch.distributed's collectives, and the strategy methods that run one.

@@ -30,7 +30,7 @@ def test_a_pytorch_lightning_job_resumes_exactly_after_sigkill(tmp_path: Path) -
     # pytorch_lightning's Trainer sees RequeueCheckpoint as its own checkpoint callback: no default
     # ModelCheckpoint is added, and ckpt_path=None becomes the last.ckpt to resume from.
     assert (
-        "checkpoint callbacks: ['lightning_resume.pytorch_lightning.callbacks.requeue_checkpoint']"
+        "checkpoint callbacks: ['lightning_resume.pytorch_lightning.last_ckpt.requeue_checkpoint']"
         in first.stdout
     )
     second = run(tmp_path / "runs", out, LIGHTNING_RESUME_KEY="pl")

@@ -11,11 +11,11 @@ from conftest import tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, ResumeError, RunDir
-from lightning_resume._resume.restart import RULES, Restart, decide
-from lightning_resume._run import layout
-from lightning_resume._run.binding import PROCESS
 from lightning_resume._storage.catalog import FALLBACK_RULE
 from lightning_resume.cli.inspect import describe_run
+from lightning_resume.last_ckpt.restart import RULES, Restart, decide
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.binding import PROCESS
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "src" / "how_resume_works.md").read_text()
 

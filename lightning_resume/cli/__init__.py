@@ -145,8 +145,8 @@ def _add_gc_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_gc(args: argparse.Namespace) -> int:
     import json
 
-    from lightning_resume._run import layout
     from lightning_resume.cli import gc, render
+    from lightning_resume.run_dir import layout
 
     try:
         age = gc.parse_age(args.older_than)
@@ -183,8 +183,8 @@ def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from lightning_resume._run import layout
     from lightning_resume.cli import inspect, render
+    from lightning_resume.run_dir import layout
 
     path = args.path.expanduser().resolve()
     if not path.exists():
@@ -226,8 +226,8 @@ def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     import json
 
-    from lightning_resume._run import layout
     from lightning_resume.cli import render, report
+    from lightning_resume.run_dir import layout
 
     run_dir = args.run_dir.expanduser().resolve()
     if not layout.is_run_dir(run_dir):
@@ -260,7 +260,7 @@ def _add_reset_crash_loop_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_reset_crash_loop(args: argparse.Namespace) -> int:
-    from lightning_resume._run import attempts, layout
+    from lightning_resume.run_dir import attempts, layout
 
     run_dir = args.run_dir.expanduser().resolve()
     if not layout.is_run_dir(run_dir):

@@ -36,10 +36,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from lightning_resume._run import layout
-from lightning_resume._run.resolve import read_index
-from lightning_resume._run.scheduler import ENV
+from lightning_resume._scheduler.environment import ENV
 from lightning_resume.cli import render
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.resolve import read_index
 
 JOB_MODULE = "lightning_resume.cli.demo_job"
 EPOCHS = 3

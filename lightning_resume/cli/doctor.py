@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._run import attempts, cadence, grace, layout, signals, watchdog_timeouts
-from lightning_resume._run.scheduler import ENV, KeySource, on_slurm, read_session, under_submitit
-from lightning_resume._run.slurm import slurm_output
+from lightning_resume._scheduler.environment import ENV, KeySource, on_slurm, read_session, under_submitit
+from lightning_resume._scheduler.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
 from lightning_resume.exceptions import RunDirError
+from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.preemption import grace, signals
+from lightning_resume.run_dir import attempts, layout
+from lightning_resume.watchdog import timeouts as watchdog_timeouts
 
 
 class Level(str, enum.Enum):
@@ -297,7 +300,7 @@ def grace_checks(
         environ: The environment (scheduler variables, ``$LIGHTNING_RESUME_GRACE_SECONDS``).
         speed: The durable write speed measured for :func:`write_speed_checks`.
         run: Runs a SLURM client command and returns its output or ``None``; called only in a SLURM job
-            (default: :func:`~lightning_resume._run.slurm.slurm_output` on ``environ``'s ``PATH``).
+            (default: :func:`~lightning_resume._scheduler.slurm.slurm_output` on ``environ``'s ``PATH``).
     """
     if run is None:
         run = functools.partial(slurm_output, path=environ.get("PATH"))

@@ -9,14 +9,14 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from lightning_resume._run import handoff, layout
-from lightning_resume._run.owner import in_use, is_gone
-from lightning_resume._run.resolve import index_entries
-from lightning_resume._run.status import RunStatus, read_status
 from lightning_resume._storage.catalog import retention
 from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, resolve_pointer
 from lightning_resume._storage.store import LocalStore
+from lightning_resume.run_dir import handoff, layout
+from lightning_resume.run_dir.owner import in_use, is_gone
+from lightning_resume.run_dir.resolve import index_entries
+from lightning_resume.run_dir.status import RunStatus, read_status
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

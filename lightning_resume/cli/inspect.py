@@ -1,7 +1,7 @@
 """``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will do.
 
 What the next restart loads is worked out with the same rules the callbacks and the plugin apply:
-the restart rule of ``lightning_resume._resume.restart`` and the verification and fallback order of
+the restart rule of ``lightning_resume.last_ckpt.restart`` and the verification and fallback order of
 ``lightning_resume._storage.catalog``, for checkpoint files and for sharded checkpoints (directories).
 """
 
@@ -13,19 +13,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._resume.restart import Restart, decide
-from lightning_resume._resume.saved_step import saved_step, step_from_file
-from lightning_resume._run import attempts, hangs, layout, watchdog_timeouts
-from lightning_resume._run.resolve import index_entries as read_index_entries
-from lightning_resume._run.resolve import read_meta
-from lightning_resume._run.sidecar import SUFFIX as SIDECAR_SUFFIX
-from lightning_resume._run.status import read_status
-from lightning_resume._sharded.parts import LIGHTNING_META
 from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
 from lightning_resume._storage.catalog import verify as check
 from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.store import LocalStore
+from lightning_resume.io.sharded.parts import LIGHTNING_META
+from lightning_resume.last_ckpt.restart import Restart, decide
+from lightning_resume.run_dir import attempts, hangs, layout
+from lightning_resume.run_dir.resolve import index_entries as read_index_entries
+from lightning_resume.run_dir.resolve import read_meta
+from lightning_resume.run_dir.saved_step import saved_step, step_from_file
+from lightning_resume.run_dir.status import read_status
+from lightning_resume.trackers.sidecar import SUFFIX as SIDECAR_SUFFIX
+from lightning_resume.watchdog import timeouts as watchdog_timeouts
 
 LAST = layout.LAST_CKPT
 #: ``result`` of a checkpoint a load may use.

@@ -9,10 +9,11 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from lightning_resume._run import cadence, layout
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
 from lightning_resume.cli.report import GoodputReport
+from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.run_dir import layout
 
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
 

@@ -1,6 +1,6 @@
 """``lightning-resume report``: a run's attempts on a timeline, what each interruption cost, and its goodput.
 
-Everything is read from the run's ``attempts.json`` (``lightning_resume._run.attempts``); nothing is
+Everything is read from the run's ``attempts.json`` (``lightning_resume.run_dir.attempts``); nothing is
 measured here. The definitions (also on the command-line docs page):
 
 - an attempt **trained** the steps from the one it resumed from (0 for a fresh start) to the last one
@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._run import attempts
-from lightning_resume._run.attempts import Attempt, Cause, History
+from lightning_resume.run_dir import attempts
+from lightning_resume.run_dir.attempts import Attempt, Cause, History
 
 #: What ``--plot`` needs, and how to get it.
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"

@@ -1,8 +1,31 @@
-"""Checkpoint IO: the ``DurableCheckpointIO`` plugin (``durable_checkpoint_io``), what callbacks may ask
-of any plugin (``_protocol``), the snapshot and the asynchronous saver (``_snapshot``, ``_async_saver``,
-``_parallel_copy``) and the verified load (``_verified_load``)."""
+"""The ``DurableCheckpointIO`` plugin and the checkpoints it writes: ``durable_checkpoint_io`` (the plugin),
+``_protocol`` (what callbacks may ask of any plugin), ``_snapshot``, ``_async_saver`` and
+``_parallel_copy`` (the asynchronous save), ``_verified_load``, and ``sharded`` (checkpoint directories
+of sharded strategies, which bypass ``CheckpointIO``). Importing it imports neither torch nor Lightning
+until a name that needs them is used.
+"""
 
-from lightning_resume.io._protocol import AtomicCheckpointIO, CheckpointSettings
-from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_resume.io._protocol import AtomicCheckpointIO, CheckpointSettings
+    from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+
+_LAZY = {
+    "AtomicCheckpointIO": "lightning_resume.io._protocol",
+    "CheckpointSettings": "lightning_resume.io._protocol",
+    "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = ["AtomicCheckpointIO", "CheckpointSettings", "DurableCheckpointIO"]

@@ -19,8 +19,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
-from lightning_resume._checks import flag, is_number, positive_number, whole_number
-from lightning_resume._run.paths import expand_dir
+from lightning_resume._checks import expand_dir, flag, is_number, positive_number, whole_number
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan
 from lightning_resume._storage.cleanup import clean_stale

@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._resume.quiet_lightning import Quieted
+from lightning_resume._compat.quiet_lightning import Quieted
 from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
 
 METRICS = "metrics.csv"

@@ -14,17 +14,17 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
-from lightning_resume._resume.lightning_internals import logging_step, point_logger_at_version
-from lightning_resume._resume.quiet_lightning import QuietLightning
-from lightning_resume._run import layout
-from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.resolve import Resolution
-from lightning_resume._run.scheduler import is_global_zero
-from lightning_resume._run.sidecar import Sidecar, describe, place_conflicts, read_sidecar, sidecar_path
-from lightning_resume._run.sidecar import write_sidecar as _write_sidecar
+from lightning_resume._checks import missing
+from lightning_resume._compat.lightning import logging_step, point_logger_at_version
+from lightning_resume._compat.quiet_lightning import QuietLightning
+from lightning_resume._scheduler.environment import is_global_zero
 from lightning_resume._warnings import warn
-from lightning_resume.callbacks._find import missing
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.resolve import Resolution
 from lightning_resume.trackers import _local_logs
+from lightning_resume.trackers.sidecar import Sidecar, describe, place_conflicts, read_sidecar, sidecar_path
+from lightning_resume.trackers.sidecar import write_sidecar as _write_sidecar
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from typing_extensions import override
 
-from lightning_resume._resume.lightning_internals import mlflow_target
-from lightning_resume.loggers.mlflow_logger import PLACE_FIELDS, TRACKER, MLFlowLogger, normalize_uri
+from lightning_resume._compat.lightning import mlflow_target
+from lightning_resume.trackers.loggers.mlflow_logger import PLACE_FIELDS, TRACKER, MLFlowLogger, normalize_uri
 from lightning_resume.trackers.tracker_resume import Handback, TrackerResume
 
 

@@ -15,10 +15,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
-from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.environment import EnvOverlay
-from lightning_resume._run.resolve import Resolution
-from lightning_resume._run.sidecar import (
+from lightning_resume._checks import missing, the_one
+from lightning_resume._warnings import warn
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.resolve import Resolution
+from lightning_resume.run_dir.run_dir import RunDir
+from lightning_resume.trackers.env_overlay import EnvOverlay
+from lightning_resume.trackers.sidecar import (
     Recorded,
     Sidecar,
     check_recorded,
@@ -27,9 +30,6 @@ from lightning_resume._run.sidecar import (
     sidecar_path,
     write_sidecar,
 )
-from lightning_resume._warnings import warn
-from lightning_resume.callbacks._find import missing, the_one
-from lightning_resume.callbacks.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

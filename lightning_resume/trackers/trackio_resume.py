@@ -9,7 +9,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
-from lightning_resume.loggers.trackio_logger import PLACE_FIELDS, TRACKER, TrackioLogger, run_identity
+from lightning_resume.trackers.loggers.trackio_logger import (
+    PLACE_FIELDS,
+    TRACKER,
+    TrackioLogger,
+    run_identity,
+)
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
 

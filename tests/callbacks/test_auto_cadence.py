@@ -16,9 +16,10 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint
-from lightning_resume._run import attempts, cadence, layout
-from lightning_resume._run.attempts import Cause
 from lightning_resume.cli import main
+from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.run_dir import attempts, layout
+from lightning_resume.run_dir.attempts import Cause
 
 #: The exit status of a job preempted by SIGTERM (128 + 15), as PreemptionHandler leaves it.
 EXIT = 143

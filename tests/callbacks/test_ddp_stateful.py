@@ -1,6 +1,6 @@
 """A shuffled torchdata ``StatefulDataLoader`` under 2-rank DDP (gloo) resumes exactly after kills.
 
-Three things broke it before (see ``lightning_resume/_resume/stateful_loaders.py``): Lightning saved
+Three things broke it before (see ``lightning_resume/exact_resume/stateful_loaders.py``): Lightning saved
 rank 0's loader state for every rank, resumed a ``DistributedSampler`` before ``set_epoch``, and
 wrapped torchdata's ``RandomSampler`` so that its permutation was in no saved state. Each test kills
 the job three times at steps chosen at random (one resuming at an epoch boundary), relaunches it, and

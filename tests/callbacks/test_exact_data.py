@@ -14,7 +14,7 @@ import torch
 from conftest import run_job, same_weights
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_resume._resume.data_position import loader_problem
+from lightning_resume.exact_resume.data_position import loader_problem
 
 
 def steps_seen(log: Path, rank: int = 0) -> list[str]:

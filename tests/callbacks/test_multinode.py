@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import JOB_MODULE, job_env, same_weights
 
-from lightning_resume._run import layout
+from lightning_resume.run_dir import layout
 
 NODES = 2
 EPOCHS = 2  # 96 samples, batch 8, 2 ranks: 6 steps per epoch

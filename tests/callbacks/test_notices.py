@@ -38,6 +38,7 @@ from lightning_resume import (
     RunDir,
     _collectives,
 )
+from lightning_resume._scheduler.machine import on_aws, on_azure, on_gce, read_machine
 from lightning_resume.notices import (
     AwsSpotNotice,
     AzureNotice,
@@ -47,14 +48,16 @@ from lightning_resume.notices import (
     NoticeSource,
     SlurmTimeLimitNotice,
 )
-from lightning_resume.notices._aws_spot_notice import parse_instance_action
-from lightning_resume.notices._azure_notice import parse_scheduled_events
-from lightning_resume.notices._gce_notice import parse_maintenance_event, parse_preempted
-from lightning_resume.notices._machine import on_aws, on_azure, on_gce, read_machine
-from lightning_resume.notices._notice import format_time, parse_deadline
-from lightning_resume.notices._policy import DEFAULT_SECONDS_TO_DURABLE, Act, decide
-from lightning_resume.notices._poller import NoticePoller
-from lightning_resume.notices._slurm_time_limit_notice import parse_end_time_variable, parse_scontrol_end_time
+from lightning_resume.preemption.notices._aws_spot_notice import parse_instance_action
+from lightning_resume.preemption.notices._azure_notice import parse_scheduled_events
+from lightning_resume.preemption.notices._gce_notice import parse_maintenance_event, parse_preempted
+from lightning_resume.preemption.notices._notice import format_time, parse_deadline
+from lightning_resume.preemption.notices._policy import DEFAULT_SECONDS_TO_DURABLE, Act, decide
+from lightning_resume.preemption.notices._poller import NoticePoller
+from lightning_resume.preemption.notices._slurm_time_limit_notice import (
+    parse_end_time_variable,
+    parse_scontrol_end_time,
+)
 
 EXIT = 143
 VM = "vm-1"

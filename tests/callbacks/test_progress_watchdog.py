@@ -28,9 +28,9 @@ from lightning_resume import (
     RequeueCheckpoint,
     RunDir,
 )
-from lightning_resume._run import attempts, hangs, layout
-from lightning_resume._run.status import read_status
-from lightning_resume._run.watchdog_timeouts import read_slowest
+from lightning_resume.run_dir import attempts, hangs, layout
+from lightning_resume.run_dir.status import read_status
+from lightning_resume.watchdog.timeouts import read_slowest
 
 JOB = "jobs.watchdog_job"
 #: The uninterrupted job and every faulty one: 2 epochs of 6 steps on 2 ranks, last.ckpt every 2 steps.

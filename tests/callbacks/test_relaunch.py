@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import JOB_MODULE, built_once, job_env, same_weights
 
-from lightning_resume._run import layout
+from lightning_resume.run_dir import layout
 
 ARGS = ("--nodes", "2", "--devices", "1", "--loader", "plain", "--epochs", "2", "--every", "2")
 KILL_AT = 7  # 96 samples, batch 8, 2 ranks: 6 steps per epoch; saved at step 6

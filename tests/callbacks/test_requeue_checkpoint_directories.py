@@ -13,12 +13,12 @@ import pytest
 from _sharded import SHARD, DirectoryStrategy, fit_directories
 
 from lightning_resume import ResumeError
-from lightning_resume._run import layout
-from lightning_resume._sharded.parts import read_manifest
 from lightning_resume._storage.catalog import Status, candidates, verify
 from lightning_resume._storage.kinds import COMMITTED_PREFIX, DIRECTORY
 from lightning_resume._storage.store import LocalStore
 from lightning_resume.cli.inspect import describe_run
+from lightning_resume.io.sharded.parts import read_manifest
+from lightning_resume.run_dir import layout
 
 
 def test_each_save_is_a_committed_directory_that_last_ckpt_links_to(tmp_path: Path) -> None:

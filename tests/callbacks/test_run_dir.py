@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint, ResumeError, RunDir, RunDirError
-from lightning_resume._run.resolve import index_path
+from lightning_resume.run_dir.resolve import index_path
 
 
 def test_model_checkpoint_without_dirpath_goes_to_run_dir(

@@ -25,9 +25,9 @@ import torch
 from conftest import JOB_MODULE, job_env, run_job, same_weights
 from torch.utils.data import DistributedSampler
 
-from lightning_resume._resume import global_order, rank_states
-from lightning_resume._resume.global_order import GlobalOrder, OrderKind
 from lightning_resume.cli import inspect
+from lightning_resume.exact_resume import global_order, rank_states
+from lightning_resume.exact_resume.global_order import GlobalOrder, OrderKind
 
 SEED = 1234  # train_job's seed_everything: Lightning's DistributedSampler seed
 KEY = "ranks"

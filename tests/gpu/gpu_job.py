@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resume import DurableCheckpointIO, PreemptionHandler, RequeueCheckpoint, RunDir, _collectives
-from lightning_resume._resume import rng
+from lightning_resume.exact_resume import rng
 
 
 class Net(pl.LightningModule):

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from lightning_resume import RequeueCheckpoint, RunDir, RunDirError
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 
 SCHEDULER = ("LIGHTNING_RESUME_KEY", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID")
 

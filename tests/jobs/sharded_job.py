@@ -10,7 +10,7 @@ writes the final full weights to ``FILE`` and ``{"run_dir", "resumed", "first_st
 - ``--kill-after-step N``: SIGKILL the whole job after step N (a preemption with no warning);
 - ``--kill-point NAME@N``: SIGKILL the whole job at a point inside the save of step N. Points inside
   DCP's write (``after_own_shard`` on rank 1, ``before_metadata``, ``before_meta_pt``) wrap DCP's
-  ``FileSystem``; the steps of the commit wrap :func:`lightning_resume._sharded.parts.commit_directory`
+  ``FileSystem``; the steps of the commit wrap :func:`lightning_resume.io.sharded.parts.commit_directory`
   from outside with an ``on_step`` observer (the production code passes none);
 - ``--preempt-rank R --preempt-step N``: SIGTERM to rank R after step N, with ``PreemptionHandler``.
 """
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resume import DurableCheckpointIO, PreemptionHandler, RequeueCheckpoint, RunDir
-from lightning_resume._sharded import parts
+from lightning_resume.io.sharded import parts
 
 #: The global step of the save being written (one save is in flight at a time).
 SAVING = {"step": -1}

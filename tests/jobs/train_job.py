@@ -28,7 +28,7 @@ from lightning_resume import (
     RunDir,
     SignalDiagnostics,
 )
-from lightning_resume._run.scheduler import is_global_zero
+from lightning_resume._scheduler.environment import is_global_zero
 from lightning_resume.cli.demo_job import Model as DemoModel
 from lightning_resume.cli.demo_job import Noisy
 

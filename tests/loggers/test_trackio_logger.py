@@ -15,7 +15,7 @@ import torch
 from _tracker_data import dead_network_env, fit_tiny, trackio_dir_for_tests, trackio_rows
 
 from lightning_resume.loggers import TrackioLogger
-from lightning_resume.loggers.trackio_logger import import_trackio, storage_dir
+from lightning_resume.trackers.loggers.trackio_logger import import_trackio, storage_dir
 
 TRACKIO_DIR = trackio_dir_for_tests()
 pytest.importorskip("trackio")

@@ -23,7 +23,7 @@ import pytest
 import torch
 from conftest import built_once, job_env
 
-from lightning_resume._run import layout
+from lightning_resume.run_dir import layout
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "hydra_template"

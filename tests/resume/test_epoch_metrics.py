@@ -11,7 +11,7 @@ import warnings
 import torch
 import torchmetrics
 
-from lightning_resume._resume.epoch_metrics import metric_states, put_back_metric_states
+from lightning_resume.exact_resume.epoch_metrics import metric_states, put_back_metric_states
 
 
 class WithMetrics(torch.nn.Module):

@@ -18,7 +18,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_resume._resume.lightning_internals import (
+from lightning_resume._compat.lightning import (
     MLflowTarget,
     between_epochs,
     callback_metrics,
@@ -44,8 +44,8 @@ from lightning_resume._resume.lightning_internals import (
     watch_train_loaders,
     wrapped_sampler,
 )
-from lightning_resume._resume.redirect import RedirectFirstLoad
-from lightning_resume._resume.remaining_order import RemainingOrder
+from lightning_resume.exact_resume.remaining_order import RemainingOrder
+from lightning_resume.last_ckpt.redirect import RedirectFirstLoad
 
 
 class Recorder(BoringModel):

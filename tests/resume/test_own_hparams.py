@@ -20,7 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, ResumeError, RunDir
-from lightning_resume._resume import own_hparams
+from lightning_resume.run_dir import own_hparams
 
 pytestmark = pytest.mark.skipif(not own_hparams.SUPPORTED, reason="torch < 2.5 loads pickles anyway")
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 
-from lightning_resume._resume.per_rank_states import SMALL_STATE_BYTES, capture, put_back
+from lightning_resume.exact_resume.per_rank_states import SMALL_STATE_BYTES, capture, put_back
 
 OWN = "RequeueCheckpoint{}"
 STOP = EarlyStopping(monitor="val_loss").state_key

@@ -13,7 +13,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_resume import RequeueCheckpoint, RunDir
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 
 NOT_RESUMABLE = "your dataloader is not resumable"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_resume._resume.resume_state import Loaded, ResumeState, Stage
+from lightning_resume.exact_resume.resume_state import Loaded, ResumeState, Stage
 
 
 def test_a_validation_interrupted_by_a_preemption_is_redone_through_named_stages() -> None:

@@ -6,9 +6,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_resume._run import attempts, hangs
-from lightning_resume._run.attempts import Attempt, Cause, Checkpoint, End, History
-from lightning_resume._run.hangs import HangNote
+from lightning_resume.run_dir import attempts, hangs
+from lightning_resume.run_dir.attempts import Attempt, Cause, Checkpoint, End, History
+from lightning_resume.run_dir.hangs import HangNote
 
 
 def attempt(number: int, **fields: object) -> Attempt:

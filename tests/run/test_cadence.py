@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run import attempts, cadence
-from lightning_resume._run.attempts import (
+from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.last_ckpt.interval import Bound, Interruptions, Measurements, PriorSource
+from lightning_resume.preemption.notices._policy import (
+    DEFAULT_SECONDS_TO_DURABLE,
+    expected_seconds_to_durable,
+)
+from lightning_resume.run_dir import attempts
+from lightning_resume.run_dir.attempts import (
     Attempt,
     Beat,
     Cause,
@@ -20,8 +26,6 @@ from lightning_resume._run.attempts import (
     LastCkptSaves,
     Stalls,
 )
-from lightning_resume._run.cadence import Bound, Interruptions, Measurements, PriorSource
-from lightning_resume.notices._policy import DEFAULT_SECONDS_TO_DURABLE, expected_seconds_to_durable
 
 DAY = 86400.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_resume._run.grace import (
+from lightning_resume.preemption.grace import (
     FIT_SHARE,
     SAVE_OVERHEAD,
     Kind,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run import handoff, layout
-from lightning_resume._run.owner import is_gone
-from lightning_resume._run.resolve import Resolution, resolve
-from lightning_resume._run.scheduler import read_session
+from lightning_resume._scheduler.environment import read_session
 from lightning_resume.exceptions import RunDirError
+from lightning_resume.run_dir import handoff, layout
+from lightning_resume.run_dir.owner import is_gone
+from lightning_resume.run_dir.resolve import Resolution, resolve
 
 FIRST = read_session({"SLURM_JOB_ID": "42"})
 

@@ -16,11 +16,11 @@ from conftest import tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint, RunDir
-from lightning_resume._run import layout
-from lightning_resume._run.resolve import index_path, read_index, resolve
-from lightning_resume._run.scheduler import read_session
+from lightning_resume._scheduler.environment import read_session
 from lightning_resume.cli import gc, inspect
 from lightning_resume.cli import main as cli
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.resolve import index_path, read_index, resolve
 
 KEY = read_session({"LIGHTNING_RESUME_KEY": "k"})
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run.layout import LOCK
-from lightning_resume._run.owner import RunLock, is_gone, own_record
 from lightning_resume.exceptions import RunDirError
+from lightning_resume.run_dir.layout import LOCK
+from lightning_resume.run_dir.owner import RunLock, is_gone, own_record
 
 
 def free(path: Path) -> bool:

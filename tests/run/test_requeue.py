@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _scontrol import fake_scontrol
 
-from lightning_resume._run.requeue import requeue_after_hang, requeue_job, torchrun_restarts_left
+from lightning_resume.preemption.requeue import requeue_after_hang, requeue_job, torchrun_restarts_left
 
 
 @pytest.fixture

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run.layout import RUN_META
-from lightning_resume._run.resolve import (
+from lightning_resume._scheduler.environment import read_session
+from lightning_resume.exceptions import LightningResumeWarning, RunDirError
+from lightning_resume.run_dir.layout import RUN_META
+from lightning_resume.run_dir.resolve import (
     check_index,
     create_run,
     entry_target,
@@ -16,8 +18,6 @@ from lightning_resume._run.resolve import (
     read_index,
     resolve,
 )
-from lightning_resume._run.scheduler import read_session
-from lightning_resume.exceptions import LightningResumeWarning, RunDirError
 
 FIRST = read_session({"SLURM_JOB_ID": "42"})
 RESTART = read_session({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"})

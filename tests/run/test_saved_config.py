@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run import saved_config
-from lightning_resume._run.hydra import HydraLaunch, root_lost_on_restart
+from lightning_resume.run_dir import saved_config
+from lightning_resume.run_dir.hydra import HydraLaunch, root_lost_on_restart
 
 
 def test_changes_name_every_changed_leaf_as_a_dotted_path() -> None:

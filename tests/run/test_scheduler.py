@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from lightning_resume._run.scheduler import expects_peers, is_global_zero, launch_key, read_session
+from lightning_resume._scheduler.environment import expects_peers, is_global_zero, launch_key, read_session
 
 
 def test_slurm_key_includes_array_task_and_restart_flag() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run.sidecar import (
+from lightning_resume.trackers.sidecar import (
     Sidecar,
     describe,
     environment_conflicts,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._run.scheduler import slurm_requeue_id
-from lightning_resume._run.signals import (
+from lightning_resume._scheduler.environment import slurm_requeue_id
+from lightning_resume.preemption.signals import (
     HandlerInfo,
     describe,
     known_problems,

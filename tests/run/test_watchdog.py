@@ -15,11 +15,11 @@ from typing import NoReturn
 import pytest
 from conftest import job_env
 
-from lightning_resume._run import hangs, layout
-from lightning_resume._run.status import read_status
-from lightning_resume._run.watchdog import Progress, Watchdog
-from lightning_resume._run.watchdog_action import HANG_EXIT_CODE, Who, act_on_hang
-from lightning_resume._run.watchdog_timeouts import Section, Settings, Timeouts, read_slowest, write
+from lightning_resume.run_dir import hangs, layout
+from lightning_resume.run_dir.status import read_status
+from lightning_resume.watchdog.action import HANG_EXIT_CODE, Who, act_on_hang
+from lightning_resume.watchdog.monitor import Progress, Watchdog
+from lightning_resume.watchdog.timeouts import Section, Settings, Timeouts, read_slowest, write
 
 
 def test_a_learned_timeout_is_a_multiple_of_the_slowest_time_seen_never_below_the_floor() -> None:
@@ -124,8 +124,8 @@ def test_when_c_code_holds_the_gil_the_backstop_dumps_and_exits(tmp_path: Path) 
     script = textwrap.dedent(
         """
         import os, re, time
-        from lightning_resume._run.watchdog import Backstop, Progress, Watchdog
-        from lightning_resume._run.watchdog_timeouts import Section
+        from lightning_resume.watchdog.monitor import Backstop, Progress, Watchdog
+        from lightning_resume.watchdog.timeouts import Section
         Backstop.MARGIN = 1.0
         dog = Watchdog(lambda progress, seconds: os._exit(75), poll=0.05)
         dog.start()
@@ -147,9 +147,9 @@ def test_the_stacks_go_to_stderr_when_the_run_dir_cannot_be_written(tmp_path: Pa
         f"""
         import time
         from pathlib import Path
-        from lightning_resume._run.watchdog import Progress
-        from lightning_resume._run.watchdog_action import Who, act_on_hang
-        from lightning_resume._run.watchdog_timeouts import Section
+        from lightning_resume.watchdog.monitor import Progress
+        from lightning_resume.watchdog.action import Who, act_on_hang
+        from lightning_resume.watchdog.timeouts import Section
         progress = Progress(Section.STEP, 2, time.monotonic(), 1.0)
         act_on_hang(Who(0, 1, Path({str(blocked)!r}), 1), progress, 1.5, {{}})
         """

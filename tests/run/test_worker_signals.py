@@ -1,6 +1,6 @@
 """DataLoader workers forked after ``PreemptionHandler`` is installed ignore a signal sent to the group.
 
-Pins what ``lightning_resume._run.worker_signals`` relies on: the forking frame of
+Pins what ``lightning_resume.preemption.worker_signals`` relies on: the forking frame of
 ``multiprocessing`` holds the process object, torch's worker loop is recognised, a signal from
 another process leaves the workers running, and their parent can still stop them.
 """
@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resume._run.worker_signals import block_in_workers, unblock_in_workers
+from lightning_resume.preemption.worker_signals import block_in_workers, unblock_in_workers
 
 
 class Slow(Dataset[torch.Tensor]):

@@ -25,11 +25,11 @@ from _s3 import moto_endpoint, new_bucket, s3_options
 from conftest import job_env, same_weights
 
 from lightning_resume import CheckpointVerificationError, DurableCheckpointIO
-from lightning_resume._run import attempts, layout
-from lightning_resume._sharded.choice import prepare_resume
-from lightning_resume._sharded.parts import list_files, read_manifest
 from lightning_resume._storage.catalog import Status, candidates, verify
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
+from lightning_resume.io.sharded.choice import prepare_resume
+from lightning_resume.io.sharded.parts import list_files, read_manifest
+from lightning_resume.run_dir import attempts, layout
 
 JOB = "jobs.sharded_job"
 KEY = "sharded"

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from lightning_resume._sharded.dcp import without_torch_crc32
+from lightning_resume.io.sharded.dcp import without_torch_crc32
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch.serialization, "set_crc32_options"), reason="torch before 2.6 has no CRC32 setting"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import job_env, same_weights
 
-from lightning_resume._run import attempts, layout
+from lightning_resume.run_dir import attempts, layout
 
 from .conftest import SlurmCluster
 

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 
 import lightning_resume
-from lightning_resume._sharded import parts
-from lightning_resume._sharded.parts import (
+from lightning_resume._storage.catalog import Status, candidates, committed, verify
+from lightning_resume._storage.commit import COMMIT_STEPS
+from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, new_save_dir, resolve_pointer
+from lightning_resume._storage.manifest import DirectoryManifest
+from lightning_resume._storage.store import LocalStore
+from lightning_resume.io.sharded import parts
+from lightning_resume.io.sharded.parts import (
     DCP_REQUIRED,
     build_manifest,
     clean_up,
@@ -21,11 +26,6 @@ from lightning_resume._sharded.parts import (
     read_manifest,
     write_part,
 )
-from lightning_resume._storage.catalog import Status, candidates, committed, verify
-from lightning_resume._storage.commit import COMMIT_STEPS
-from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, new_save_dir, resolve_pointer
-from lightning_resume._storage.manifest import DirectoryManifest
-from lightning_resume._storage.store import LocalStore
 
 PACKAGE = Path(lightning_resume.__file__).parent
 SHARDS = {"__0_0.distcp": 4000, "__1_0.distcp": 3000}
@@ -83,7 +83,7 @@ package = types.ModuleType("lightning_resume")
 package.__path__ = [{package!r}]
 sys.modules["lightning_resume"] = package
 from pathlib import Path
-from lightning_resume._sharded import parts
+from lightning_resume.io.sharded import parts
 
 parent, point = Path({parent!r}), {point!r}
 def die(step):

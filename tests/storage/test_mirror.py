@@ -21,7 +21,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._sharded import parts
 from lightning_resume._storage.catalog import Status, check_file, verify
 from lightning_resume._storage.kinds import DIRECTORY, FILE, new_save_dir
 from lightning_resume._storage.manifest import (
@@ -32,6 +31,7 @@ from lightning_resume._storage.manifest import (
     read_entries,
 )
 from lightning_resume._storage.mirror import Mirror
+from lightning_resume.io.sharded import parts
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from _tracker_data import (
 )
 
 from lightning_resume import CometResume, LightningResumeWarning
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 
 pytest.importorskip("comet_ml")
 

@@ -12,9 +12,9 @@ import torch
 from _tracker_data import fit_tiny, only_run_dir, read_sidecar_file, run_tracker_job
 
 from lightning_resume import LightningResumeWarning, MLflowResume
-from lightning_resume._run.binding import PROCESS
 from lightning_resume.loggers import MLFlowLogger
-from lightning_resume.loggers.mlflow_logger import normalize_uri
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.trackers.loggers.mlflow_logger import normalize_uri
 
 pytest.importorskip("mlflow")
 

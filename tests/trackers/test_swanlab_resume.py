@@ -20,7 +20,7 @@ from _tracker_data import (
 )
 
 from lightning_resume import RunDir, SwanLabResume
-from lightning_resume._run.binding import PROCESS
+from lightning_resume.run_dir.binding import PROCESS
 from lightning_resume.trackers.swanlab_resume import swanlab_place
 
 swanlab = pytest.importorskip("swanlab")

@@ -22,8 +22,8 @@ from _tracker_data import (
 )
 
 from lightning_resume import TrackioResume
-from lightning_resume._run.binding import PROCESS
 from lightning_resume.loggers import TrackioLogger
+from lightning_resume.run_dir.binding import PROCESS
 
 TRACKIO_DIR = trackio_dir_for_tests()
 pytest.importorskip("trackio")

@@ -30,8 +30,8 @@ from _tracker_data import (
 from conftest import job_env
 
 from lightning_resume import RunDir, WandbResume
-from lightning_resume._run.binding import PROCESS
-from lightning_resume._run.sidecar import Sidecar, sidecar_path, write_sidecar
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.trackers.sidecar import Sidecar, sidecar_path, write_sidecar
 
 wandb = pytest.importorskip("wandb")
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402

@@ -1,0 +1,197 @@
+"""Read what the scheduler tells a process about itself: session key, restart, rank, launch, requeue.
+
+Every function takes the environment as a mapping so the logic is testable without touching
+``os.environ``. The names of every variable read live in :data:`ENV`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lightning_resume.exceptions import RunDirError
+
+ENV = {
+    "key": "LIGHTNING_RESUME_KEY",
+    "slurm_job": "SLURM_JOB_ID",
+    "slurm_array_job": "SLURM_ARRAY_JOB_ID",
+    "slurm_array_task": "SLURM_ARRAY_TASK_ID",
+    "slurm_restart": "SLURM_RESTART_COUNT",
+    "slurm_step": "SLURM_STEP_ID",
+    "slurm_procid": "SLURM_PROCID",
+    "elastic_run": "TORCHELASTIC_RUN_ID",
+    "elastic_restart": "TORCHELASTIC_RESTART_COUNT",
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "node_rank": "NODE_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+    "world_size": "WORLD_SIZE",
+    "slurm_ntasks": "SLURM_NTASKS",
+    "slurm_step_tasks": "SLURM_STEP_NUM_TASKS",
+    "slurm_job_name": "SLURM_JOB_NAME",
+    "submitit_executor": "SUBMITIT_EXECUTOR",
+    "submitit_signal": "SUBMITIT_PREEMPT_SIGNAL",
+    "handoff": "LIGHTNING_RESUME_RUN_DIR",
+    "grace_seconds": "LIGHTNING_RESUME_GRACE_SECONDS",
+    "slurm_partition": "SLURM_JOB_PARTITION",
+    "sbatch_signal": "SBATCH_SIGNAL",
+    "elastic_shutdown_arg": "PET_SHUTDOWN_TIMEOUT",
+    "elastic_shutdown": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    "elastic_signals": "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "kubernetes": "KUBERNETES_SERVICE_HOST",
+    "slurm_end_time": "SLURM_JOB_END_TIME",
+    "notice_file": "LIGHTNING_RESUME_NOTICE",
+}
+
+
+class KeySource(str, enum.Enum):
+    """Where a session key came from."""
+
+    EXPLICIT = "explicit"
+    SLURM = "slurm"
+    TORCHELASTIC = "torchelastic"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Who this process is, as far as the scheduler says.
+
+    Attributes:
+        key: The session key that survives a restart (``None`` when nothing provides one).
+        source: Where the key came from.
+        scheduler_restart: Whether the scheduler says this is a restart of an earlier attempt.
+        ids: The scheduler ids worth recording in ``run_meta.json``.
+    """
+
+    key: str | None
+    source: KeySource
+    scheduler_restart: bool
+    ids: dict[str, str]
+
+
+def _as_int(environ: Mapping[str, str], var: str) -> int:
+    """The whole number in ``environ[var]`` (0 when unset or empty).
+
+    Raises:
+        RunDirError: the variable holds something else; guessing could resume the wrong run or none.
+    """
+    value = environ.get(var, "").strip()
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise RunDirError(
+            f"{var}={value!r} is not a whole number. The scheduler sets it; a broken value would make "
+            "lightning_resume guess whether this is a restart (and which rank this is). Unset or fix it in "
+            "the job script."
+        ) from None
+
+
+def slurm_key(environ: Mapping[str, str]) -> str | None:
+    """``JOB_ID`` or ``JOB_ID_ARRAYTASK``: stable across requeues of one SLURM job (or array task)."""
+    job = environ.get(ENV["slurm_job"])
+    if not job:
+        return None
+    task = environ.get(ENV["slurm_array_task"])
+    return f"{job}_{task}" if task else job
+
+
+def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
+    """Work out the session key and whether the scheduler reports a restart.
+
+    Precedence: an explicit ``key`` argument, then ``$LIGHTNING_RESUME_KEY``, then SLURM (the outer
+    scheduler: a requeue restarts everything under it, torchrun included), then TorchElastic.
+    A restart is SLURM's ``SLURM_RESTART_COUNT >= 1`` or TorchElastic's restart count ``>= 1``; for an
+    explicit key the caller decides from the index instead.
+    """
+    restart = _as_int(environ, ENV["slurm_restart"]) >= 1 or _as_int(environ, ENV["elastic_restart"]) >= 1
+    ids = {
+        name: environ[var]
+        for name, var in (
+            ("slurm_job_id", ENV["slurm_job"]),
+            ("slurm_array_job_id", ENV["slurm_array_job"]),
+            ("slurm_array_task_id", ENV["slurm_array_task"]),
+            ("slurm_restart_count", ENV["slurm_restart"]),
+            ("torchelastic_run_id", ENV["elastic_run"]),
+            ("torchelastic_restart_count", ENV["elastic_restart"]),
+        )
+        if environ.get(var)
+    }
+    explicit = key if key is not None else (environ.get(ENV["key"]) or None)
+    if explicit:
+        return Session(key=explicit, source=KeySource.EXPLICIT, scheduler_restart=restart, ids=ids)
+    slurm = slurm_key(environ)
+    if slurm:
+        return Session(key=slurm, source=KeySource.SLURM, scheduler_restart=restart, ids=ids)
+    elastic = environ.get(ENV["elastic_run"])
+    if elastic:
+        return Session(key=elastic, source=KeySource.TORCHELASTIC, scheduler_restart=restart, ids=ids)
+    return Session(key=None, source=KeySource.NONE, scheduler_restart=False, ids=ids)
+
+
+def is_global_zero(environ: Mapping[str, str]) -> bool:
+    """Whether launchers report this process as global rank 0 (before any process group exists)."""
+    for var in (ENV["rank"], ENV["slurm_procid"]):
+        if environ.get(var):
+            return _as_int(environ, var) == 0
+    # Lightning's own launcher sets LOCAL_RANK and NODE_RANK only for the processes it spawns.
+    return _as_int(environ, ENV["local_rank"]) == 0 and _as_int(environ, ENV["node_rank"]) == 0
+
+
+def expects_peers(environ: Mapping[str, str]) -> bool:
+    """Whether a launcher started several ranks that will look for a handoff."""
+    counts = (ENV["world_size"], ENV["slurm_step_tasks"], ENV["slurm_ntasks"])
+    return any(_as_int(environ, var) > 1 for var in counts)
+
+
+def global_rank(environ: Mapping[str, str]) -> int:
+    """This process's global rank as launchers report it before any process group exists (0 if unset)."""
+    for var in (ENV["rank"], ENV["slurm_procid"]):
+        if environ.get(var):
+            return _as_int(environ, var)
+    return 0
+
+
+def launch_key(environ: Mapping[str, str]) -> str | None:
+    """A name shared by every rank of one launch, or ``None``.
+
+    SLURM: job, array task, step and restart count (so an interactive rerun in one allocation, which
+    runs in a new step, gets a new key). TorchElastic: run id and restart count. Otherwise the
+    rendezvous address and port, the same on every node. A relaunch of the same command may get the
+    key of the launch before it (torchrun's restart count starts at 0 again):
+    :mod:`~lightning_resume.run_dir.handoff` never takes that launch's files for its own.
+    """
+    job = slurm_key(environ)
+    if job:
+        step = environ.get(ENV["slurm_step"], "batch")
+        restart = environ.get(ENV["slurm_restart"], "0")
+        return f"slurm-{job}-step{step}-r{restart}"
+    elastic = environ.get(ENV["elastic_run"])
+    if elastic:
+        return f"elastic-{elastic}-r{environ.get(ENV['elastic_restart'], '0')}"
+    addr, port = environ.get(ENV["master_addr"]), environ.get(ENV["master_port"])
+    if addr and port:
+        return f"local-{addr}-{port}"
+    return None
+
+
+def on_slurm(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs in a SLURM job."""
+    return bool(environ.get(ENV["slurm_job"]))
+
+
+def slurm_requeue_id(environ: Mapping[str, str]) -> str | None:
+    """The id ``scontrol requeue`` needs: ``ARRAYJOB_TASK`` for an array task, else the job id."""
+    array_job, task = environ.get(ENV["slurm_array_job"]), environ.get(ENV["slurm_array_task"])
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return environ.get(ENV["slurm_job"]) or None
+
+
+def under_submitit(environ: Mapping[str, str]) -> bool:
+    """Whether submitit launched this process on SLURM."""
+    return environ.get(ENV["submitit_executor"]) == "slurm"

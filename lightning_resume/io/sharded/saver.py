@@ -1,0 +1,363 @@
+"""``DirectorySaver``: sharded checkpoints written aside and committed atomically, in the background.
+
+``RequeueCheckpoint`` hands it every save of a strategy that writes a directory (``ModelParallelStrategy``,
+``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed); the plugin's settings apply here instead
+(``io._protocol.settings_of``). Synchronous: every rank calls ``trainer.save_checkpoint(<fresh
+directory>)``, fsyncs and hashes what it wrote; global rank 0 commits. Asynchronous (DCP strategies):
+the state is copied into reused host buffers on the training thread, then a thread of ours runs
+``dcp.save`` on a gloo group of its own (on the default group its collectives would interleave with
+training's; this is what ``dcp.async_save``'s thread does, without a new executor per save), fsyncs,
+hashes and, on rank 0, commits; ranks report through part files, so no collective of the training
+group runs off the main thread. One save is in flight; its error is raised on every rank by the next
+save, ``wait`` or ``close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_resume._collectives import broadcast, cpu_group, gather_objects
+from lightning_resume._compat.lightning import capture_checkpoint, saves_directory
+from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
+from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
+from lightning_resume._storage.manifest import DirectoryManifest
+from lightning_resume._storage.mirror import Mirror
+from lightning_resume._warnings import warn
+from lightning_resume._writer.duty_cycle import WriteStats
+from lightning_resume.io._protocol import CheckpointSettings, settings_of
+from lightning_resume.io.durable_checkpoint_io import manifest_versions
+from lightning_resume.io.sharded import parts
+from lightning_resume.io.sharded.dcp import (
+    dcp_state,
+    layout_of,
+    model_key,
+    required_files,
+    save_planner,
+    uses_dcp,
+    without_torch_crc32,
+)
+
+log = logging.getLogger(__name__)
+
+#: How long global rank 0's writer thread waits for the other ranks' part files.
+PART_TIMEOUT = 600.0
+_POLL = 0.01
+
+
+class DirectorySaver:
+    """Write sharded checkpoints into fresh directories and commit them as ``pointer`` (every rank).
+
+    Global rank 0 calls ``on_commit`` after each commit (maybe from the writer thread) and uploads to
+    ``mirror``; in an asynchronous save it waits ``part_timeout`` seconds for the other ranks' files.
+    """
+
+    def __init__(
+        self,
+        pointer: Path,
+        settings: CheckpointSettings | None = None,
+        mirror: Mirror | None = None,
+        on_commit: Callable[[], None] | None = None,
+        part_timeout: float = PART_TIMEOUT,
+    ) -> None:
+        self.pointer = pointer
+        self.settings = settings if settings is not None else CheckpointSettings()
+        self.keep = self.settings.directories_kept
+        self.mirror = mirror
+        self.on_commit = on_commit
+        self.part_timeout = part_timeout
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        self._pending_dir: Path | None = None
+        self._async_used = False  # identical on every rank: the same saves, the same settings
+        self._group: Any = None
+        self._stager: Any = None
+        self._cleaned = False
+        self._lock = threading.Lock()
+        self._last_write: WriteStats | None = None
+
+    @property
+    def last_write(self) -> WriteStats | None:
+        """Global rank 0: how the newest committed save was written (``seconds``: from the hand-off to
+        the writer, or the start of a synchronous save's commit, until the commit), a new object at
+        every commit (``RequeueCheckpoint`` times the save's time to durable from it); ``None`` before
+        the first one and on the other ranks."""
+        return self._last_write
+
+    @classmethod
+    def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
+        """A saver with the settings of the strategy's checkpoint plugin (defaults without one)."""
+        settings = settings_of(trainer.strategy.checkpoint_io)
+        return cls(
+            pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
+        )
+
+    # -- save ------------------------------------------------------------------------------------
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Save the trainer's state as a new checkpoint directory and commit it (every rank).
+
+        Raises:
+            RuntimeError: the previous asynchronous save failed on some rank (``last.ckpt`` still names
+                the checkpoint before it), or this synchronous save failed.
+        """
+        error, before = self._finish_pending()
+        strategy = trainer.strategy
+        parent = self.pointer.parent
+        if trainer.is_global_zero and not self._cleaned:
+            # Leftovers of processes that are gone; a restart cleaned up in setup already.
+            parts.clean_up(self.pointer, self.keep)
+            self._cleaned = True
+        use_async = self.settings.asynchronous and self._supports_async(strategy)
+        chosen = new_save_dir(parent, create=use_async) if trainer.is_global_zero else None
+        # One gather, not two collectives: the save before failed on no rank, and rank 0's directory.
+        save_dir = Path(self._agree(trainer, error, before, chosen) or "")
+        if use_async:
+            self._save_async(trainer, save_dir)
+        else:
+            self._save_now(trainer, save_dir)
+
+    def _supports_async(self, strategy: Any) -> bool:
+        if uses_dcp(strategy) and saves_directory(strategy):
+            return True
+        if not getattr(self, "_told_sync", False):
+            self._told_sync = True
+            log.info("%s writes its own checkpoints: saving synchronously", type(strategy).__name__)
+        return False
+
+    def _fields(self, trainer: pl.Trainer, writer: str) -> dict[str, Any]:
+        return {
+            "global_step": int(trainer.global_step),
+            "epoch": int(trainer.current_epoch),
+            "layout": layout_of(trainer.strategy, writer),
+            "versions": manifest_versions(),
+            "metadata": dict(self.settings.metadata),
+        }
+
+    def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
+        strategy = trainer.strategy
+        rank, world = trainer.global_rank, trainer.world_size
+        with without_torch_crc32():  # our manifest checksums every file
+            trainer.save_checkpoint(save_dir, weights_only=False)  # every rank; ends with a barrier
+        if not broadcast(strategy, save_dir.is_dir()):
+            # An unknown strategy wrote one file: commit it as a file.
+            if trainer.is_global_zero:
+                fsync_file(save_dir)
+                replace_durably(save_dir, self.pointer)
+            return
+        self._agree(trainer, _attempt(lambda: self._record_part(save_dir, rank)), save_dir)
+        error = None
+        if trainer.is_global_zero:
+            fields = self._fields(trainer, f"{type(strategy).__name__}.save_checkpoint")
+            required = required_files(strategy)
+            started = time.monotonic()
+            error = _attempt(lambda: self._commit(save_dir, world, required, fields, started))
+        self._agree(trainer, error, save_dir)
+
+    def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
+        strategy = trainer.strategy
+        checkpoint = capture_checkpoint(trainer, save_dir)  # every rank; ends with a barrier
+        state = dcp_state(strategy, checkpoint)
+        # Lightning's meta.pt, serialised now: it may hold live tensors.
+        meta = _serialised(checkpoint) if trainer.is_global_zero else None
+        if self._group is None:
+            self._group = cpu_group(strategy)
+        staged = self._stage(state)
+        fields = self._fields(trainer, f"dcp.save in a thread ({model_key(strategy)})")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
+        self._async_used = True
+        self._pending_dir = save_dir
+        write = partial(self._write, staged, save_dir)
+        commit = partial(
+            self._commit, save_dir, trainer.world_size, required_files(strategy), fields, time.monotonic()
+        )
+        self._pending = self._pool.submit(self._finish, write, save_dir, meta, trainer.global_rank, commit)
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``state`` that later training steps do not change (on the training thread)."""
+        from lightning_resume.io.sharded.stager import ReusedBufferStager
+
+        if ReusedBufferStager.supports(state):
+            if not isinstance(self._stager, ReusedBufferStager):
+                self._stager = ReusedBufferStager()
+            return self._stager.stage(state)
+        # GPU-resident or unusual tensors: DCP's own stager (pinned host memory where CUDA is present),
+        # synchronous: it has copied when it returns.
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if not isinstance(self._stager, DefaultStager):
+            self._stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
+        staged = self._stager.stage(state)
+        return staged.result() if isinstance(staged, Future) else staged
+
+    def _write(self, staged: dict[str, Any], save_dir: Path) -> None:
+        """DCP's save of the staged copy (the writer thread; what ``dcp.async_save``'s thread runs)."""
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            with without_torch_crc32():
+                dcp.save(staged, checkpoint_id=save_dir, process_group=self._group, planner=save_planner())
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
+
+    def _finish(
+        self,
+        write: Callable[[], None],
+        save_dir: Path,
+        meta: bytes | None,
+        rank: int,
+        commit: Callable[[], None],
+    ) -> None:
+        """The writer thread: DCP's files, ``meta.pt``, this rank's part; rank 0 then commits."""
+        try:
+            write()
+            if meta is not None:
+                write_bytes_durably(save_dir / parts.LIGHTNING_META, meta)
+            self._record_part(save_dir, rank)
+        except BaseException as e:
+            # Tell rank 0 at once instead of letting it wait for this rank's part until its timeout.
+            with contextlib.suppress(OSError):
+                parts.write_part(save_dir, rank, [], error=f"{type(e).__name__}: {e}")
+            raise
+        if rank == 0:
+            commit()
+
+    def _record_part(self, save_dir: Path, rank: int) -> None:
+        """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
+        parts.write_part(save_dir, rank, parts.hash_files(save_dir, parts.dcp_files_of(save_dir, rank)))
+
+    def _commit(
+        self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any], started: float
+    ) -> None:
+        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror
+        (``started``: the hand-off to the writer, for :attr:`last_write`)."""
+        deadline = time.monotonic() + self.part_timeout
+        while not parts.parts_complete(save_dir, world):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Not every rank recorded its files in {str(save_dir)!r} within "
+                    f"{self.part_timeout} s: the save is not committed."
+                )
+            time.sleep(_POLL)
+        manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
+        final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
+        self._last_write = WriteStats(sum(f.size for f in manifest.files), time.monotonic() - started)
+        log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
+        if self.on_commit is not None:
+            self.on_commit()
+        if self.mirror is not None:
+            committed: DirectoryManifest = manifest
+            self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: committed)
+
+    def _agree(
+        self,
+        trainer: pl.Trainer,
+        error: BaseException | None,
+        save_dir: Path | None,
+        new_dir: Path | None = None,
+    ) -> str | None:
+        """Every rank learns whether any rank failed (one gather, which is also a barrier), and global rank
+        0's ``new_dir``, which it returns; all raise when a rank failed (rank 0 removes both directories)."""
+        message = None if error is None else f"rank {trainer.global_rank}: {type(error).__name__}: {error}"
+        chosen = None if new_dir is None else str(new_dir)
+        gathered = gather_objects(trainer.strategy, (message, chosen))
+        problems = [m for m, _ in gathered if m]
+        if not problems:
+            return gathered[0][1]
+        if trainer.is_global_zero:
+            for folder in (save_dir, new_dir):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+        raise RuntimeError(
+            f"Saving the sharded checkpoint into {str(save_dir)!r} failed ({' | '.join(problems)}). "
+            f"{self.pointer.name} still names the previous checkpoint."
+        ) from error
+
+    # -- wait and close --------------------------------------------------------------------------
+
+    def wait(self, trainer: pl.Trainer) -> None:
+        """Wait for the save in flight; every rank raises if it failed on any rank (every rank calls this).
+
+        When this returns on any rank, global rank 0 has committed the save.
+        """
+        if self._async_used:
+            self._agree(trainer, *self._finish_pending())
+
+    def _finish_pending(self) -> tuple[BaseException | None, Path | None]:
+        """Wait for this rank's save in flight (if any); return what it raised and its directory."""
+        pending, self._pending = self._pending, None
+        save_dir, self._pending_dir = self._pending_dir, None
+        return (_attempt(pending.result) if pending is not None else None), save_dir
+
+    def wait_until_durable(self, trainer: pl.Trainer) -> None:
+        """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
+        self.wait(trainer)
+        if self.mirror is not None and self.settings.wait_for_mirror:
+            self.mirror.wait(self.settings.mirror_timeout)
+
+    def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
+        """Finish the save in flight and stop the writer thread; ``collective`` (every rank calls this):
+        raise ``RuntimeError`` when it failed on any rank, else (after an exception, other ranks may be
+        gone) wait for this rank only and warn on failure."""
+        try:
+            if collective:
+                self.wait(trainer)
+            elif self._pending is not None and (error := _attempt(self._pending.result)) is not None:
+                warn(
+                    f"The sharded checkpoint save in flight failed ({error}); "
+                    f"{self.pointer.name} keeps the one before."
+                )
+        finally:
+            self._pending = None
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self.mirror is not None and self.settings.wait_for_mirror:
+                self.mirror.close(self.settings.mirror_timeout)
+
+
+def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
+    """The mirror of sharded checkpoints in ``pointer.parent`` (global rank 0), if the settings have one."""
+    if settings.mirror is None:
+        return None
+    if settings.dirpath is not None and settings.dirpath != pointer.parent:
+        warn(
+            f"Sharded checkpoints in {str(pointer.parent)!r} are not mirrored: DurableCheckpointIO("
+            f"mirror={settings.mirror!r}) copies {str(settings.dirpath)!r}."
+        )
+        return None
+    return settings.open_mirror(settings.directories_kept)
+
+
+def _serialised(checkpoint: dict[str, Any]) -> bytes:
+    """``checkpoint`` as ``torch.save`` writes it."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    return buffer.getvalue()
+
+
+def _attempt(action: Callable[[], Any]) -> BaseException | None:
+    """Run ``action``; return what it raised (DCP's errors are ``BaseException``s), or ``None``."""
+    try:
+        action()
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return e
+    return None

@@ -1,0 +1,453 @@
+"""``RequeueCheckpoint``: when to write ``last.ckpt`` and how; the restart redirect and the exact resume
+(``last_ckpt/redirect.py``, ``exact_resume/exact_resume.py``) are called from its hooks."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
+from lightning_resume._collectives import broadcast
+from lightning_resume._compat.lightning import saves_directory
+from lightning_resume._compat.quiet_lightning import QuietLightning
+from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
+from lightning_resume._storage.commit import save_error
+from lightning_resume.exact_resume import stop_request
+from lightning_resume.exact_resume.exact_resume import ExactResume
+from lightning_resume.exceptions import Preempted
+from lightning_resume.io._protocol import AtomicCheckpointIO, settings_of
+from lightning_resume.io._verified_load import intact_zip
+from lightning_resume.io.sharded.choice import prepare_resume
+from lightning_resume.io.sharded.saver import DirectorySaver
+from lightning_resume.last_ckpt.cadence import Cadence, checked_interval, checked_seconds
+from lightning_resume.last_ckpt.epoch_boundary import EpochBoundary
+from lightning_resume.last_ckpt.redirect import RestartRedirect
+from lightning_resume.last_ckpt.restart import exists, record_saved
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+LAST = layout.LAST
+_NEEDS_RUN_DIR = "it says where last.ckpt lives"
+
+
+def _last_step(trainer: pl.Trainer) -> bool:
+    """Whether ``max_steps`` ends ``fit`` at this step, inside an epoch. Saved here, a run trained longer
+    (a larger ``max_steps``) continues this epoch, as an uninterrupted run does; the epoch end Lightning
+    runs next, because the run stops, belongs to this attempt only."""
+    return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+
+
+def _lost_save(partial: Path) -> OSError:
+    """The error for a save Lightning reported done but did not write (its plugin swallows some errors)."""
+    try:
+        fd, probe = temp_sibling(partial)
+    except OSError as e:
+        error = save_error(e.errno, e.strerror or str(e), e.filename, partial)
+        error.__cause__ = e
+        return error
+    os.close(fd)
+    probe.unlink()
+    return OSError(
+        f"Lightning's checkpoint writer returned without writing {str(partial)!r} (it hides some errors). "
+        "last.ckpt is intact; check the checkpoint directory's permissions and free space, or use "
+        "DurableCheckpointIO, which reports the real error."
+    )
+
+
+class RequeueCheckpoint(OnExceptionCheckpoint):
+    """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
+
+    ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
+    at the end of every training epoch, and when ``fit`` stops on a preemption signal, whatever the
+    user's own checkpoint callbacks do. An epoch's end is saved once it has run in full (validation,
+    every callback's and the module's ``on_train_epoch_end``, plateau schedulers, epoch metrics): as
+    the next epoch starts, before its hooks (with a stateful loader: after its first step); a save
+    due on an epoch's last batch waits for that moment too. Each write goes to a temporary file that
+    is fsynced and renamed over the previous one, so a kill at any instant leaves a complete
+    ``last.ckpt``.
+
+    On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
+    full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a
+    ``ckpt_path`` (meant for the first attempt) or Lightning finds an ``hpc_ckpt_N.ckpt``. A restart
+    with no ``last.ckpt`` starts from the beginning when the run never committed a checkpoint, and
+    raises ``ResumeError`` when it did (starting over would silently discard the run). Every rank's
+    random state and the data position are restored exactly where the interrupted run was, so the
+    final weights are bitwise equal to an uninterrupted run.
+
+    Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks (in any order). With a
+    ``checkpoint_io`` plugin that writes atomically (such as
+    :class:`~lightning_resume.DurableCheckpointIO`), the plugin writes ``last.ckpt`` itself.
+
+    With ``every_n_train_steps="auto"`` the interval is chosen from the measured stall of a save and
+    the run's expected time between interruptions (Young/Daly, see the RequeueCheckpoint page), at
+    least the measured time a save takes to be durable, re-evaluated after each save, the same on
+    every rank, logged and recorded in the run's ``attempts.json``.
+
+    Args:
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
+            an interval chosen from measurements, see above).
+        every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
+        save_on_train_epoch_end: Save at the end of every training epoch (once it has run in full).
+        dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
+            are expanded). For a node-local directory (``"$TMPDIR/ckpt"`` on a multi-node job) give
+            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: checkpoints are
+            written locally and mirrored, and a job relaunched onto empty nodes gets them back from
+            the mirror (once per node) when the plugin is constructed, before ``fit`` looks for
+            ``last.ckpt``. The record that the run has saved (``checkpoints/.saved``) stays in the run
+            dir.
+        keep_global_batch: On a restart with another number of ranks, keep the samples per optimizer
+            step of the checkpoint's run by setting ``trainer.accumulate_grad_batches`` (the per-rank
+            batch stays). ``False`` (the default) keeps Lightning's behaviour: the per-rank batch and the
+            accumulation stay, so the global batch scales with the number of ranks.
+        expected_interruption_every: With ``"auto"``: how often this job expects to be interrupted
+            (a ``timedelta``, seconds, or ``"h:m:s"`` in YAML), until its own history says; default:
+            the SLURM time limit, 6 hours on a cloud machine, else a day.
+
+    Raises:
+        ValueError: for a non-positive interval.
+        TypeError: for arguments of the wrong type (a string other than ``"auto"`` included).
+        MissingCallbackError: at ``setup`` without exactly one ``RunDir`` in the Trainer.
+        ResumeError: on a restart of a run that committed a checkpoint but has no ``last.ckpt``; with
+            ``keep_global_batch``, on a restart whose ranks do not divide the global batch.
+
+    Example::
+
+        trainer = Trainer(callbacks=[RunDir(), RequeueCheckpoint(every_n_train_steps=200)])
+        trainer.fit(model, datamodule=dm)  # resumes by itself after a requeue
+    """
+
+    def __init__(
+        self,
+        every_n_train_steps: int | Literal["auto"] | None = None,
+        every_n_minutes: float | None = None,
+        save_on_train_epoch_end: bool = True,
+        dirpath: str | Path | None = None,
+        keep_global_batch: bool = False,
+        expected_interruption_every: timedelta | float | None = None,
+    ) -> None:
+        every_n_train_steps = checked_interval(every_n_train_steps)  # type: ignore[assignment]
+        expected = checked_seconds(expected_interruption_every)
+        if every_n_minutes is not None:
+            positive_number("every_n_minutes", every_n_minutes, "number of minutes or None")
+        flag("save_on_train_epoch_end", save_on_train_epoch_end)
+        flag("keep_global_batch", keep_global_batch)
+        if dirpath is not None and (not isinstance(dirpath, (str, Path)) or not str(dirpath).strip()):
+            raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
+        if dirpath is not None:
+            expand_dir(dirpath, "RequeueCheckpoint(dirpath=...)")  # an unset variable: told now
+        super().__init__(dirpath=".", filename=LAST)
+        self._dirpath = dirpath  # Lightning's own ``dirpath`` attribute stays unused (ckpt_path is ours)
+        self.every_n_train_steps = every_n_train_steps
+        self.expected_interruption_every = expected_interruption_every
+        self._cadence = Cadence(every_n_train_steps, expected)  # times every save; chooses "auto"
+        self.every_n_minutes = every_n_minutes
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._run_dir: RunDir | None = None
+        self._trainer: pl.Trainer | None = None
+        self._redirect = RestartRedirect()
+        self.keep_global_batch = keep_global_batch
+        self._resume = ExactResume(self.state_key, keep_global_batch)
+        self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
+        self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
+        self._save_at_boundary = False  # a save is due once the epoch's end has run
+        self._last_save_step, self._last_save_time = -1, time.monotonic()
+        self._marked = False  # checkpoints/.saved is known to exist
+        self._quiet = QuietLightning(self)
+        self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
+        self._loaded: dict[str, Any] | None = None  # the state restored from a checkpoint
+
+    def _run(self) -> Path:
+        """The run dir of the Trainer's ``RunDir``, or of this process's before ``setup``."""
+        if self._run_dir is not None:
+            return self._run_dir.path
+        if PROCESS.current is None:
+            raise missing("RunDir", "RequeueCheckpoint", _NEEDS_RUN_DIR)
+        return PROCESS.current.path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The directory holding ``last.ckpt``: ``dirpath``, or the run dir's ``checkpoints``."""
+        if self._dirpath is None:
+            return layout.checkpoint_dir(self._run())
+        return expand_dir(self._dirpath, "RequeueCheckpoint(dirpath=...)")
+
+    @property
+    @override
+    def ckpt_path(self) -> str:
+        """``<run dir>/checkpoints/last.ckpt``; Lightning reads this when choosing what to resume."""
+        return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
+
+    @property
+    def saves_epoch_start_instead(self) -> bool:
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)
+        rather than as that epoch starts."""
+        return self._resume.stateful_loaders
+
+    @property
+    def _partial_path(self) -> Path:
+        return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
+
+    # -- hooks: the restart redirect and the exact resume are called at their moments ------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._run_dir = find_one(trainer, RunDir, "RequeueCheckpoint", _NEEDS_RUN_DIR)
+        self._trainer = trainer
+        self._resume.before_fit(layout.validated_after(self._run_dir.path))
+        if stage != "fit":
+            return
+        self._boundary.attach(trainer)
+        self._resume.watch_loaders(trainer)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
+        if trainer.is_global_zero:
+            with contextlib.suppress(FileNotFoundError):
+                self._partial_path.unlink()
+        verify = functools.partial(self._verify, trainer)
+        self._redirect.before_fit(
+            trainer, self._run_dir, Path(self.ckpt_path), verify, self._damaged(trainer)
+        )
+
+    @staticmethod
+    def _damaged(trainer: pl.Trainer) -> Callable[[Path], bool]:
+        """A file that fails to load is damaged, unless the plugin explains its failures or it is intact."""
+        explains = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        return lambda path: not explains and not intact_zip(path)
+
+    def _verify(self, trainer: pl.Trainer) -> int:
+        """Verify a sharded ``last.ckpt`` on every rank (falling back if it must); how many ranks wrote it."""
+        kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
+        choice = prepare_resume(trainer, Path(self.ckpt_path), kept)
+        return trainer.world_size if choice.manifest is None else choice.manifest.world_size
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._resume.after_load(trainer, checkpoint)
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume.load(state_dict)
+        self._loaded = state_dict
+        step = state_dict.get("global_step")
+        self._last_save_step = int(step) if step is not None else -1
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume.after_restore(trainer)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        assert self._run_dir is not None
+        self._cadence.start(trainer, self._run_dir)
+        self._resume.at_train_start(
+            trainer, saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes)
+        )
+        if stop_request.requested(self._loaded, restart=self._run_dir.is_resumed):
+            trainer.should_stop = True
+            log.info(
+                "a stop asked for before step %s waits for min_steps/min_epochs: asked for again",
+                trainer.global_step,
+            )
+
+    def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+        """As an epoch starts, before any other callback's hook (called by :class:`EpochBoundary`):
+        a checkpoint saved here goes back, or the previous epoch's end is saved."""
+        self._resume.at_epoch_boundary(trainer)
+        due, self._save_at_boundary = self._save_at_boundary, False
+        if due and not self._resume.stateful_loaders and trainer.global_step != self._last_save_step:
+            self.save(trainer)
+        for listener in self._boundary_listeners:
+            listener(trainer)
+
+    def at_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
+        """Call ``listener(trainer)`` at every epoch boundary, after this callback's own work there
+        (``PreemptionHandler`` stops there: the state saved then is the boundary's)."""
+        if listener not in self._boundary_listeners:
+            self._boundary_listeners.append(listener)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._resume.before_batch(trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume.before_validation(
+            trainer, saved_at_this_step=trainer.global_step == self._last_save_step
+        )
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume.after_validation(trainer)
+
+    # -- hooks: when to save -----------------------------------------------------------------------
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.is_last_batch:
+            # Not a resume point: the epoch's end follows (its validation, its hooks). Lightning,
+            # restored from here, would skip them; the save waits until they have run.
+            self._save_at_boundary |= self.save_on_train_epoch_end or self._due(trainer)
+            return
+        # With stateful loaders the epoch boundary is saved after the next epoch's first step
+        # (Lightning restores their position only inside an epoch).
+        boundary = self._resume.stateful_loaders and batch_idx == 0
+        if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
+            self._save_at_boundary = False
+            self.save(trainer)
+        elif self._due(trainer) or _last_step(trainer):
+            self.save(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume.at_epoch_end(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != self._last_save_step:
+            # A finished run's last.ckpt says so: a rerun has nothing left to do.
+            self.save(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        exception = args[-1] if args else kwargs.get("exception")
+        if isinstance(exception, SIGTERMException):
+            self.save(trainer)  # raised at a batch boundary, so the state is consistent
+        elif (
+            not isinstance(exception, Preempted)  # saved already
+            and trainer.state.fn == TrainerFn.FITTING  # not a failed validate/test/predict
+            and trainer.is_global_zero
+        ):
+            if exists(Path(self.ckpt_path)):
+                kept = f"{self.ckpt_path} keeps its last save"
+            else:
+                kept = f"no checkpoint was saved yet, so a restart starts over (nothing at {self.ckpt_path})"
+            # Not saved now: an exception may come from the middle of a step, not a resume point.
+            log.warning("fit stopped by %s; %s", type(exception).__name__, kept)
+        self._after_fit(trainer, collective=False)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Before any teardown hook: RunDir gives the run dir up in its own, once nothing is written.
+        self._after_fit(trainer, collective=True)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._after_fit(trainer, collective=True)
+
+    def _after_fit(self, trainer: pl.Trainer, collective: bool) -> None:
+        """Undo the redirect and filters; finish the sharded save in flight (``collective``: all ranks)."""
+        self._redirect.after_fit()
+        self._resume.after_fit()
+        self._boundary.detach(trainer)
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            saver.close(trainer, collective=collective)
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        step = trainer.global_step
+        if step == self._last_save_step:
+            return False  # gradient accumulation: no optimizer step since the last save
+        due = self._cadence.due(trainer, self._last_save_step)  # every N steps, or the "auto" interval
+        if self.every_n_minutes is not None:
+            elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
+            # Clocks differ between ranks: rank 0 decides for all of them.
+            due = due or bool(broadcast(trainer.strategy, elapsed))
+        return due
+
+    # -- saving ------------------------------------------------------------------------------------
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between
+        epochs, or in fit's validation through :meth:`save_in_validation`).
+
+        A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
+        :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
+        the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
+        """
+        io = trainer.strategy.checkpoint_io
+        directory = saves_directory(trainer.strategy) is not False
+        if directory and self._saver is None:
+            self._saver = DirectorySaver.for_trainer(
+                trainer, Path(self.ckpt_path), on_commit=lambda: self._mark_saved(trainer)
+            )
+        self._cadence.saving(trainer, self._saver if directory else None)
+        if directory and self._saver is not None:
+            # Sharded strategies write a directory, bypassing checkpoint_io: written aside, then committed.
+            self._saver.save(trainer)
+        elif isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+        else:
+            partial = self._partial_path
+            trainer.save_checkpoint(partial, weights_only=False)
+            if trainer.is_global_zero:
+                if not partial.is_file():
+                    raise _lost_save(partial)
+                fsync_file(partial)
+                replace_durably(partial, self.ckpt_path)
+        self._mark_saved(trainer)
+        self._cadence.saved(trainer)  # the stall; the time to durable now or once written
+        log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
+        self._last_save_step = trainer.global_step
+        self._last_save_time = time.monotonic()
+
+    def save_in_validation(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` from inside fit's validation (call on every rank).
+
+        Validation changes no training state, so this is the state of the last training step; the
+        restart runs this validation again from its first batch and its starting random state.
+        """
+        with self._resume.saving_in_validation():
+            self.save(trainer)
+
+    def wait_until_durable(self, trainer: pl.Trainer) -> None:
+        """Block until every checkpoint write in flight is on disk (plugins that write in the background)."""
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO):
+            io.wait_until_durable()
+        if self._saver is not None:
+            self._saver.wait_until_durable(trainer)  # every rank: PreemptionHandler calls it on all
+        self._mark_saved(trainer)
+
+    def _mark_saved(self, trainer: pl.Trainer) -> None:
+        """Record, once ``last.ckpt`` is committed, that the run has a checkpoint (the restart rule).
+
+        A plugin that writes in the background commits a save later than it returns: the marker
+        waits for the file, so a kill before the first commit leaves a run that starts over.
+        """
+        if self._marked or not trainer.is_global_zero or not exists(Path(self.ckpt_path)):
+            return
+        record_saved(self._run())
+        self._marked = True
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        step = self._trainer.global_step if self._trainer else None
+        state = {**self._resume.state_to_save(self._trainer), **stop_request.to_save(self._trainer)}
+        return {**state, "global_step": step}
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._resume.at_save(trainer, checkpoint)

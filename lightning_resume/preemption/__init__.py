@@ -1,0 +1,4 @@
+"""Preemption: ``PreemptionHandler`` (signals at step boundaries, one requeue, a non-zero exit),
+``SignalDiagnostics``, the grace window, and the notices that come before the signal (``notices``,
+public as ``lightning_resume.notices``).
+"""

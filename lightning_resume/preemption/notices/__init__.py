@@ -1,0 +1,1 @@
+"""The preemption notice sources and their poller; public as :mod:`lightning_resume.notices`."""

@@ -1,0 +1,119 @@
+"""``AzureNotice``: Azure's Scheduled Events (``Preempt``, ``Terminate``) for this virtual machine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lightning_resume._scheduler.machine import on_azure
+from lightning_resume.preemption.notices._http import fetch
+from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
+from lightning_resume.preemption.notices._notice import Notice, parse_http_time
+
+EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
+NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+#: The event types that stop the machine.
+STOPPING_EVENTS = ("Preempt", "Terminate")
+
+
+@dataclass(frozen=True)
+class ScheduledStop:
+    """One ``Preempt`` or ``Terminate`` event for this machine."""
+
+    event_id: str
+    event_type: str
+    not_before: float | None  # ``None``: already started (Azure leaves ``NotBefore`` empty then)
+
+
+def parse_scheduled_events(body: str, vm_name: str) -> list[ScheduledStop]:
+    """The ``Preempt`` and ``Terminate`` events of ``vm_name`` in a Scheduled Events answer.
+
+    Events of other machines of the same availability set or scale set are listed too; they are
+    left out. Names compare without case, as Azure's do.
+
+    Raises:
+        ValueError: the answer is not a Scheduled Events document.
+    """
+    try:
+        events = json.loads(body)["Events"]
+        if not isinstance(events, list):
+            raise TypeError("Events is not a list")
+        stops = []
+        for event in events:
+            resources = [str(name).lower() for name in event.get("Resources") or []]
+            if event["EventType"] not in STOPPING_EVENTS or vm_name.lower() not in resources:
+                continue
+            not_before = str(event.get("NotBefore") or "").strip()
+            when = parse_http_time(not_before) if not_before else None
+            stops.append(ScheduledStop(str(event.get("EventId", "")), event["EventType"], when))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"unexpected scheduled events answer {body[:200]!r}") from e
+    return stops
+
+
+class AzureNotice(MetadataServerNotice):
+    """An Azure machine's ``Preempt`` (spot eviction, 30 seconds or more ahead) or ``Terminate`` event.
+
+    Reads Scheduled Events (``/metadata/scheduledevents?api-version=2020-07-01``, header
+    ``Metadata: true``) and keeps the events whose ``Resources`` name this machine (its name is read
+    once from ``/metadata/instance/compute/name``). The deadline is the event's ``NotBefore``; an
+    event already started has none, and counts as due when first seen. Applies on Azure machines
+    (their fixed chassis asset tag), or anywhere when ``endpoint`` is given. The first request to
+    Scheduled Events can take a while on a new machine (Azure turns the service on then): the
+    handler warns once if it times out, and the next polls go on.
+
+    Args:
+        endpoint: The metadata server's base URL (default ``http://169.254.169.254``).
+        interval: Seconds between two polls.
+        timeout: Seconds to wait for one answer.
+
+    Raises:
+        TypeError: ``endpoint`` is not a string, or ``interval``/``timeout`` not a number.
+        ValueError: an empty ``endpoint``, or a non-positive ``interval`` or ``timeout``.
+
+    Example::
+
+        PreemptionHandler(notices=[AzureNotice()])
+    """
+
+    name = "azure"
+
+    def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
+        super().__init__(endpoint, interval=interval, timeout=timeout)
+        self._vm_name: str | None = None
+        self._first_seen: dict[str, float] = {}  # by event id: when a started event was first seen
+
+    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
+        """An Azure machine (its chassis asset tag)."""
+        return on_azure(machine)
+
+    def _poll(self, now: float) -> Notice | None:
+        stops = parse_scheduled_events(self._get(EVENTS_PATH), self._machine_name())
+        if not stops:
+            return None
+        deadlines = [
+            (
+                stop.not_before
+                if stop.not_before is not None
+                else self._first_seen.setdefault(stop.event_id, now),
+                stop,
+            )
+            for stop in stops
+        ]
+        deadline, first = min(deadlines, key=lambda pair: pair[0])
+        return Notice(self.name, first.event_type, deadline, detail=f"event {first.event_id}", received=now)
+
+    def _machine_name(self) -> str:
+        if self._vm_name is None:
+            name = self._get(NAME_PATH).strip()
+            if not name or len(name) > 256 or any(c.isspace() for c in name):
+                raise ValueError(f"unexpected compute/name answer {name[:200]!r}")
+            self._vm_name = name
+        return self._vm_name
+
+    def _get(self, path: str) -> str:
+        status, body = fetch(f"{self.base_url}{path}", headers={"Metadata": "true"}, timeout=self.timeout)
+        if status != 200:
+            raise ValueError(f"{path.split('?')[0]} answered HTTP {status}")
+        return body

@@ -1,0 +1,97 @@
+"""``GceNotice``: Compute Engine's preemption flag and host-maintenance event, from its metadata server."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from lightning_resume._scheduler.machine import on_gce
+from lightning_resume.preemption.notices._http import fetch
+from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
+from lightning_resume.preemption.notices._notice import Notice
+
+#: From the preemption (or spot stop) notice to the forced stop.
+PREEMPTION_SECONDS = 30.0
+#: From a terminating host-maintenance notice to the stop.
+MAINTENANCE_SECONDS = 60.0
+
+
+def parse_preempted(body: str) -> bool:
+    """``instance/preempted``: ``TRUE`` or ``FALSE``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    value = body.strip().upper()
+    if value not in ("TRUE", "FALSE"):
+        raise ValueError(f"unexpected instance/preempted answer {body[:200]!r}")
+    return value == "TRUE"
+
+
+def parse_maintenance_event(body: str) -> str | None:
+    """``instance/maintenance-event``: the event if it stops the machine (``TERMINATE_ON_HOST_MAINTENANCE``),
+    else ``None`` (``NONE``, or a live migration).
+
+    Raises:
+        ValueError: not an event name.
+    """
+    value = body.strip()
+    if not re.fullmatch(r"[A-Z_]+", value):
+        raise ValueError(f"unexpected instance/maintenance-event answer {body[:200]!r}")
+    return value if "TERMINATE" in value else None
+
+
+class GceNotice(MetadataServerNotice):
+    """A Compute Engine machine's preemption (spot or preemptible) or terminating host maintenance.
+
+    Reads ``instance/preempted`` (``TRUE`` once the machine is being preempted: about 30 seconds
+    before it stops) and ``instance/maintenance-event`` (``TERMINATE_ON_HOST_MAINTENANCE`` about 60
+    seconds before a maintenance stop; ``MIGRATE_ON_HOST_MAINTENANCE`` is a live migration and no
+    notice) with the header ``Metadata-Flavor: Google``. The deadline counts from when the notice
+    was first seen. Applies on Compute Engine machines (firmware strings), or anywhere when
+    ``endpoint`` is given.
+
+    Args:
+        endpoint: The metadata server's base URL (default ``http://169.254.169.254``, the address of
+            ``metadata.google.internal``).
+        interval: Seconds between two polls.
+        timeout: Seconds to wait for one answer.
+
+    Raises:
+        TypeError: ``endpoint`` is not a string, or ``interval``/``timeout`` not a number.
+        ValueError: an empty ``endpoint``, or a non-positive ``interval`` or ``timeout``.
+
+    Example::
+
+        PreemptionHandler(notices=[GceNotice()])
+    """
+
+    name = "gce"
+
+    def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
+        super().__init__(endpoint, interval=interval, timeout=timeout)
+        self._first_seen: dict[str, float] = {}  # the deadline counts from the first sighting
+
+    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
+        """A Compute Engine machine (its firmware strings)."""
+        return on_gce(machine)
+
+    def _poll(self, now: float) -> Notice | None:
+        if parse_preempted(self._get("preempted")):
+            return self._notice("preempted", PREEMPTION_SECONDS, now)
+        event = parse_maintenance_event(self._get("maintenance-event"))
+        return self._notice(event, MAINTENANCE_SECONDS, now) if event is not None else None
+
+    def _get(self, key: str) -> str:
+        status, body = fetch(
+            f"{self.base_url}/computeMetadata/v1/instance/{key}",
+            headers={"Metadata-Flavor": "Google"},
+            timeout=self.timeout,
+        )
+        if status != 200:
+            raise ValueError(f"instance/{key} answered HTTP {status}")
+        return body
+
+    def _notice(self, kind: str, seconds: float, now: float) -> Notice:
+        first = self._first_seen.setdefault(kind, now)
+        return Notice(self.name, kind, first + seconds, detail=f"{kind} seen at {first:.3f}", received=first)

@@ -1,0 +1,255 @@
+"""``NoticeWatch``: the notice side of ``PreemptionHandler``, kept apart from the callback.
+
+Which sources this process polls (by scope and rank), what the notices ask for at each check, and
+what was done about them (for the log line and the stop report). No Lightning and no collectives
+here: the callback agrees with the other ranks on what :meth:`NoticeWatch.wanted` returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_resume._checks import positive_number
+from lightning_resume._warnings import warn
+from lightning_resume.preemption.notices._aws_spot_notice import AwsSpotNotice
+from lightning_resume.preemption.notices._azure_notice import AzureNotice
+from lightning_resume.preemption.notices._file_notice import FileNotice
+from lightning_resume.preemption.notices._gce_notice import GceNotice
+from lightning_resume.preemption.notices._notice import Notice, format_time
+from lightning_resume.preemption.notices._notice_source import NoticeSource
+from lightning_resume.preemption.notices._policy import (
+    ON_NOTICE,
+    Act,
+    decide,
+    expected_seconds_to_durable,
+    stop_time,
+)
+from lightning_resume.preemption.notices._poller import NoticePoller
+from lightning_resume.preemption.notices._slurm_time_limit_notice import SlurmTimeLimitNotice
+from lightning_resume.run_dir.attempts import recorded_to_durable
+from lightning_resume.run_dir.binding import PROCESS
+
+log = logging.getLogger(__name__)
+
+#: How many recent intervals between checks the expected next one is taken from (their maximum).
+PERIOD_WINDOW = 8
+
+
+def auto_sources() -> list[NoticeSource]:
+    """``notices="auto"``: every source, each polled where it :meth:`~NoticeSource.applies`."""
+    return [AwsSpotNotice(), GceNotice(), AzureNotice(), SlurmTimeLimitNotice(), FileNotice()]
+
+
+def resolve_sources(notices: Any) -> list[NoticeSource]:
+    """``PreemptionHandler(notices=...)`` as a list of sources.
+
+    Raises:
+        ValueError: a string other than ``"auto"``.
+        TypeError: anything but ``"auto"``, ``None``, a source or a sequence of sources.
+    """
+    if isinstance(notices, str):
+        if notices != "auto":
+            raise ValueError(
+                f"notices must be 'auto', None or a list of notice sources, got {notices!r}: e.g. "
+                "notices=[AwsSpotNotice()] from lightning_resume.notices."
+            )
+        return auto_sources()
+    if notices is None:
+        return []
+    if isinstance(notices, NoticeSource):
+        return [notices]  # one source given alone, not in a list
+    if not isinstance(notices, Sequence) or not all(isinstance(n, NoticeSource) for n in notices):
+        package = __name__.rsplit(".", 1)[0]  # this package, or its pytorch_lightning mirror
+        raise TypeError(
+            f"notices must be 'auto', None or a list of notice sources from {package} (AwsSpotNotice(), "
+            f"GceNotice(), ...), got {notices!r}."
+        )
+    return list(notices)
+
+
+@dataclass
+class NoticeRecord:
+    """What was done about the notice acted on.
+
+    Attributes:
+        notice: The notice.
+        decided: ``time.time()`` when the ranks agreed to act on it.
+        saved_step: The step of the save made for it while training went on (``None``: none).
+        notice_to_durable: Seconds from the notice (for a time limit: from the decision to stop) until
+            its first save was durable.
+        durable: ``time.time()`` when that save was durable.
+        last_durable: ``time.time()`` when the newest save after the notice was durable.
+    """
+
+    notice: Notice
+    decided: float
+    saved_step: int | None = None
+    notice_to_durable: float | None = None
+    durable: float | None = None
+    last_durable: float | None = None
+
+    def steps_gained(self, final_step: int | None) -> int:
+        """Steps trained after the notice's save and kept by the final one (0 when it stopped at once)."""
+        if self.saved_step is None or final_step is None:
+            return 0
+        return max(0, final_step - self.saved_step)
+
+    def durable_after(self, durable: float, seconds: float) -> None:
+        """Record a save after the notice (``seconds``: from its decision until it was durable)."""
+        self.last_durable = durable
+        if self.notice_to_durable is not None:
+            return
+        timed_from_notice = self.notice.received and not self.notice.is_time_limit
+        since = self.notice.received if timed_from_notice else self.decided
+        self.notice_to_durable = max(seconds, durable - since)
+        self.durable = durable
+
+    def describe(self, final_step: int | None) -> str:
+        """``notice aws-spot (terminate, deadline ...): last.ckpt durable 0.300 s after it, ...``."""
+        parts = [
+            f"last.ckpt durable {self.notice_to_durable or 0.0:.3f} s after it",
+            f"{self.steps_gained(final_step)} steps gained after it",
+        ]
+        if self.last_durable is not None and self.notice.deadline is not None:
+            parts.append(
+                f"the last save durable {self.notice.deadline - self.last_durable:.1f} s before the deadline"
+            )
+        return f"notice {self.notice.describe()}: " + ", ".join(parts)
+
+
+class NoticeWatch:
+    """The notices of one ``PreemptionHandler``: sources, poller, decisions and their record.
+
+    Args:
+        notices: ``"auto"``, ``None`` or sources (see ``PreemptionHandler``).
+        on_notice: ``"save_and_continue"`` or ``"stop"``.
+        margin: Seconds kept free before a deadline.
+
+    Raises:
+        ValueError: an unknown ``on_notice`` or ``notices`` string, a non-positive ``margin``.
+        TypeError: ``notices`` or ``margin`` of the wrong type.
+    """
+
+    def __init__(self, notices: Any, on_notice: str, margin: float) -> None:
+        if on_notice not in ON_NOTICE:
+            raise ValueError(
+                f"on_notice must be one of {', '.join(map(repr, ON_NOTICE))}, got {on_notice!r}."
+            )
+        self.sources = resolve_sources(notices)
+        self.auto = isinstance(notices, str)
+        self.on_notice = on_notice
+        self.margin = positive_number("notice_margin", margin, "number of seconds")
+        self.poller: NoticePoller | None = None
+        self.record: NoticeRecord | None = None
+        self.measured: float | None = None  # the longest time to durable of the saves made for notices
+        self.recorded: float | None = None  # the run's, from its attempt history (before any measurement)
+        self._last_check: float | None = None
+        self._periods: collections.deque[float] = collections.deque(maxlen=PERIOD_WINDOW)
+
+    def start(self, local_rank: int, global_rank: int) -> list[NoticeSource]:
+        """Start polling the sources this process polls; return them.
+
+        Node-wide sources are polled by local rank 0 of each node, job-wide ones by global rank 0,
+        and each only where it applies (no network call to tell).
+        """
+        self.stop()
+        self.record, self.measured, self._last_check = None, None, None  # a new fit
+        self.recorded = recorded_to_durable(PROCESS.current.path) if PROCESS.current is not None else None
+        self._periods.clear()
+        mine = [
+            source
+            for source in self.sources
+            if (source.scope == "job" and global_rank == 0) or (source.scope != "job" and local_rank == 0)
+        ]
+        polled = [source for source in mine if _applies(source)]
+        for source in mine:
+            if source not in polled and not self.auto:
+                log.info("notice source %s does not apply on this machine: not polled", source.describe())
+        if polled:
+            self.poller = NoticePoller(polled)
+            self.poller.start()
+            log.info("preemption notices polled here: %s", ", ".join(source.describe() for source in polled))
+        return polled
+
+    def stop(self, wait: float = 0.0) -> None:
+        if self.poller is not None:
+            self.poller.stop(wait)
+            self.poller = None
+
+    def wanted(self, written: Callable[[], float | None]) -> tuple[Act, Notice | None]:
+        """What the notices seen by this process ask for now (``written``: the plugin's last write time)."""
+        if self.poller is None:
+            return Act.NONE, None  # the common case, once per batch: nothing to compute
+        self._tick()
+        notices = self.poller.notices()
+        if not notices:
+            return Act.NONE, None
+        return decide(
+            notices,
+            now=time.time(),
+            seconds_to_durable=self.seconds_to_durable(written()),
+            margin=self.margin,
+            period=max(self._periods, default=0.0),
+            on_notice=self.on_notice,
+            saved=self.record is not None and self.record.saved_step is not None,
+        )
+
+    def seconds_to_durable(self, written: float | None) -> float:
+        """Expected seconds from the start of a save until it is durable."""
+        return expected_seconds_to_durable(self.measured, written, recorded=self.recorded)
+
+    def acting_on(self, notice: Notice) -> NoticeRecord:
+        """The record of the first notice the ranks act on (begun now for ``notice`` if none is)."""
+        if self.record is None:
+            self.record = NoticeRecord(notice, decided=time.time())
+        return self.record
+
+    def saved(self, notice: Notice, step: int, seconds: float) -> NoticeRecord:
+        """Record the save made for ``notice`` while training goes on (``seconds``: until durable)."""
+        record = self.acting_on(notice)
+        record.saved_step = step
+        record.durable_after(time.time(), seconds)
+        self.measured = max(self.measured or 0.0, seconds)
+        self._last_check = None  # the save is no interval between two steps
+        return record
+
+    def describe_save(self, record: NoticeRecord, written: float | None) -> str:
+        """The log line of a save for a notice: what, when durable, until when training goes on."""
+        notice = record.notice
+        until = "a preemption signal"
+        if notice.deadline is not None:
+            seconds = self.seconds_to_durable(written)
+            stop = stop_time(notice.deadline, seconds, self.margin)
+            until = (
+                f"about {format_time(stop)} (the deadline less {seconds:.1f} s to durable and the "
+                f"{self.margin:g} s margin) or a preemption signal"
+            )
+        return (
+            f"Preemption notice from {notice.describe()}: last.ckpt durable at step {record.saved_step}, "
+            f"{record.notice_to_durable or 0.0:.3f} s after the notice"
+            + (
+                f" and {notice.deadline - record.durable:.1f} s before the deadline"
+                if notice.deadline is not None and record.durable is not None
+                else ""
+            )
+            + f"; training goes on until {until}"
+        )
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self._last_check is not None:
+            self._periods.append(now - self._last_check)
+        self._last_check = now
+
+
+def _applies(source: NoticeSource) -> bool:
+    try:
+        return source.applies()
+    except Exception as e:  # detection reads files; a source of the user's may do more: never fatal
+        warn(f"Notice source {source.describe()}: applies() failed ({e!r}): not polled.", all_ranks=True)
+        return False

@@ -1,0 +1,470 @@
+"""``PreemptionHandler``: a preemption signal becomes a durable ``last.ckpt``, a requeue, a non-zero exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_resume._checks import find_one, flag, whole_number
+from lightning_resume._scheduler.environment import is_global_zero, under_submitit
+from lightning_resume._writer.duty_cycle import WriteStats
+from lightning_resume.exceptions import Preempted
+from lightning_resume.io._protocol import HurryingCheckpointIO
+from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
+from lightning_resume.notices import Notice, NoticeSource
+from lightning_resume.preemption.notices._agreement import Wanted, agree, shared_notice, written_seconds
+from lightning_resume.preemption.notices._policy import Act
+from lightning_resume.preemption.notices._watch import NoticeWatch
+from lightning_resume.preemption.requeue import requeue_job
+from lightning_resume.preemption.signals import (
+    PREEMPT_SIGNALS,
+    catchable_signal,
+    describe,
+    signal_number,
+    submitit_signal,
+)
+from lightning_resume.preemption.worker_signals import block_in_workers, unblock_in_workers
+
+log = logging.getLogger(__name__)
+
+_Handler = Any  # what signal.getsignal returns: a callable, SIG_DFL, SIG_IGN or None
+
+
+@dataclass
+class StopReport:
+    """How ``fit`` was stopped by a preemption signal.
+
+    Attributes:
+        signal: The signal's name (or ``"a signal on another rank"``), or the notice that stopped
+            ``fit`` (``"the aws-spot notice"``).
+        step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
+        started: ``time.monotonic()`` when the signal arrived (for a notice: when the ranks decided to stop).
+        seconds_to_durable: From then until ``last.ckpt`` was durable.
+        requeue: What was done to requeue the job (``None`` until it is decided).
+        seconds_to_exit: From the signal until ``fit`` ended.
+        write: How ``last.ckpt`` was written (size, seconds, speed), when the checkpoint plugin reports
+            it (:attr:`DurableCheckpointIO.last_write <lightning_resume.DurableCheckpointIO.last_write>`).
+        notice: The preemption notice acted on before the stop, if any.
+        notice_to_durable: Seconds from that notice until the first ``last.ckpt`` after it was durable.
+        steps_after_notice: Steps trained after the notice's save and kept by the last save (0 when
+            ``fit`` stopped at the notice).
+    """
+
+    signal: str
+    step: int | None
+    started: float = 0.0
+    seconds_to_durable: float | None = None
+    requeue: str | None = None
+    seconds_to_exit: float | None = None
+    write: WriteStats | None = None
+    notice: Notice | None = None
+    notice_to_durable: float | None = None
+    steps_after_notice: int | None = None
+
+
+class PreemptionHandler(Callback):
+    """Stop on a preemption signal without losing work, without hangs, and get the job requeued.
+
+    Handlers are installed when the callback is constructed, so the setup window before ``fit``
+    (data, DDP initialisation) is covered too. A handler only records the signal and logs one line;
+    handlers that were installed before (the user's) are still called, and all are restored at the
+    end of ``fit``. During training, at the next step boundary, all ranks agree on the flag (one
+    small all-reduce, so a signal to one rank stops every rank), ``last.ckpt`` is written through
+    :class:`~lightning_resume.RequeueCheckpoint` and waited on until durable, the job is requeued
+    once (``scontrol requeue`` on rank 0 under SLURM, submitit's own requeue path under submitit,
+    nothing elsewhere) and ``fit`` ends with :class:`~lightning_resume.Preempted`, a ``SystemExit``
+    with a non-zero status. A signal during the setup window, before the sanity check, requeues and
+    exits at once: there is nothing new to save.
+
+    Validation is covered too: a signal during fit's validation (mid-epoch or at the epoch end) stops
+    the job within one validation batch, with ``last.ckpt`` holding the last training step; the
+    restart runs that validation again. A signal during the sanity check stops it the same way.
+    Work in another callback's ``on_train_epoch_end`` cannot be interrupted: the stop comes at the
+    next hook after it (put ``PreemptionHandler`` after callbacks with long epoch-end work). DataLoader
+    workers ignore a preemption signal sent to the whole process group (as SLURM does); the training
+    process handles it.
+
+    It replaces Lightning's own SIGTERM handling during training (which exits with status 0 and can
+    hang DDP) and, because a SIGUSR1 handler exists, ``SLURMEnvironment(auto_requeue=True)`` installs
+    none: no second requeue and no ``hpc_ckpt_N.ckpt`` files.
+
+    Preemption notices (:mod:`lightning_resume.notices`: a cloud's interruption notice, the SLURM
+    time limit, a file) are polled off the training thread and acted on through the same agreement.
+    With ``on_notice="save_and_continue"``, ``last.ckpt`` is saved at once and training goes on until
+    the deadline less the measured time to durable, ``notice_margin`` and one step, or the signal,
+    then stops as for a signal; with no room for that, or ``"stop"``, it stops at once.
+
+    Args:
+        signals: Signal names that mean "preempted" (a list, or one name). Default: SIGTERM, SIGUSR1,
+            SIGUSR2 (and submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
+        requeue: Requeue the job (SLURM / submitit). ``False``: save and exit only.
+        exit_code: Exit status after a preemption, 1..255 (default 143, "terminated").
+        check_every_n_steps: Agree on the flag every this many training (and validation) batches
+            instead of every one: one small all-reduce per check under DDP (about 2 ms on 2 CPU
+            ranks, negligible against a GPU step). The stop then comes up to this many batches later.
+        notices: Preemption notice sources to poll: ``"auto"`` (default: every source of
+            :mod:`lightning_resume.notices` that applies on the machine, told without a network call),
+            ``None`` or ``[]`` for none, or a list such as ``[AwsSpotNotice(), FileNotice("/tmp/x")]``.
+        on_notice: What a notice does: ``"save_and_continue"`` (default) saves now and trains on until
+            the deadline (or the signal); ``"stop"`` saves, requeues and exits now.
+        notice_margin: Seconds kept free before a notice's deadline, beyond the measured time to
+            durable and one step (time to requeue and exit, clocks that differ).
+
+    Raises:
+        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), an exit code outside
+            1..255, an unknown ``on_notice`` or ``notices`` string, or a non-positive ``notice_margin``.
+        TypeError: for arguments of the wrong type.
+
+    Example::
+
+        callbacks = [RunDir(), RequeueCheckpoint(every_n_train_steps=500), PreemptionHandler()]
+        trainer = Trainer(callbacks=callbacks)
+    """
+
+    def __init__(
+        self,
+        signals: list[str] | None = None,
+        requeue: bool = True,
+        exit_code: int = 143,
+        check_every_n_steps: int = 1,
+        notices: Literal["auto"] | list[NoticeSource] | None = "auto",
+        on_notice: Literal["save_and_continue", "stop"] = "save_and_continue",
+        notice_margin: float = 15.0,
+    ) -> None:
+        whole_number("exit_code", exit_code, what="whole number from 1 to 255")
+        if not 1 <= exit_code <= 255:
+            raise ValueError(
+                f"exit_code must be within 1..255, got {exit_code!r}: 0 tells the scheduler the job "
+                "finished, and a process exit status keeps only its low 8 bits (256 would become 0)."
+            )
+        flag("requeue", requeue)
+        whole_number("check_every_n_steps", check_every_n_steps, 1)
+        if isinstance(signals, str):
+            signals = [signals]  # one signal given as a name, not a list of characters
+        names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
+        if signals is None and under_submitit(os.environ):
+            names.append(submitit_signal(os.environ))
+        self.signals = sorted({catchable_signal(name) for name in names})
+        self.requeue = requeue
+        self.exit_code = exit_code
+        self.check_every_n_steps = check_every_n_steps
+        self._notices = NoticeWatch(notices, on_notice, notice_margin)
+        self.notices, self.on_notice, self.notice_margin = notices, on_notice, notice_margin
+        self._agreed = Act.NONE
+        self._wanted: Wanted = (Act.NONE, None)  # this rank's, at the latest check
+        self._batches_seen = 0
+        self._pid = os.getpid()
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self._received: tuple[signal.Signals, float] | None = None
+        self._in_training = False
+        self._stopped: StopReport | None = None
+        self._requeue_checkpoint: RequeueCheckpoint | None = None
+        self.install()
+
+    @property
+    def received(self) -> str | None:
+        """Name of the first preemption signal received, if any."""
+        return self._received[0].name if self._received else None
+
+    @property
+    def stop_report(self) -> StopReport | None:
+        """How ``fit`` was stopped (signal, step, requeue, latencies), or ``None`` if it was not."""
+        return self._stopped if self._stopped is not None and self._stopped.requeue is not None else None
+
+    def install(self) -> None:
+        """Install the handlers (main thread only), keeping the ones they replace for chaining."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("PreemptionHandler constructed outside the main thread: no signal handlers installed")
+            return
+        for sig in self.signals:
+            current = signal.getsignal(sig)
+            if current != self._handle:
+                self._previous[sig] = current
+                signal.signal(sig, self._handle)
+        block_in_workers(self.signals)
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+        unblock_in_workers()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # A forked child (a worker of some library) inherited this handler: the training
+            # process decides; a child that logs, raises or requeues here would break it. The child
+            # gets what it would have got without us (a pool's terminate() must still end it).
+            self._as_before_in_child(signum, frame)
+            return
+        sig = signal.Signals(signum)
+        if self._received is not None:
+            log.warning(
+                "%s received while already stopping for %s: ignored", sig.name, self._received[0].name
+            )
+            return
+        self._received = (sig, time.monotonic())
+        when = (
+            "training stops at the next step boundary"
+            if self._in_training
+            else "not training yet: exiting now"
+        )
+        log.warning("%s received (pid %s): %s", sig.name, os.getpid(), when)
+        previous = self._previous.get(sig)
+        if callable(previous) and describe(previous).origin == "user":
+            previous(signum, frame)
+        if not self._in_training:
+            self._stop_before_training(sig)
+
+    def _as_before_in_child(self, signum: int, frame: FrameType | None) -> None:
+        """In a forked child: the handler installed before ours, or the default action."""
+        previous = self._previous.get(signal.Signals(signum))
+        if callable(previous):
+            previous(signum, frame)
+            return
+        if previous == signal.SIG_IGN:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _stop_before_training(self, sig: signal.Signals) -> None:
+        requeued = self._issue_requeue(sig) if is_global_zero(os.environ) else "left to rank 0"
+        self._stopped = StopReport(sig.name, None, requeue=requeued)
+        raise Preempted(self.exit_code)
+
+    def _issue_requeue(self, sig: signal.Signals) -> str:
+        """Requeue once, the way this job was launched; return what was done."""
+        if not self.requeue:
+            return "disabled"
+        submitit = self._submitit_requeue()
+        via_submitit = (lambda: submitit(int(sig), None)) if submitit is not None else None
+        return requeue_job(os.environ, via_submitit, warn=log.warning)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        why = "it saves last.ckpt through it, with a RunDir"
+        self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
+        self._requeue_checkpoint.at_each_epoch_boundary(self._at_epoch_boundary)
+        self.install()
+        if stage == "fit":
+            self._notices.start(trainer.local_rank, trainer.global_rank)
+
+    def _take_back_handlers(self) -> None:
+        # Lightning puts its own SIGTERM handling in front of ours just before the sanity check (and
+        # under DDP it broadcasts from inside the handler); ours must decide alone. Lightning
+        # restores its pre-fit handlers (ours) at the end of fit.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            if signal.getsignal(sig) != self._handle:
+                signal.signal(sig, self._handle)
+
+    @override
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # From here on a signal is acted on at the next batch boundary, on every rank at once.
+        self._take_back_handlers()
+        self._in_training = True
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_back_handlers()
+        self._in_training = True
+
+    def _check_due(self) -> bool:
+        """Count a batch; whether the ranks agree at this one (every ``check_every_n_steps``).
+
+        Counted per callback, not by ``global_step`` (which repeats under gradient accumulation):
+        all ranks run the same batches, so they check at the same ones.
+        """
+        self._batches_seen += 1
+        return self._batches_seen % self.check_every_n_steps == 0
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # The last batch of an epoch is not a resume point: the epoch end (or, with a stateful
+        # loader, the next epoch's first batch) is, so the check waits for it.
+        if self._check_due() and not trainer.is_last_batch:
+            self._act(trainer, self._agree(trainer))
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if trainer.state.fn != "fit" or self._stopped is not None or not self._in_training:
+            return
+        # A notice's save while training goes on waits for the next training batch.
+        if not (self._check_due() and self._agree(trainer) >= Act.STOP):
+            return
+        if trainer.sanity_checking:
+            # No training step has run: nothing to save; the restart runs the sanity check again.
+            cause, start = self._cause(trainer)
+            self._stopped = StopReport(cause, trainer.global_step, started=start, seconds_to_durable=0.0)
+        else:
+            # Validation changes no training state: save the last step's, to redo this validation.
+            self._save(trainer, in_validation=True)
+        self._exit(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Exiting here rather than right after the save lets Lightning log the saved step's metrics.
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Not a resume point: the epoch's end is agreed on as the next epoch starts (_at_epoch_boundary).
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+        """Between two epochs, before the next one's hooks (``RequeueCheckpoint`` calls it): the
+        resume point after an epoch's end (with a stateful loader: the next epoch's first batch)."""
+        assert self._requeue_checkpoint is not None
+        if self._stopped is None and not self._requeue_checkpoint.saves_epoch_start_instead:
+            self._act(trainer, self._agree(trainer))
+        if self._stopped is not None:
+            self._exit(trainer)
+
+    def _agree(self, trainer: pl.Trainer) -> Act:
+        """What every rank does at this batch (all ranks call this at the same batch)."""
+        io = trainer.strategy.checkpoint_io
+        self._wanted = (
+            (Act.SIGNAL, None) if self._received else self._notices.wanted(lambda: written_seconds(io))
+        )
+        self._agreed = agree(trainer.strategy, self._wanted[0])
+        return self._agreed
+
+    def _act(self, trainer: pl.Trainer, act: Act) -> None:
+        if act == Act.SAVE:
+            self._save_for_notice(trainer)
+        elif act >= Act.STOP:
+            self._save(trainer)
+
+    def _cause(self, trainer: pl.Trainer) -> tuple[str, float]:
+        """What stops ``fit`` (a signal, or a notice) and its ``time.monotonic()``."""
+        if self._agreed == Act.STOP:
+            notice = shared_notice(trainer.strategy, self._wanted, Act.STOP)
+            self._notices.acting_on(notice)
+            return f"the {notice.source} notice", time.monotonic()
+        return self._signal_name(), self._received[1] if self._received else time.monotonic()
+
+    def _save_for_notice(self, trainer: pl.Trainer) -> None:
+        """Make ``last.ckpt`` durable now, for a notice, and train on."""
+        notice = shared_notice(trainer.strategy, self._wanted, Act.SAVE)
+        record = self._notices.saved(notice, trainer.global_step, self._save_durably(trainer))
+        if trainer.is_global_zero:
+            written = written_seconds(trainer.strategy.checkpoint_io)
+            log.warning("%s", self._notices.describe_save(record, written))
+
+    def _save_durably(self, trainer: pl.Trainer, in_validation: bool = False) -> float:
+        """Write ``last.ckpt`` at once and wait until it is durable; return the seconds it took."""
+        assert self._requeue_checkpoint is not None
+        start, io = time.monotonic(), trainer.strategy.checkpoint_io
+        if isinstance(io, HurryingCheckpointIO):
+            io.hurry()  # a wait follows at once: full speed, and this save written straight away
+        if in_validation:
+            self._requeue_checkpoint.save_in_validation(trainer)
+        else:
+            self._requeue_checkpoint.save(trainer)
+        self._requeue_checkpoint.wait_until_durable(trainer)
+        return time.monotonic() - start
+
+    def _signal_name(self) -> str:
+        return self._received[0].name if self._received else "a signal on another rank"
+
+    def _save(self, trainer: pl.Trainer, in_validation: bool = False) -> None:
+        """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
+        cause, start = self._cause(trainer)
+        self._save_durably(trainer, in_validation)
+        io = trainer.strategy.checkpoint_io
+        self._stopped = StopReport(
+            cause,
+            trainer.global_step,
+            started=start,
+            seconds_to_durable=time.monotonic() - start,
+            write=io.last_write if isinstance(io, HurryingCheckpointIO) else None,
+        )
+        record = self._notices.record
+        if record is not None:  # a notice came first: what it led to
+            record.durable_after(time.time(), self._stopped.seconds_to_durable or 0.0)
+            self._stopped.notice, self._stopped.notice_to_durable = record.notice, record.notice_to_durable
+            self._stopped.steps_after_notice = record.steps_gained(trainer.global_step)
+
+    def _exit(self, trainer: pl.Trainer) -> None:
+        """Requeue (rank 0) and end ``fit`` with :class:`~lightning_resume.Preempted`."""
+        assert self._stopped is not None
+        sig = self._received[0] if self._received else signal.SIGTERM
+        if trainer.is_global_zero and self._submitit_requeue() is not None:
+            # submitit requeues and exits from its own handler: say everything before handing over.
+            self._stopped.requeue = "through submitit"
+            self._log_stop(trainer, "through submitit, which exits", None)
+        requeued = self._issue_requeue(sig) if trainer.is_global_zero else "left to rank 0"
+        total = time.monotonic() - self._stopped.started
+        self._stopped.requeue, self._stopped.seconds_to_exit = requeued, total
+        if trainer.is_global_zero:
+            self._log_stop(trainer, requeued, total)
+        raise Preempted(self.exit_code)
+
+    def _log_stop(self, trainer: pl.Trainer, requeued: str, total: float | None) -> None:
+        assert self._stopped is not None
+        since = "the stop" if self._agreed == Act.STOP else "the signal"
+        exit_text = (
+            f"exiting with status {self.exit_code} {total:.3f} s after {since}" if total is not None else ""
+        )
+        record = self._notices.record
+        log.warning(
+            "Preempted by %s at step %s: last.ckpt durable %.3f s after %s%s; requeue: %s%s%s",
+            self._stopped.signal,
+            self._stopped.step,
+            self._stopped.seconds_to_durable,
+            since,
+            f" ({self._stopped.write.describe()})" if self._stopped.write is not None else "",
+            requeued,
+            f"; {exit_text}" if exit_text else "",
+            f"; {record.describe(self._stopped.step)}" if record is not None else "",
+        )
+
+    def _submitit_requeue(self) -> Any:
+        """submitit's preempt handler (which requeues and exits) when running under submitit."""
+        if not under_submitit(os.environ):
+            return None
+        handler = self._previous.get(signal_number(submitit_signal(os.environ)))
+        return handler if callable(handler) else None
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._in_training = False
+        self._notices.stop()
+        self.uninstall()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # Lightning runs no teardown hook after an exception.
+        self._in_training = False
+        self._notices.stop()
+        self.uninstall()

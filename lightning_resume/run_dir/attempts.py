@@ -1,0 +1,746 @@
+"""``attempts.json``: one record per attempt of a run, for the tools and the crash-loop rule.
+
+``RunDir`` records (rank 0, atomically) when each attempt started, which step it resumed from, when
+its first step ended, the last step it reached, the newest durable checkpoint it saw and how it
+ended: ``finished``, ``preempted`` (the signal), ``failed`` (the error in one line), ``hung`` (the
+section, step, seconds and stacks files from the ranks' hang notes, see
+``lightning_resume.run_dir.hangs``), ``killed`` (a record nobody closed: the next attempt deduces it) or
+``crash-loop-stop``. ``ProgressWatchdog`` adds the time its saves took (every checkpoint save);
+``RequeueCheckpoint`` adds the stall and the time to durable of its saves of ``last.ckpt`` (what a
+restart starts its estimates from) and the interval ``every_n_train_steps="auto"`` chose (see
+``lightning_resume.last_ckpt.interval``).
+
+The file, version 1 (times are wall clock, seconds since the epoch)::
+
+    {"version": 1,
+     "reset_after": 0,                      # the crash-loop count starts after this attempt
+     "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
+     "attempts": [
+       {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r3",
+        "unrecorded_launches": 1,           # r2 died while starting (only when > 0)
+        "started": 1717000000.0,            # the process start of rank 0
+        "resumed_from": 400,                # null: a fresh start (or ended before training)
+        "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
+        "first_step": 1717000031.2,         # when its first step ended
+        "last_step": 655, "last_step_time": 1717000390.0,
+        "checkpoint": {"step": 600, "time": 1717000350.0},   # newest durable one it saw
+        "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
+        "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
+                            "first_stall": 1.1, "durable_count": 3, "max_to_durable": 5.2,
+                            "last_to_durable": 4.8},
+        "cadence": {"steps": 120, "seconds": 300.0, ...},   # RequeueCheckpoint(every_n_train_steps="auto")
+        "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step",
+                "step": 655, "seconds": 300.2, "timeout": 300.0, "rank": 1,
+                "stacks": ["hangs/attempt-3-rank-0.txt", "hangs/attempt-3-rank-1.txt"]}}]}
+
+Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the ones dropped, so
+:func:`exposure` (the run's time and interruptions, what a checkpoint cadence needs) still counts
+them. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._storage.atomic import write_json_atomic
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.hangs import HangNote
+from lightning_resume.watchdog.timeouts import section_label
+
+VERSION = 1
+#: How many attempts the file keeps (older ones are summed up in ``earlier``).
+KEEP = 100
+
+
+class Cause(str, enum.Enum):
+    """How an attempt ended."""
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    HUNG = "hung"
+    #: Nobody closed the record (SIGKILL, OOM killer, node loss): deduced by the next attempt.
+    KILLED = "killed"
+    CRASH_LOOP_STOP = "crash-loop-stop"
+
+
+#: Endings that interrupt training and lose the work since the last checkpoint.
+INTERRUPTIONS = frozenset({Cause.PREEMPTED, Cause.FAILED, Cause.HUNG, Cause.KILLED})
+#: Endings that break a crash loop: the job did nothing wrong.
+STREAK_BREAKERS = frozenset({Cause.FINISHED, Cause.PREEMPTED})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A durable checkpoint: its global step and when it was committed."""
+
+    step: int
+    time: float
+
+
+@dataclass(frozen=True)
+class End:
+    """How and when an attempt ended.
+
+    Attributes:
+        time: When it ended (for ``killed``: the last sign of life).
+        cause: How.
+        detail: One line for people.
+        signal: ``preempted``: the signal's name, or the notice that stopped it (``"the file notice"``).
+        notice: ``preempted``: the source of the preemption notice acted on before the stop, if any.
+        error: ``failed``: the exception type and the first line of its message.
+        section: ``hung``: where the first rank to report was.
+        step: ``hung``: the step it had reached; ``killed``: its last step, when its step beat told.
+        seconds: ``hung``: how long it had made no progress.
+        timeout: ``hung``: the timeout it exceeded.
+        rank: ``hung``: the first rank to report.
+        stacks: ``hung``: every reporting rank's stacks file, relative to the run dir.
+    """
+
+    time: float
+    cause: Cause
+    detail: str = ""
+    signal: str | None = None
+    notice: str | None = None
+    error: str | None = None
+    section: str | None = None
+    step: int | None = None
+    seconds: float | None = None
+    timeout: float | None = None
+    rank: int | None = None
+    stacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Saves:
+    """Checkpoint saves of an attempt, timed on the training thread (``ProgressWatchdog``)."""
+
+    count: int = 0
+    seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, seconds: float) -> Saves:
+        return Saves(self.count + 1, self.seconds + seconds, max(self.max_seconds, seconds))
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """Save stalls pooled over saves (and attempts): their total and their number.
+
+    Example::
+
+        >>> (Stalls(1.0, 2) + Stalls(0.5, 2)).mean
+        0.375
+    """
+
+    seconds: float = 0.0
+    count: int = 0
+
+    def __add__(self, other: Stalls) -> Stalls:
+        return Stalls(self.seconds + other.seconds, self.count + other.count)
+
+    @property
+    def mean(self) -> float | None:
+        """The mean stall (``None`` for none)."""
+        return self.seconds / self.count if self.count else None
+
+
+@dataclass(frozen=True)
+class LastCkptSaves:
+    """``RequeueCheckpoint``'s saves of ``last.ckpt`` in an attempt, timed around its ``save``.
+
+    Attributes:
+        count: Saves.
+        stall_seconds: Their total stall of the training thread.
+        max_stall: The longest stall.
+        last_stall: The newest save's stall.
+        durable_count: Saves whose time to durable is known (a background write is known once done).
+        max_to_durable: The longest time from the start of a save until it was durable.
+        last_to_durable: The newest one.
+        first_stall: The first save's stall (it pays the attempt's one-time costs).
+    """
+
+    count: int = 0
+    stall_seconds: float = 0.0
+    max_stall: float = 0.0
+    last_stall: float | None = None
+    durable_count: int = 0
+    max_to_durable: float = 0.0
+    last_to_durable: float | None = None
+    first_stall: float | None = None
+
+    @property
+    def later(self) -> Stalls:
+        """The stalls of the saves after the first (all of them for a record written before the first
+        was kept)."""
+        if self.first_stall is None:
+            return Stalls(self.stall_seconds, self.count)
+        return Stalls(max(self.stall_seconds - self.first_stall, 0.0), max(self.count - 1, 0))
+
+    def stalled(self, seconds: float) -> LastCkptSaves:
+        return replace(
+            self,
+            count=self.count + 1,
+            stall_seconds=self.stall_seconds + seconds,
+            max_stall=max(self.max_stall, seconds),
+            last_stall=seconds,
+            first_stall=seconds if self.first_stall is None else self.first_stall,
+        )
+
+    def durable(self, seconds: float) -> LastCkptSaves:
+        return replace(
+            self,
+            durable_count=self.durable_count + 1,
+            max_to_durable=max(self.max_to_durable, seconds),
+            last_to_durable=seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of the run (one launch of the job), as rank 0 recorded it.
+
+    Attributes:
+        number: 1 for the first attempt, then 2, 3, ...
+        host: Rank 0's host.
+        pid: Rank 0's process id.
+        launch: What the scheduler calls this launch (``None`` outside one).
+        unrecorded_launches: Launches of the same job between the attempt before and this one that
+            left no record (killed while starting up, before ``RunDir`` ran): the scheduler's restart
+            count in ``launch`` skipped them (:func:`unrecorded_between`).
+        started: When rank 0's process started.
+        resumed_from: The step training resumed from (``None``: a fresh start, or not reached).
+        checkpoint_at_start: The newest durable checkpoint when the attempt began.
+        first_step: When its first training step ended.
+        last_step: The last global step it was seen at.
+        last_step_time: When it was seen there.
+        checkpoint: The newest durable checkpoint it saw (when it ended, once it has).
+        saves: Its checkpoint saves (when ``ProgressWatchdog`` timed them).
+        last_ckpt_saves: Its saves of ``last.ckpt`` (``RequeueCheckpoint`` times them).
+        cadence: The interval ``every_n_train_steps="auto"`` chose last in it (``Choice.to_dict()`` of
+            ``lightning_resume.last_ckpt.interval``, with ``time`` and ``changes``), if any.
+        end: How it ended (``None``: running, or ended without a word, until the next attempt).
+    """
+
+    number: int
+    host: str
+    pid: int
+    launch: str | None
+    started: float
+    unrecorded_launches: int = 0
+    resumed_from: int | None = None
+    checkpoint_at_start: Checkpoint | None = None
+    first_step: float | None = None
+    last_step: int | None = None
+    last_step_time: float | None = None
+    checkpoint: Checkpoint | None = None
+    saves: Saves = field(default_factory=Saves)
+    last_ckpt_saves: LastCkptSaves = field(default_factory=LastCkptSaves)
+    cadence: dict[str, Any] | None = None
+    end: End | None = None
+
+    @property
+    def made_progress(self) -> bool:
+        """Whether a newer durable checkpoint exists at its end than at its start."""
+        if self.checkpoint is None:
+            return False
+        start = self.checkpoint_at_start
+        return start is None or self.checkpoint.step > start.step
+
+    @property
+    def last_seen(self) -> float:
+        """The last time the attempt is known to have been alive."""
+        return max(t for t in (self.started, self.first_step, self.last_step_time) if t is not None)
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """The attempts dropped from the file, summed up (see :func:`exposure`)."""
+
+    attempts: int = 0
+    causes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    interruptions: int = 0
+
+
+@dataclass(frozen=True)
+class History:
+    """The attempts of a run.
+
+    Attributes:
+        attempts: The last :data:`KEEP` attempts, oldest first.
+        earlier: The attempts dropped before them.
+        reset_after: Attempts up to this number do not count towards a crash loop
+            (``lightning-resume reset-crash-loop``).
+    """
+
+    attempts: tuple[Attempt, ...] = ()
+    earlier: Earlier = field(default_factory=Earlier)
+    reset_after: int = 0
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def next_number(self, notes: Iterable[HangNote] = ()) -> int:
+        """The number the next attempt gets (hang notes count: an attempt may have hung unrecorded)."""
+        numbers = [a.number for a in self.attempts] + [n.attempt for n in notes]
+        return max(numbers, default=self.earlier.attempts) + 1
+
+    def get(self, number: int) -> Attempt | None:
+        return next((a for a in self.attempts if a.number == number), None)
+
+    def with_attempt(self, attempt: Attempt) -> History:
+        """This history with ``attempt`` replacing the one of the same number, or appended."""
+        kept = [a for a in self.attempts if a.number != attempt.number]
+        return replace(self, attempts=tuple(sorted([*kept, attempt], key=lambda a: a.number)))
+
+
+# -- reading and writing ------------------------------------------------------------------------------
+
+
+def _checkpoint(data: Any) -> Checkpoint | None:
+    if not isinstance(data, dict) or data.get("step") is None:
+        return None
+    return Checkpoint(int(data["step"]), float(data.get("time") or 0.0))
+
+
+def _end(data: Any) -> End | None:
+    if not isinstance(data, dict) or "cause" not in data:
+        return None
+    return End(
+        time=float(data.get("time") or 0.0),
+        cause=Cause(data["cause"]),
+        detail=str(data.get("detail") or ""),
+        signal=data.get("signal"),
+        notice=data.get("notice"),
+        error=data.get("error"),
+        section=data.get("section"),
+        step=data.get("step"),
+        seconds=data.get("seconds"),
+        timeout=data.get("timeout"),
+        rank=data.get("rank"),
+        stacks=tuple(data.get("stacks") or ()),
+    )
+
+
+def attempt_from_dict(data: dict[str, Any]) -> Attempt:
+    """An :class:`Attempt` from its JSON object."""
+    saves = data.get("saves") or {}
+    last = data.get("last_ckpt_saves") or {}
+    return Attempt(
+        number=int(data["attempt"]),
+        host=str(data.get("host", "")),
+        pid=int(data.get("pid", 0)),
+        launch=data.get("launch"),
+        started=float(data.get("started") or 0.0),
+        unrecorded_launches=int(data.get("unrecorded_launches") or 0),
+        resumed_from=data.get("resumed_from"),
+        checkpoint_at_start=_checkpoint(data.get("checkpoint_at_start")),
+        first_step=data.get("first_step"),
+        last_step=data.get("last_step"),
+        last_step_time=data.get("last_step_time"),
+        checkpoint=_checkpoint(data.get("checkpoint")),
+        saves=Saves(
+            int(saves.get("count", 0)), float(saves.get("seconds", 0.0)), float(saves.get("max_seconds", 0.0))
+        ),
+        last_ckpt_saves=LastCkptSaves(
+            count=int(last.get("count", 0)),
+            stall_seconds=float(last.get("stall_seconds", 0.0)),
+            max_stall=float(last.get("max_stall", 0.0)),
+            last_stall=last.get("last_stall"),
+            first_stall=last.get("first_stall"),
+            durable_count=int(last.get("durable_count", 0)),
+            max_to_durable=float(last.get("max_to_durable", 0.0)),
+            last_to_durable=last.get("last_to_durable"),
+        ),
+        cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
+        end=_end(data.get("end")),
+    )
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
+    """The JSON object of an :class:`Attempt` (the format in the module docstring)."""
+
+    def checkpoint(c: Checkpoint | None) -> dict[str, Any] | None:
+        return None if c is None else {"step": c.step, "time": _rounded(c.time)}
+
+    end, last = attempt.end, attempt.last_ckpt_saves
+    end_data: dict[str, Any] | None = None
+    if end is not None:
+        end_data = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
+        optional = {
+            "signal": end.signal,
+            "notice": end.notice,
+            "error": end.error,
+            "section": end.section,
+            "step": end.step,
+            "seconds": _rounded(end.seconds),
+            "timeout": _rounded(end.timeout),
+            "rank": end.rank,
+        }
+        end_data.update({k: v for k, v in optional.items() if v is not None})
+        if end.stacks:
+            end_data["stacks"] = list(end.stacks)
+    unrecorded = {"unrecorded_launches": attempt.unrecorded_launches} if attempt.unrecorded_launches else {}
+    return {
+        "attempt": attempt.number,
+        "host": attempt.host,
+        "pid": attempt.pid,
+        "launch": attempt.launch,
+        **unrecorded,
+        "started": _rounded(attempt.started),
+        "resumed_from": attempt.resumed_from,
+        "checkpoint_at_start": checkpoint(attempt.checkpoint_at_start),
+        "first_step": _rounded(attempt.first_step),
+        "last_step": attempt.last_step,
+        "last_step_time": _rounded(attempt.last_step_time),
+        "checkpoint": checkpoint(attempt.checkpoint),
+        "saves": {
+            "count": attempt.saves.count,
+            "seconds": round(attempt.saves.seconds, 3),
+            "max_seconds": round(attempt.saves.max_seconds, 3),
+        },
+        "last_ckpt_saves": {
+            "count": last.count,
+            "stall_seconds": round(last.stall_seconds, 4),
+            "max_stall": round(last.max_stall, 4),
+            "last_stall": _rounded(last.last_stall, 4),
+            "first_stall": _rounded(last.first_stall, 4),
+            "durable_count": last.durable_count,
+            "max_to_durable": round(last.max_to_durable, 4),
+            "last_to_durable": _rounded(last.last_to_durable, 4),
+        },
+        "cadence": attempt.cadence,
+        "end": end_data,
+    }
+
+
+def to_dict(history: History) -> dict[str, Any]:
+    """The JSON object of a :class:`History`."""
+    earlier = history.earlier
+    return {
+        "version": VERSION,
+        "reset_after": history.reset_after,
+        "earlier": {
+            "attempts": earlier.attempts,
+            "causes": dict(earlier.causes),
+            "seconds": round(earlier.seconds, 3),
+            "interruptions": earlier.interruptions,
+        },
+        "attempts": [attempt_to_dict(a) for a in history.attempts],
+    }
+
+
+def from_dict(data: dict[str, Any]) -> History:
+    """A :class:`History` from its JSON object.
+
+    Raises:
+        ValueError: not an attempt history this version reads.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("attempts"), list):
+        raise ValueError("not an attempt history: no 'attempts' list")
+    earlier = data.get("earlier") or {}
+    try:
+        return History(
+            attempts=tuple(attempt_from_dict(a) for a in data["attempts"]),
+            earlier=Earlier(
+                attempts=int(earlier.get("attempts", 0)),
+                causes={str(k): int(v) for k, v in (earlier.get("causes") or {}).items()},
+                seconds=float(earlier.get("seconds", 0.0)),
+                interruptions=int(earlier.get("interruptions", 0)),
+            ),
+            reset_after=int(data.get("reset_after", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"not an attempt history: {e}") from e
+
+
+def read(run_dir: Path) -> History:
+    """The attempt history of a run dir (empty when there is none or it cannot be read)."""
+    try:
+        return from_dict(json.loads((run_dir / layout.ATTEMPTS).read_text()))
+    except (OSError, ValueError):
+        return History()
+
+
+def trimmed(history: History, keep: int = KEEP) -> History:
+    """``history`` with at most ``keep`` attempts; the dropped ones are added to ``earlier``."""
+    if len(history.attempts) <= keep:
+        return history
+    dropped, kept = history.attempts[:-keep], history.attempts[-keep:]
+    causes = dict(history.earlier.causes)
+    seconds, interruptions = exposure(History(attempts=dropped))
+    for attempt in dropped:
+        cause = attempt.end.cause.value if attempt.end is not None else "unknown"
+        causes[cause] = causes.get(cause, 0) + 1
+    earlier = Earlier(
+        attempts=history.earlier.attempts + len(dropped),
+        causes=causes,
+        seconds=history.earlier.seconds + seconds,
+        interruptions=history.earlier.interruptions + interruptions,
+    )
+    return replace(history, attempts=kept, earlier=earlier)
+
+
+def write(run_dir: Path, history: History) -> None:
+    """Write the history (the last :data:`KEEP` attempts) to ``attempts.json`` atomically."""
+    write_json_atomic(run_dir / layout.ATTEMPTS, to_dict(trimmed(history)))
+
+
+# -- what happened ------------------------------------------------------------------------------------
+
+
+def hung_end(notes: Sequence[HangNote]) -> End:
+    """The end of an attempt whose ranks left hang ``notes`` (the first one to report tells)."""
+    first = min(notes, key=lambda n: n.time)
+    stacks = tuple(sorted({n.stacks for n in notes}))
+    step = "before training" if first.step is None else f"at step {first.step}"
+    detail = (
+        f"hung in {section_label(first.section)} {step}: rank {first.rank} made no progress for "
+        f"{first.seconds:.0f} s (timeout {first.timeout:.0f} s); stacks in {', '.join(stacks)}"
+    )
+    return End(
+        time=first.time,
+        cause=Cause.HUNG,
+        detail=detail,
+        section=first.section,
+        step=first.step,
+        seconds=first.seconds,
+        timeout=first.timeout,
+        rank=first.rank,
+        stacks=stacks,
+    )
+
+
+def with_notes(history: History, notes: Sequence[HangNote]) -> History:
+    """``history`` with the attempts its hang notes tell about marked ``hung``.
+
+    A hang is the root cause of whatever else ended the attempt (the peers of a hung rank fail when
+    it exits), so it replaces an open record or a ``failed``/``killed`` ending; an attempt that hung
+    before rank 0 recorded it gets a record of its own.
+    """
+    by_attempt: dict[int, list[HangNote]] = {}
+    for note in notes:
+        by_attempt.setdefault(note.attempt, []).append(note)
+    for number, found in sorted(by_attempt.items()):
+        attempt = history.get(number)
+        end = hung_end(found)
+        if attempt is None:
+            if number <= history.earlier.attempts:
+                continue  # already summed up
+            first = min(found, key=lambda n: n.time)
+            prior = [a for a in history.attempts if a.number < number]
+            start = prior[-1].checkpoint if prior else None  # it started from the previous one's
+            attempt = Attempt(
+                number,
+                first.host,
+                first.pid,
+                None,
+                started=first.time - first.seconds,
+                checkpoint_at_start=start,
+                checkpoint=start,
+            )
+        elif attempt.end is not None and attempt.end.cause not in (Cause.FAILED, Cause.KILLED, Cause.HUNG):
+            continue
+        reached = [s for s in (attempt.last_step, end.step) if s is not None]
+        history = history.with_attempt(replace(attempt, end=end, last_step=max(reached, default=None)))
+    return history
+
+
+# -- the step beat: the last step of an attempt that is killed ---------------------------------------
+
+#: The file rank 0 overwrites at every step with its attempt, step and time (no fsync: it outlives a
+#: killed process, in the page cache), so that the next attempt knows where a killed one stopped.
+BEAT = ".attempt-step"
+_BEAT_FORMAT = "{:>12d} {:>20d} {:>20.3f}\n"  # one fixed width: an overwrite never leaves a tail
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The last step an attempt reported: its number, the step and when."""
+
+    attempt: int
+    step: int
+    time: float
+
+
+def beat_line(beat: Beat) -> bytes:
+    """The bytes of ``beat`` in the beat file (always the same length)."""
+    return _BEAT_FORMAT.format(beat.attempt, beat.step, beat.time).encode()
+
+
+def read_beat(run_dir: Path) -> Beat | None:
+    """The run dir's step beat (``None`` when there is none or it cannot be read)."""
+    try:
+        attempt, step, when = (run_dir / BEAT).read_text().split()
+        return Beat(int(attempt), int(step), float(when))
+    except (OSError, ValueError):
+        return None
+
+
+def _killed(attempt: Attempt, beat: Beat | None) -> Attempt:
+    """An open record closed as killed: at its beat's step and time when the beat is its own."""
+    if beat is not None and beat.attempt == attempt.number and beat.step >= (attempt.last_step or 0):
+        end = End(beat.time, Cause.KILLED, f"killed after step {beat.step} (no word from it)", step=beat.step)
+        return replace(attempt, last_step=beat.step, last_step_time=beat.time, end=end)
+    return replace(attempt, end=End(attempt.last_seen, Cause.KILLED, "ended without a word (killed?)"))
+
+
+def begin(
+    history: History,
+    attempt: Attempt,
+    checkpoint: Checkpoint | None,
+    notes: Sequence[HangNote] = (),
+    beat: Beat | None = None,
+) -> History:
+    """``history`` with ``attempt`` added, and every earlier attempt closed.
+
+    An earlier attempt without an end was killed (or hung, when its ranks left hang notes); it ended
+    with ``checkpoint`` as the newest durable checkpoint, which is what this attempt starts from.
+
+    Args:
+        history: The history read from the run dir.
+        attempt: This attempt (its number from :meth:`History.next_number`).
+        checkpoint: The newest durable checkpoint now.
+        notes: The run dir's hang notes.
+        beat: The run dir's step beat: where a killed attempt stopped.
+    """
+    history = with_notes(history, notes)
+    for earlier in history.attempts:
+        if earlier.end is None:
+            history = history.with_attempt(_killed(earlier, beat))
+    last = history.last
+    # Nothing writes checkpoints between two attempts: the newest one now is the last one's.
+    if (
+        last is not None
+        and checkpoint is not None
+        and (last.checkpoint is None or checkpoint.step >= last.checkpoint.step)
+    ):
+        history = history.with_attempt(replace(last, checkpoint=checkpoint))
+    unrecorded = unrecorded_between(last.launch if last is not None else None, attempt.launch)
+    started = replace(
+        attempt, checkpoint_at_start=checkpoint, checkpoint=checkpoint, unrecorded_launches=unrecorded
+    )
+    return history.with_attempt(started)
+
+
+#: A launch key with the scheduler's restart count at its end (``scheduler.launch_key``): SLURM's
+#: ``slurm-<job>-step<step>-r<SLURM_RESTART_COUNT>``, TorchElastic's ``elastic-<run>-r<restart count>``.
+_COUNTED = re.compile(r"^(?P<job>(?:slurm|elastic)-.+)-r(?P<count>\d+)$")
+
+
+def unrecorded_between(before: str | None, launch: str | None) -> int:
+    """How many launches of the same job the scheduler counted between ``before`` and ``launch`` (the
+    launch keys of two consecutive attempts; ``before=None``: the first recorded one) that left no
+    record: a requeue killed during the imports, before ``RunDir`` recorded it, shows only as a gap in
+    the restart count. Another job, or a launcher without a restart count: 0.
+    """
+    now = _COUNTED.match(launch or "")
+    if now is None:
+        return 0
+    if before is None:
+        return int(now["count"])  # the job's launches before this one all died unrecorded
+    previous = _COUNTED.match(before)
+    if previous is None or previous["job"] != now["job"]:
+        return 0
+    return max(int(now["count"]) - int(previous["count"]) - 1, 0)
+
+
+def without_progress(history: History, before: int | None = None) -> list[Attempt]:
+    """The latest attempts in a row (before attempt ``before``) that ended badly without a new checkpoint.
+
+    The run goes back to where it was each time: ``failed``, ``hung``, ``killed`` or
+    ``crash-loop-stop`` with no newer durable checkpoint than it started from. A ``finished`` or
+    ``preempted`` attempt, one that made a new checkpoint, or a reset (``reset_after``) ends the run
+    of them. Open records count only when they are not ``before`` (they were killed).
+    """
+    streak: list[Attempt] = []
+    for attempt in reversed(history.attempts):
+        if before is not None and attempt.number >= before:
+            continue
+        if attempt.number <= history.reset_after:
+            break
+        cause = attempt.end.cause if attempt.end is not None else Cause.KILLED
+        if cause in STREAK_BREAKERS or attempt.made_progress:
+            break
+        streak.append(attempt)
+    return streak[::-1]
+
+
+def describe_streak(streak: Sequence[Attempt]) -> str:
+    """The steps the attempts reached and how the last one ended, in one line."""
+    first, last = streak[0], streak[-1]
+    start = first.checkpoint_at_start.step if first.checkpoint_at_start else None
+    reached = ", ".join("?" if a.last_step is None else str(a.last_step) for a in streak)
+    where = "from the start" if start is None else f"from step {start}"
+    how = last.end.detail if last.end is not None and last.end.detail else "ended without a word (killed?)"
+    return (
+        f"attempts {first.number}-{last.number} started {where} and reached step(s) {reached} without a "
+        f"new durable checkpoint; the last one {how}"
+    )
+
+
+def reset(history: History) -> History:
+    """``history`` with the crash-loop count starting after its last attempt."""
+    last = history.last
+    return replace(history, reset_after=last.number if last is not None else history.earlier.attempts)
+
+
+def exposure(history: History) -> tuple[float, int]:
+    """Seconds the closed attempts ran (start to end) and how many of them were interrupted.
+
+    With the attempts' ends that :data:`INTERRUPTIONS` lists, the mean time between interruptions
+    of the run is ``seconds / interruptions``; dropped attempts are included through ``earlier``.
+    """
+    seconds, interruptions = history.earlier.seconds, history.earlier.interruptions
+    for attempt in history.attempts:
+        if attempt.end is None:
+            continue
+        seconds += max(attempt.end.time - attempt.started, 0.0)
+        interruptions += attempt.end.cause in INTERRUPTIONS
+    return seconds, interruptions
+
+
+def last_measured(history: History) -> LastCkptSaves | None:
+    """The ``last.ckpt`` save times of the newest attempt that saved one (what a restart starts from)."""
+    for attempt in reversed(history.attempts):
+        if attempt.last_ckpt_saves.count:
+            return attempt.last_ckpt_saves
+    return None
+
+
+def recorded_stalls(history: History, enough: int) -> Stalls:
+    """The stalls of the saves after each attempt's first, pooled over the newest attempts until
+    ``enough`` (or the whole history): what a restart prices a save at.
+
+    At a high interruption rate most attempts make one or two saves, and the newest attempt alone
+    would often say nothing but its first save, which pays one-time costs.
+    """
+    pooled = Stalls()
+    for attempt in reversed(history.attempts):
+        if pooled.count >= enough:
+            break
+        pooled += attempt.last_ckpt_saves.later
+    return pooled
+
+
+def last_cadence(history: History) -> dict[str, Any] | None:
+    """The interval ``every_n_train_steps="auto"`` chose last in the run, if any."""
+    return next((a.cadence for a in reversed(history.attempts) if a.cadence is not None), None)
+
+
+def recorded_to_durable(run_dir: Path) -> float | None:
+    """The longest time to durable of the newest attempt of ``run_dir`` that measured one (or ``None``)."""
+    measured = last_measured(read(run_dir))
+    return measured.max_to_durable if measured is not None and measured.durable_count else None

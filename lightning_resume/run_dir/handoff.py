@@ -1,0 +1,162 @@
+"""Rank 0's run dir for the other ranks of one launch: asked for, then answered, through the runs root.
+
+Before any process group exists, the ranks of a launch share only their environment and the runs
+root. They compute one launch key from the environment (:func:`~.scheduler.launch_key`), but a
+relaunch of the same command computes the key of the launch before it: torchrun with the same
+``--rdzv-id`` starts again at restart count 0, and a recreated Kubernetes pod or a rerun by hand has
+the same variables. A file that launch left would then be taken for this one's. So a rank never reads
+anything written before it asked:
+
+- every rank other than 0 writes a request under a fresh nonce, ``.handoff/<launch>.<nonce>.ask``,
+  and waits for ``.handoff/<launch>.<nonce>.answer``, which it removes with its request;
+- rank 0 answers every request of its launch key (:class:`Answerer`, a thread) from the moment it has
+  claimed its run dir until every rank has joined its process group (``RunDir.setup``).
+
+Two launches of one key answering at once cannot both train: the second one's rank 0 is refused the
+run dir's lock. Every file records its writer, so ``lightning-resume gc`` leaves alone what a live
+process still waits on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._storage.atomic import write_json_atomic
+from lightning_resume.exceptions import RunDirError
+from lightning_resume.run_dir import layout
+from lightning_resume.run_dir.owner import own_record
+from lightning_resume.run_dir.resolve import Resolution, key_filename
+
+ASK = ".ask"
+ANSWER = ".answer"
+#: Seconds between two looks: quick while a launch starts, then gentler on a shared filesystem.
+_POLL, _SLOW_POLL, _QUICK_FOR = 0.02, 0.25, 10.0
+
+
+def _prefix(launch: str) -> str:
+    return f"{key_filename(launch)}."
+
+
+def _folder(root: Path) -> Path:
+    return root / layout.HANDOFF_DIR
+
+
+def _prepare(root: Path, launch: str) -> None:
+    """Create ``.handoff``, or raise naming why the other ranks would wait in vain."""
+    folder = _folder(root)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(
+            f"Cannot publish this launch's run dir for its other ranks in {str(folder)!r} "
+            f"({e.strerror or e}): they would wait for it in vain. {str(folder)!r} must be a writable "
+            "folder: move away what is there, or free space.",
+            folder,
+        ) from e
+
+
+class Answerer:
+    """Rank 0's side: answer every request of ``launch`` with ``resolution`` until :meth:`stop`.
+
+    Raises:
+        RunDirError: ``.handoff`` cannot be created (a file is in its place, the root is full).
+    """
+
+    def __init__(self, root: Path, launch: str, resolution: Resolution) -> None:
+        _prepare(root, launch)
+        self._folder = _folder(root)
+        self._prefix = _prefix(launch)
+        self._answer = {**json.loads(resolution.to_json()), "writer": own_record()}
+        self._answered: set[str] = set()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lightning-resume-handoff", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while True:
+            self.answer_waiting()
+            quick = time.monotonic() - started < _QUICK_FOR
+            if self._stopped.wait(_POLL if quick else _SLOW_POLL):
+                return
+
+    def answer_waiting(self) -> int:
+        """Answer the requests found now; return how many were new."""
+        try:
+            names = os.listdir(self._folder)
+        except OSError:
+            return 0
+        new = 0
+        for name in names:
+            if not (name.startswith(self._prefix) and name.endswith(ASK)) or name in self._answered:
+                continue
+            self._answered.add(name)
+            with contextlib.suppress(OSError):  # a request withdrawn meanwhile, a full disk: it times out
+                write_json_atomic(self._folder / f"{name[: -len(ASK)]}{ANSWER}", self._answer)
+                new += 1
+        return new
+
+    def stop(self) -> None:
+        """Stop answering (every rank has its run dir); answers already written stay for their readers."""
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL) -> Resolution:
+    """A rank other than 0: ask rank 0 of this launch for its run dir and wait for the answer.
+
+    Raises:
+        RunDirError: no answer within ``timeout`` seconds (the request is withdrawn).
+    """
+    folder = _folder(root)
+    base = folder / f"{_prefix(launch)}{uuid.uuid4().hex}"
+    request, answer = base.with_name(base.name + ASK), base.with_name(base.name + ANSWER)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if not request.exists():
+                with contextlib.suppress(OSError):  # tried again at the next look
+                    folder.mkdir(parents=True, exist_ok=True)
+                    write_json_atomic(request, {"rank": rank, "writer": own_record()})
+            found = _read_answer(answer)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                raise RunDirError(
+                    f"Rank 0 did not publish its run dir for this launch under {str(folder)!r} within "
+                    f"{timeout:.0f} s (this rank asked in {request.name!r}). Is rank 0 alive, and is the "
+                    "runs root on a filesystem every rank shares? Raise RunDir(handoff_timeout=...) for "
+                    "slow shared filesystems.",
+                    folder,
+                )
+            time.sleep(poll)
+    finally:
+        for path in (request, answer):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _read_answer(path: Path) -> Resolution | None:
+    try:
+        data: Any = json.loads(path.read_text())
+        return Resolution.from_json(json.dumps(data))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def writer_of(path: Path) -> dict[str, Any]:
+    """Who wrote a handoff file (``{}`` when it does not say): for ``gc``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    writer = data.get("writer") if isinstance(data, dict) else None
+    return writer if isinstance(writer, dict) else {}

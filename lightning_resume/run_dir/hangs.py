@@ -1,0 +1,133 @@
+"""What a rank leaves in the run dir when its watchdog finds it hung: its stacks and a note.
+
+One pair of files per rank and attempt under ``<run dir>/hangs/``: ``attempt-<N>-rank-<R>.txt`` (every
+thread's Python stack, from :mod:`faulthandler`) and ``attempt-<N>-rank-<R>.json`` (a :class:`HangNote`).
+Every rank writes its own pair, so a rank that is stuck, or whose peers are gone, needs nobody else;
+the attempt history (``lightning_resume.run_dir.attempts``) reads the notes to say which attempt hung,
+where and for how long.
+
+Pure standard library; safe on a watchdog thread (no logging, no lock the main thread may hold).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from lightning_resume._storage.atomic import atomic_open, write_json_atomic
+from lightning_resume.run_dir import layout
+
+_NAME = re.compile(r"^attempt-(\d+)-rank-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class HangNote:
+    """One rank's report of a hang.
+
+    Attributes:
+        attempt: The attempt number (see ``attempts.json``).
+        rank: The global rank that reported.
+        section: Where the rank was (``Section`` value: ``"step"``, ``"save"``, ...).
+        step: The global step it had reached (``None`` before training).
+        seconds: How long it had made no progress.
+        timeout: The section's timeout it exceeded.
+        time: When it reported (wall clock, seconds since the epoch).
+        host: The rank's host.
+        pid: The rank's process id.
+        stacks: Its stacks file, relative to the run dir.
+    """
+
+    attempt: int
+    rank: int
+    section: str
+    step: int | None
+    seconds: float
+    timeout: float
+    time: float
+    host: str
+    pid: int
+    stacks: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HangNote:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def stacks_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """``<run dir>/hangs/attempt-<N>-rank-<R>.txt``."""
+    return layout.hangs_dir(run_dir) / f"attempt-{attempt}-rank-{rank}.txt"
+
+
+def note_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """``<run dir>/hangs/attempt-<N>-rank-<R>.json``."""
+    return layout.hangs_dir(run_dir) / f"attempt-{attempt}-rank-{rank}.json"
+
+
+def write_stacks(path: Path, header: str) -> None:
+    """Write ``header`` and every thread's Python stack (this process) to ``path``, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w") as handle:
+        handle.write(header.rstrip("\n") + "\n\n")
+        handle.flush()  # faulthandler writes to the descriptor, after what is buffered here
+        faulthandler.dump_traceback(file=handle, all_threads=True)
+
+
+def write_note(run_dir: Path, note: HangNote) -> Path:
+    """Record ``note`` as ``hangs/attempt-<N>-rank-<R>.json``; return the path."""
+    path = note_path(run_dir, note.attempt, note.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, note.to_dict())
+    return path
+
+
+def read_notes(run_dir: Path) -> list[HangNote]:
+    """Every readable hang note of the run dir, oldest first (unreadable ones are skipped)."""
+    folder = layout.hangs_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    notes = []
+    for path in folder.iterdir():
+        if not _NAME.match(path.name):
+            continue
+        try:
+            notes.append(HangNote.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # a note being replaced, or not ours: the others still tell the story
+    return sorted(notes, key=lambda n: (n.time, n.rank))
+
+
+def reported_ranks(run_dir: Path, attempt: int) -> set[int]:
+    """The ranks that have written a hang note for ``attempt``."""
+    folder = layout.hangs_dir(run_dir)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return set()
+    found = set()
+    for name in names:
+        match = _NAME.match(name)
+        if match and int(match.group(1)) == attempt:
+            found.add(int(match.group(2)))
+    return found
+
+
+def prune(run_dir: Path, keep: set[int]) -> None:
+    """Remove the hang files of attempts not in ``keep`` (the history keeps a bounded number)."""
+    folder = layout.hangs_dir(run_dir)
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        match = re.match(r"^attempt-(\d+)-rank-\d+\.(json|txt)$", path.name)
+        if match and int(match.group(1)) not in keep:
+            with contextlib.suppress(OSError):
+                path.unlink()

@@ -1,0 +1,116 @@
+"""What the launcher configured, kept with the run: called by ``RunDir.setup``.
+
+- **LightningCLI**: its ``SaveConfigCallback`` saves the configuration into the run dir, not the log
+  dir. Lightning's own behaviour (``RuntimeError`` when the file exists) would stop every restart.
+- **Hydra**: the composed configuration of the launch (``<output dir>/.hydra/config.yaml``) is copied
+  into the run dir as ``hydra_config.yaml``; a warning is given when the runs root is inside the
+  launch's output dir, which the next launch does not use.
+
+Either way a restart compares its configuration with the saved one: identical, one INFO line;
+changed, the earlier file is kept as ``config.1.yaml`` (``hydra_config.1.yaml``) and one warning names
+the changed keys. ``RunDir.setup`` runs before ``SaveConfigCallback.setup``: LightningCLI appends that
+callback after the configured ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import yaml
+
+from lightning_resume._storage.atomic import replace_durably, write_text_atomic
+from lightning_resume._warnings import warn
+from lightning_resume.run_dir import hydra, saved_config
+
+log = logging.getLogger(__name__)
+
+#: Hydra's composed configuration, as kept in the run dir.
+HYDRA_CONFIG = "hydra_config.yaml"
+
+
+def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first: bool = True) -> None:
+    """Keep LightningCLI's and Hydra's configuration in ``run_dir`` (of run ``run_id`` under ``root``);
+    check Hydra's output dir.
+
+    ``first``: the first ``setup`` of this process. A later one (``trainer.test()`` after ``fit``) has
+    nothing to compare: the Hydra configuration it would find is the one this process saved.
+    """
+    for callback in _save_config_callbacks(trainer):
+        _save_into_run_dir(run_dir, run_id, trainer, callback)
+    launch = hydra.current_launch()
+    if launch is None or not trainer.is_global_zero or not first:
+        return
+    if hydra.root_lost_on_restart(root, launch):
+        warn(
+            f"RunDir: the runs root {str(root)!r} is inside Hydra's output dir of this launch "
+            f"({str(launch.output_dir)!r}{', the working dir' if launch.chdir else ''}). Hydra gives the "
+            "next launch a new output dir, so a restart will not find this run and starts a new one. Use "
+            "an absolute root, or root: ${hydra:runtime.cwd}/runs."
+        )
+    if launch.config_file is not None and launch.config_file.is_file():
+        target = run_dir / HYDRA_CONFIG
+        if _compare_with_saved(run_id, target, "Hydra", launch.config_file.read_text()):
+            write_text_atomic(target, launch.config_file.read_text())
+
+
+def _save_config_callbacks(trainer: pl.Trainer) -> list[Any]:
+    """LightningCLI's ``SaveConfigCallback``s of ``trainer`` (none unless the application imports the CLI)."""
+    cli = sys.modules.get("lightning.pytorch.cli")
+    kind = getattr(cli, "SaveConfigCallback", None)
+    if kind is None:
+        return []
+    return [cb for cb in trainer.callbacks if isinstance(cb, kind)]  # type: ignore[attr-defined]
+
+
+def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback: Any) -> None:
+    if callback.already_saved or not callback.save_to_log_dir:
+        return
+    if os.path.isabs(callback.config_filename):
+        return  # the user chose the place
+    target = run_dir / callback.config_filename
+    # SaveConfigCallback saves to os.path.join(trainer.log_dir, config_filename): an absolute name wins.
+    callback.config_filename = str(target)
+    # On every rank: with overwrite=False the callback broadcasts, and ranks must agree on collectives.
+    callback.overwrite = True
+    if trainer.is_global_zero:
+        _compare_with_saved(
+            run_id, target, "LightningCLI", callback.parser.dump(callback.config, skip_none=False)
+        )
+
+
+def _compare_with_saved(run_id: str, target: Path, launcher: str, now_text: str) -> bool:
+    """Compare ``now_text`` with the configuration saved at ``target``; return whether to save it.
+
+    A changed or unusable saved file is kept under the next free ``<name>.<n>.yaml``, with one warning.
+    """
+    try:
+        before = saved_config.read_config(target)
+    except ValueError as e:
+        kept = saved_config.kept_name(target)
+        warn(
+            f"RunDir: the saved {launcher} configuration of run {run_id!r} is unusable ({e}); it is "
+            f"kept as {str(kept)!r} and this attempt's configuration is saved as {str(target)!r}."
+        )
+        replace_durably(target, kept)
+        return True
+    if before is None:
+        return True
+    now = yaml.safe_load(now_text)
+    found = saved_config.changes(before, now if isinstance(now, dict) else {})
+    if not found:
+        log.info("Restart of run %s: the %s configuration is unchanged (%s)", run_id, launcher, target)
+        return False
+    kept = saved_config.kept_name(target)
+    # Warn first: a filter that turns the warning into an error leaves the saved file where it is.
+    warn(
+        f"RunDir: the {launcher} configuration of run {run_id!r} changed since its previous "
+        f"attempt: {saved_config.describe(found)}. The run continues with the new configuration, saved as "
+        f"{str(target)!r}; the previous one is kept as {str(kept)!r}."
+    )
+    replace_durably(target, kept)
+    return True

@@ -1,0 +1,177 @@
+"""The on-disk layout of a runs root and of a run dir: every file name and glob in one place.
+
+::
+
+    <root>/
+        YYYYMMDD/HHMMSS/<run id>/          one folder per run (a "run dir")
+            run_meta.json                  who created the run, under which session key
+            status.json                    how the latest attempt stands
+            attempts.json                  every attempt: start, resumed step, checkpoints, end (RunDir)
+            watchdog.json                  ProgressWatchdog's settings and the slowest time seen per section
+            hangs/attempt-N-rank-R.txt     a hung rank's Python stacks (.json beside it: where, how long)
+            .lock                          locked by the live attempt that trains here
+            checkpoints/last.ckpt          the checkpoint a restart resumes from
+            checkpoints/.saved             marker: the run has committed a checkpoint
+            checkpoints/.validated-after   the step of the last save that a validation followed
+            <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
+            logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
+            config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
+            hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
+        runs/YYYYMMDD/HHMMSS/<run id>/     a run dir written by an earlier version (still found and resumed)
+        .index/<session key>               the run dir a session key belongs to, relative to the root
+        .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
+
+Earlier versions put run dirs one folder deeper, under ``<root>/runs/``: ``RunDir(root="runs")`` made
+``runs/runs/YYYYMMDD/...``. New run dirs go straight under the root; the old ones stay where they are
+and every reader here (:func:`run_dirs`, :func:`is_run_place`, :func:`root_of`) knows both places.
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path, PurePath
+
+#: The folder earlier versions put run dirs in (``<root>/runs/YYYYMMDD/HHMMSS/<run id>``).
+LEGACY_RUNS = "runs"
+INDEX_DIR = ".index"
+HANDOFF_DIR = ".handoff"
+RUN_META = "run_meta.json"
+STATUS = "status.json"
+#: One record per attempt of the run (``lightning_resume.run_dir.attempts``).
+ATTEMPTS = "attempts.json"
+#: ``ProgressWatchdog``'s settings and learned section times, for the next attempt and the tools.
+WATCHDOG = "watchdog.json"
+#: Stacks and notes of hung ranks: ``hangs/attempt-<N>-rank-<R>.txt`` and ``.json``.
+HANGS = "hangs"
+#: Held (advisory lock) by the live attempt that trains in a run dir.
+LOCK = ".lock"
+CHECKPOINTS = "checkpoints"
+LAST = "last"
+CKPT_SUFFIX = ".ckpt"
+LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
+SAVED_MARKER = ".saved"
+#: The step of the last save that a validation followed (that validation is redone on restart).
+VALIDATED_AFTER = ".validated-after"
+#: Links to the local loggers' version dirs: ``logs/<kind>``.
+LOGS = "logs"
+_DAY, _TIME = "[0-9]" * 8, "[0-9]" * 6
+#: Run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``.
+RUN_GLOB = f"{_DAY}/{_TIME}/*"
+#: Run dirs written by earlier versions, relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
+LEGACY_RUN_GLOB = f"{LEGACY_RUNS}/{RUN_GLOB}"
+#: How many folders a run dir sits below its root (one more for a run dir of an earlier version).
+RUN_DEPTH = 3
+
+
+def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:
+    """Where a run created at ``now`` with ``run_id`` lives: ``root/YYYYMMDD/HHMMSS/<run_id>``."""
+    return root / now.strftime("%Y%m%d") / now.strftime("%H%M%S") / run_id
+
+
+def run_files(root: Path, pattern: str) -> list[Path]:
+    """The paths matching ``pattern`` inside every run dir under ``root`` (both layouts), sorted."""
+    return sorted(p for glob in (RUN_GLOB, LEGACY_RUN_GLOB) for p in root.glob(f"{glob}/{pattern}"))
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every run dir under ``root`` (folders holding a ``run_meta.json``, in either layout), sorted."""
+    return [meta.parent for meta in run_files(root, RUN_META)]
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a ``run_meta.json``."""
+    return (path / RUN_META).is_file()
+
+
+def is_root(path: Path) -> bool:
+    """Whether ``path`` looks like a runs root: it has ``.index/``, run dirs, or an earlier ``runs/``."""
+    return (path / INDEX_DIR).is_dir() or (path / LEGACY_RUNS).is_dir() or bool(run_dirs(path))
+
+
+def _place(parts: tuple[str, ...]) -> bool:
+    """Whether ``parts`` are ``(YYYYMMDD, HHMMSS, <run id>)``."""
+    if len(parts) != RUN_DEPTH:
+        return False
+    day, time = parts[:2]
+    return len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit() and bool(parts[2])
+
+
+def run_place(relative: PurePath) -> bool:
+    """Whether ``relative`` (a path relative to a root) is where a run dir lives, in either layout."""
+    parts = relative.parts
+    if parts and parts[0] == LEGACY_RUNS and _place(parts[1:]):
+        return True
+    return _place(parts)
+
+
+def root_of(run_dir: Path) -> Path:
+    """The root a run dir was created under.
+
+    ``root/YYYYMMDD/HHMMSS/<id>``, or ``root/runs/YYYYMMDD/HHMMSS/<id>`` for a run dir of an earlier
+    version: the latter when the folder above the date is a ``runs`` that is not a root itself (no
+    ``.index/``) inside one that is.
+
+    Raises:
+        IndexError: ``run_dir`` is too short to be a run dir.
+    """
+    below = run_dir.parents[RUN_DEPTH - 1]
+    if below.name == LEGACY_RUNS and not (below / INDEX_DIR).is_dir():
+        above = below.parent
+        if (above / INDEX_DIR).is_dir() or (above / HANDOFF_DIR).is_dir():
+            return above
+    return below
+
+
+def run_tail(path: PurePath) -> PurePath | None:
+    """The end of ``path`` that says where a run dir lives under its root, or ``None``.
+
+    ``runs/YYYYMMDD/HHMMSS/<run id>`` (an earlier version's layout) or ``YYYYMMDD/HHMMSS/<run id>``:
+    how an absolute index entry is found again under a moved root.
+    """
+    legacy = path.parts[-(RUN_DEPTH + 1) :]
+    if len(legacy) == RUN_DEPTH + 1 and legacy[0] == LEGACY_RUNS and _place(legacy[1:]):
+        return PurePath(*legacy)
+    if _place(path.parts[-RUN_DEPTH:]):
+        return PurePath(*path.parts[-RUN_DEPTH:])
+    return None
+
+
+def is_run_place(root: Path, path: Path) -> bool:
+    """Whether ``path`` is where a run dir of ``root`` lives, in either layout (symlinks resolved)."""
+    try:
+        relative = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return run_place(relative)
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints``."""
+    return run_dir / CHECKPOINTS
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/last.ckpt``."""
+    return checkpoint_dir(run_dir) / LAST_CKPT
+
+
+def saved_marker(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/.saved``: present once the run has committed a checkpoint."""
+    return checkpoint_dir(run_dir) / SAVED_MARKER
+
+
+def validated_after(run_dir: Path) -> Path:
+    """``<run dir>/checkpoints/.validated-after``: the step of the last save a validation followed."""
+    return checkpoint_dir(run_dir) / VALIDATED_AFTER
+
+
+def hangs_dir(run_dir: Path) -> Path:
+    """``<run dir>/hangs``: stacks and notes of hung ranks."""
+    return run_dir / HANGS
+
+
+def logs_link(run_dir: Path, kind: str) -> Path:
+    """The link in ``run_dir`` to the version dir of its ``kind`` logger (``"tensorboard"``, ``"csv"``)."""
+    return run_dir / LOGS / kind

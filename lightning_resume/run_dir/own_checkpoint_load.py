@@ -1,0 +1,70 @@
+"""``OwnCheckpointLoad``: ``validate``/``test``/``predict`` may load the run's own checkpoints with
+pickled hyperparameters (the rule of :mod:`.own_hparams`)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_resume.run_dir import own_hparams
+
+
+class OwnCheckpointLoad:
+    """Apply the rule to the strategy's next ``load_checkpoint`` when it loads one of the run's files.
+
+    The run's files are those in its run dir and in the ``dirpath`` of the Trainer's
+    ``ModelCheckpoint``s (``trainer.test(ckpt_path="best")``). The wrapper removes itself at its first
+    call, or by :meth:`uninstall` when the stage loads nothing.
+
+    Args:
+        trainer: The trainer, in ``setup`` of a stage other than ``fit``.
+        run_dir: The run dir.
+    """
+
+    def __init__(self, trainer: pl.Trainer, run_dir: Path) -> None:
+        self.trainer = trainer
+        self.run_dir = run_dir
+        self.strategy = trainer.strategy
+        self.original: Callable[..., dict[str, Any]] = trainer.strategy.load_checkpoint
+
+    def install(self) -> None:
+        self.strategy.load_checkpoint = self  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self.strategy.__dict__.get("load_checkpoint") is self:
+            del self.strategy.load_checkpoint
+
+    def owns(self, path: str) -> bool:
+        """Whether ``path`` is a file of this run: in its run dir or a ``ModelCheckpoint``'s ``dirpath``."""
+        if "://" in path:
+            return False
+        folders = [self.run_dir]
+        folders += [
+            Path(cb.dirpath)
+            for cb in self.trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath
+        ]
+        where = Path(os.path.realpath(path))
+        return any(where.is_relative_to(os.path.realpath(folder)) for folder in folders)
+
+    def _allowed(self) -> dict[str, Any]:
+        return own_hparams.trainer_hparams_globals(self.trainer)
+
+    def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.uninstall()
+        path = str(checkpoint_path)
+        if not self.owns(path):
+            return self.original(checkpoint_path, *args, **kwargs)
+        try:
+            return own_hparams.load(self.original, path, args, kwargs, self._allowed)
+        except Exception as e:
+            why = own_hparams.refusal(path, e, self._allowed(), own_hparams.owner_name(self.trainer))
+            if why is None:
+                raise
+            raise pickle.UnpicklingError(why) from e

@@ -1,0 +1,307 @@
+"""``RunDir``: one directory per run, found again by a restarted job."""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
+
+from lightning_resume._checks import positive_number
+from lightning_resume._collectives import any_rank, broadcast
+from lightning_resume._scheduler.environment import (
+    ENV,
+    KeySource,
+    expects_peers,
+    global_rank,
+    is_global_zero,
+    launch_key,
+    read_session,
+)
+from lightning_resume._warnings import warn
+from lightning_resume.exceptions import ResumeError, RunDirError
+from lightning_resume.run_dir import handoff, layout, resolve
+from lightning_resume.run_dir import launcher_config as _launcher_config
+from lightning_resume.run_dir.attempt_recorder import AttemptRecorder
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.own_checkpoint_load import OwnCheckpointLoad
+from lightning_resume.run_dir.owner import RunLock
+from lightning_resume.run_dir.status import RunStatus, write_status
+
+log = logging.getLogger(__name__)
+
+# The RunDirs alive in this process (weakly held), to recognise a second one for the same session.
+_LIVE: weakref.WeakSet[RunDir] = weakref.WeakSet()
+
+
+class RunDir(Callback):
+    """Give the run a directory that a preempted, restarted job finds again.
+
+    The directory is decided when the callback is constructed, before ``Trainer.fit`` picks a
+    checkpoint or a logger creates its run. A fresh run gets ``root/YYYYMMDD/HHMMSS/<run_id>/``
+    with a ``run_meta.json``; the session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id,
+    or an explicit ``key``) is recorded in ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``,
+    a TorchElastic restart, or an explicit key that is already indexed) reuses the recorded directory.
+    All ranks of a launch use rank 0's choice.
+
+    During ``fit`` it also points every ``ModelCheckpoint`` without a ``dirpath`` at
+    :attr:`checkpoint_dir`, checks at train start that the index still points at this run, stores the
+    run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
+    Under LightningCLI the configuration is saved in the run dir, and a restart with a changed
+    configuration warns with the changed keys; under Hydra, a root inside the launch's output dir is
+    warned about (the next launch gets another one). Global rank 0 records every attempt (its start,
+    resumed step, steps reached, newest durable checkpoint and how it ended) in ``attempts.json``,
+    which ``lightning-resume inspect`` and :class:`~lightning_resume.ProgressWatchdog` read.
+
+    Args:
+        root: Folder that holds all runs and the session index.
+        key: Explicit session key (Kubernetes Job, a rerun by hand). Defaults to
+            ``$LIGHTNING_RESUME_KEY``, then the scheduler's ids.
+        handoff_timeout: Seconds ranks other than 0 wait for rank 0's choice.
+
+    Raises:
+        RunDirError: when the directory cannot be decided without risking the run (see messages).
+
+    Example::
+
+        run_dir = RunDir(root="runs")
+        trainer = Trainer(callbacks=[run_dir, RequeueCheckpoint(every_n_train_steps=100)])
+        trainer.fit(model, datamodule=dm)
+    """
+
+    def __init__(
+        self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
+    ) -> None:
+        positive_number("handoff_timeout", handoff_timeout, "number of seconds")
+        if not isinstance(root, (str, Path)) or not str(root).strip():
+            raise ValueError(f"root must be a directory path, got {root!r}.")
+        if key is not None:
+            resolve.check_key(key, "RunDir(key=...)")
+        self.root = Path(root).expanduser().resolve()
+        self.key = key
+        self.handoff_timeout = float(handoff_timeout)
+        self._session = read_session(os.environ, key)
+        if self._session.source is KeySource.EXPLICIT and key is None:
+            try:
+                resolve.check_key(str(self._session.key), f"${ENV['key']}")
+            except ValueError as e:
+                raise RunDirError(str(e)) from None
+        self._lock: RunLock | None = None
+        self._answerer: handoff.Answerer | None = None  # rank 0 of a launch with other ranks
+        self._used = False
+        self._own_load: OwnCheckpointLoad | None = None
+        twin = self._unused_twin()
+        self._resolution: resolve.Resolution = (
+            twin._resolution if twin is not None else self._resolve_for_this_rank()
+        )
+        _LIVE.add(self)
+        self._attempts = AttemptRecorder(self.path)
+        # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
+        # the variable lets them adopt this choice instead of resolving again.
+        os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
+        PROCESS.announce(self._resolution)
+        log.info("RunDir %s (%s)", self.path, self._resolution.reason)
+
+    def _unused_twin(self) -> RunDir | None:
+        """An earlier ``RunDir`` of this process for the same session that no Trainer has used yet.
+
+        Two of them are almost always two ``RunDir``s meant for one Trainer (which Lightning refuses):
+        sharing the first one's run dir keeps a second, orphan run dir from being created.
+        """
+        if self._session.key is None:
+            return None
+        for other in list(_LIVE):
+            if other.root == self.root and other.session_key == self._session.key and not other._used:
+                warn(
+                    f"A second RunDir for session {self._session.key!r} under {str(self.root)!r} was "
+                    "constructed while the first is still unused; it shares the first one's run dir "
+                    f"{str(other.path)!r}. A Trainer takes exactly one RunDir: pass the same object to every "
+                    "place that needs it.",
+                    all_ranks=True,
+                    stacklevel=3,
+                )
+                return other
+        return None
+
+    def _resolve_for_this_rank(self) -> resolve.Resolution:
+        if not is_global_zero(os.environ):
+            inherited = os.environ.get(ENV["handoff"], "")
+            parent, _, payload = inherited.partition(":")
+            if payload and parent == str(os.getppid()):
+                return resolve.Resolution.from_json(payload)
+            launch = launch_key(os.environ)
+            if launch is not None:
+                return handoff.ask(self.root, launch, global_rank(os.environ), self.handoff_timeout)
+        resolve.prepare_root(self.root)
+        resolution, self._lock = resolve.claim(self.root, self._session)  # decided and locked at once
+        weakref.finalize(self, self._lock.release)
+        launch = launch_key(os.environ)
+        if launch is not None and expects_peers(os.environ):
+            try:
+                self._answerer = handoff.Answerer(self.root, launch, resolution)
+            except RunDirError:
+                self._lock.release()
+                raise
+            weakref.finalize(self, self._answerer.stop)
+        return resolution
+
+    @property
+    def path(self) -> Path:
+        """The run directory."""
+        return self._resolution.path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where this run's checkpoints live: ``path / "checkpoints"``."""
+        return layout.checkpoint_dir(self.path)
+
+    @property
+    def run_id(self) -> str:
+        """The run's unique id."""
+        return self._resolution.run_id
+
+    @property
+    def is_resumed(self) -> bool:
+        """Whether this process continues an earlier attempt of the run."""
+        return self._resolution.is_resumed
+
+    @property
+    def session_key(self) -> str | None:
+        """The session key this run is recorded under, if any."""
+        return self._session.key
+
+    @property
+    def attempts(self) -> AttemptRecorder:
+        """The record of this attempt in ``attempts.json`` (written by global rank 0)."""
+        return self._attempts
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        first = not self._used  # trainer.test() after fit sets up again: the configuration is kept
+        self._used = True
+        self._check_ranks_agree(trainer)
+        redirected = [
+            cb
+            for cb in trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None
+        ]
+        for callback in redirected:
+            callback.dirpath = str(self.checkpoint_dir)
+        if redirected and trainer.is_global_zero:
+            log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
+        # LightningCLI's configuration into the run dir; Hydra's output dir
+        _launcher_config.on_setup(trainer, self.root, self.path, self.run_id, first)
+        if stage != "fit":
+            # validate/test/predict of the run's own checkpoint (ckpt_path="best"): its hyperparameters
+            self._own_load = OwnCheckpointLoad(trainer, self.path)
+            self._own_load.install()
+        self._attempts.begin(trainer, stage)
+
+    def _check_ranks_agree(self, trainer: pl.Trainer) -> None:
+        """Every rank is in the process group now: stop answering; refuse a split launch.
+
+        Ranks that took different run dirs (or disagree whether this is a restart) would wait on each
+        other's collectives for good; all of them raise instead.
+
+        Raises:
+            RunDirError: a rank's run dir or restart differs from rank 0's.
+        """
+        mine = (self.run_id, str(self.path), self.is_resumed)
+        theirs = broadcast(trainer.strategy, mine)
+        split = any_rank(trainer.strategy, tuple(theirs) != mine)
+        self._stop_answering()
+        if split:
+            raise RunDirError(
+                f"The ranks of this launch do not agree on the run: global rank 0 uses {theirs[1]!r} "
+                f"(restart: {theirs[2]}), and at least one rank another one (this rank: {mine[1]!r}, "
+                f"restart: {mine[2]}). Training would mix runs or hang. Relaunch the job; if it persists, "
+                "check that every rank sees the same runs root and the same scheduler variables.",
+                self.path,
+            )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and self._session.key is not None and self._resolution.owns_index:
+            resolve.check_index(self.root, self._session.key, self.path)
+        self._record_status(trainer, RunStatus.RUNNING)
+        self._attempts.train_started(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._attempts.step(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record_status(trainer, RunStatus.FINISHED)
+        self._attempts.finished(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._record_status(trainer, *self._attempts.stopped(trainer, exception))
+        self._stop_answering()
+        # The lock stays until this process exits or fits again: a save may still be on its way
+        # (RequeueCheckpoint's, in a writer process), and no other attempt may start meanwhile.
+        self._uninstall_own_load()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._uninstall_own_load()
+        if stage == "fit":
+            self._attempts.refresh(trainer)
+            self._release()
+
+    def _uninstall_own_load(self) -> None:
+        own_load, self._own_load = self._own_load, None
+        if own_load is not None:
+            own_load.uninstall()
+
+    def _release(self) -> None:
+        """This attempt no longer trains here: another may take the run dir."""
+        self._stop_answering()
+        if self._lock is not None:
+            self._lock.release()
+
+    def _stop_answering(self) -> None:
+        answerer, self._answerer = self._answerer, None
+        if answerer is not None:
+            answerer.stop()
+
+    def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
+        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only.
+
+        Never raises: the status is a record for the tools, and an error here (a full disk) must not
+        replace the error that is ending ``fit`` or turn a finished run into a failed one.
+        """
+        if not trainer.is_global_zero:
+            return
+        try:
+            write_status(self.path, status, self._attempts.known_step(trainer), detail)
+        except OSError as e:
+            log.warning("could not record status %r in %s: %s", status.value, self.path, e)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "path": str(self.path)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        stored = state_dict.get("run_id")
+        if stored is None or stored == self.run_id:
+            return
+        if self.is_resumed:
+            raise ResumeError(
+                f"This restart of run {self.run_id!r} ({str(self.path)!r}) was asked to resume a checkpoint "
+                f"of run {stored!r} ({state_dict.get('path')!r}). Refusing to mix two runs: check which "
+                "checkpoint is passed to fit(ckpt_path=...) and which run dir the session index points at.",
+                self.path,
+            )
+        log.info("Fresh run %s starts from a checkpoint of run %s", self.run_id, stored)

@@ -1,0 +1,126 @@
+"""``MLFlowLogger``: Lightning's MLflow logger, which continues its run after a restart."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from lightning_resume._compat.lightning import mlflow_target, set_mlflow_run
+from lightning_resume._warnings import warn
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.trackers.sidecar import Recorded, check_recorded
+
+log = logging.getLogger(__name__)
+
+TRACKER = "mlflow"
+#: Where an MLflow run lives: a run id means something only in one tracking store, and the
+#: experiment is where the user looks for it.
+PLACE_FIELDS = ("tracking_uri", "experiment_name")
+
+
+def normalize_uri(uri: str | None) -> str | None:
+    """One spelling per local store: ``./mlruns``, ``file:./mlruns`` and ``file:///abs/mlruns`` alike.
+
+    Local file stores become ``file:/abs/path``, SQLite files ``sqlite:////abs/path``;
+    other URIs (servers, databases) are kept as they are.
+    """
+    if not uri:
+        return uri
+    if uri.startswith("sqlite:///"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).expanduser().resolve())
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return "file:" + str(Path(parsed.path).expanduser().resolve())
+    if not parsed.scheme:
+        return "file:" + str(Path(uri).expanduser().resolve())
+    return uri
+
+
+class MLFlowLogger(_LightningMLFlowLogger):
+    """Lightning's ``MLFlowLogger``; after a restart it continues the MLflow run of the first attempt.
+
+    Takes the arguments of :class:`lightning.pytorch.loggers.MLFlowLogger`. On a restart of a
+    :class:`~lightning_resume.RunDir` whose :class:`~lightning_resume.MLflowResume` recorded a run, the
+    logger continues that run (no new run is created), provided its tracking store and experiment
+    name are the recorded ones; otherwise it warns and creates a new run where it is configured to.
+    An explicit ``run_id`` wins. The continued run is set back to ``RUNNING``.
+
+    Lightning's logger creates its run when ``fit`` starts, before any callback hook, and reads no run
+    id from the environment: the logger itself has to consult the run dir, which is why
+    ``MLflowResume`` needs this class.
+
+    MLflow cannot delete logged points: after a kill without warning (``SIGKILL``), the steps between
+    the last checkpoint and the kill appear twice in a metric's history (the earlier timestamps are
+    the killed attempt's); after a preemption signal, nothing is logged twice.
+
+    Example::
+
+        from lightning_resume.loggers import MLFlowLogger
+
+        trainer = Trainer(
+            logger=MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db"),
+            callbacks=[RunDir(root="runs"), RequeueCheckpoint(), MLflowResume()],
+        )
+    """
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        """The ``MlflowClient``; on first use the run is created, or continued after a restart."""
+        target = mlflow_target(self)
+        if not target.started and target.run_id is None:
+            run_id = self._recorded_run(target.tracking_uri, target.experiment_name)
+            if run_id is not None:
+                set_mlflow_run(self, run_id)
+                client = super().experiment
+                client.update_run(run_id, status="RUNNING")
+                return client
+        return super().experiment
+
+    def _recorded_run(self, tracking_uri: str, experiment_name: str) -> str | None:
+        """The run id recorded in the run dir to continue, or ``None`` for a new run."""
+        resolution = PROCESS.current
+        if resolution is None or not resolution.is_resumed:
+            return None
+        now = {"tracking_uri": normalize_uri(tracking_uri), "experiment_name": experiment_name}
+        check = check_recorded(resolution.path, TRACKER, ("id",), now, PLACE_FIELDS, known_only=False)
+        if check.found is Recorded.UNREADABLE:
+            log.debug("not resuming from %s: %s", check.path, check.error)  # MLflowResume warns about it
+            return None
+        if check.found is Recorded.MISSING:
+            return None
+        assert check.sidecar is not None
+        if check.found is Recorded.ELSEWHERE:
+            warn(f"MLFlowLogger: {check.refusal(TRACKER)}", all_ranks=True, stacklevel=4)
+            return None
+        run_id = str(check.sidecar.identity["id"])
+        problem = _unusable_run(tracking_uri, run_id)
+        if problem:
+            warn(
+                f"MLFlowLogger: the recorded MLflow run {run_id!r} ({str(check.path)!r}) {problem}; a new "
+                "run is created.",
+                all_ranks=True,
+                stacklevel=4,
+            )
+            return None
+        log.info("Restart of run %s: MLflow continues run %s", resolution.run_id, run_id)
+        return run_id
+
+
+def _unusable_run(tracking_uri: str, run_id: str) -> str:
+    """Why ``run_id`` cannot be continued in ``tracking_uri`` (``""`` when it can)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(tracking_uri).get_run(run_id)
+    except MlflowException as e:
+        return f"cannot be read ({e.error_code})"
+    if run.info.lifecycle_stage == "deleted":
+        return "was deleted"
+    return ""

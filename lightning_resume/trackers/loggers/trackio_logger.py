@@ -1,0 +1,248 @@
+"""``TrackioLogger``: a Lightning logger for trackio, which continues its run after a restart."""
+
+from __future__ import annotations
+
+import logging
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from typing_extensions import override
+
+from lightning_resume._warnings import warn
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.trackers.sidecar import Recorded, check_recorded
+
+log = logging.getLogger(__name__)
+
+TRACKER = "trackio"
+#: Identity fields that say where a trackio run lives (``url``, a Space or server, is recorded only:
+#: trackio rewrites the ``space_id`` it is given, so it cannot be compared before the run exists).
+PLACE_FIELDS = ("project", "dir")
+
+Resume = Literal["never", "allow", "must"]
+
+
+def import_trackio() -> Any:
+    """Import trackio, or fail with the install command."""
+    try:
+        import trackio
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            'trackio is not installed. Install it with: pip install "lightning-resume[trackio]"'
+        ) from e
+    return trackio
+
+
+def storage_dir() -> Path:
+    """Where trackio keeps its local databases in this process.
+
+    trackio reads ``TRACKIO_DIR`` once, when it is first imported, into ``trackio.utils.TRACKIO_DIR``;
+    that module attribute (not the variable now) is the truth. A test pins it.
+    """
+    return Path(import_trackio().utils.TRACKIO_DIR).expanduser().resolve()
+
+
+def run_identity(run: Any) -> dict[str, Any]:
+    """The identity of a trackio ``Run``: what resuming it needs and where it lives."""
+    return {
+        "id": run.id,
+        "name": run.name,
+        "project": run.project,
+        "group": run.group,
+        "dir": str(storage_dir()),
+        "url": getattr(run, "url", None),
+    }
+
+
+def run_ids_named(project: str, name: str) -> list[str]:
+    """Ids of the runs called ``name`` in the local database of ``project`` (trackio's public ``Api``)."""
+    try:
+        runs = import_trackio().Api().runs(project)
+    except ValueError:  # no such project yet
+        return []
+    return [str(run.id) for run in runs if run.name == name]
+
+
+def _params_dict(params: Mapping[str, Any] | Namespace) -> dict[str, Any]:
+    """Hyperparameters as a plain dict; callables (e.g. a class or a function) by name."""
+    items = vars(params) if isinstance(params, Namespace) else dict(params)
+    return {
+        str(key): getattr(value, "__name__", repr(value)) if callable(value) else value
+        for key, value in items.items()
+    }
+
+
+class TrackioLogger(Logger):
+    """Log metrics and hyperparameters to `trackio <https://github.com/gradio-app/trackio>`_.
+
+    A first-class Lightning logger: ``Trainer(logger=TrackioLogger(project="mnist"))`` or
+    ``class_path: lightning_resume.loggers.TrackioLogger`` in LightningCLI YAML. ``name`` is the trackio
+    project and ``version`` the run name. The trackio run is created on first use of ``experiment``
+    (Lightning does that at the start of ``fit``) and finished by ``finalize``; used again afterwards
+    (``trainer.test`` after ``fit``), the logger continues the same run.
+
+    Resume: trackio continues a run by its *name*. A fresh start follows ``resume`` (trackio's own
+    rule: ``"never"`` always creates a run, ``"allow"`` continues the run called ``name`` if it exists,
+    ``"must"`` requires it). On a restart of a :class:`~lightning_resume.RunDir` whose
+    :class:`~lightning_resume.TrackioResume` recorded a run, the logger continues that run whatever
+    ``resume`` says, provided the project and the storage dir (``TRACKIO_DIR``) are the recorded ones
+    and no other run of the project has the recorded name; otherwise it warns and creates a new run. An
+    explicit ``name`` that differs from the recorded one wins.
+
+    trackio reads ``TRACKIO_DIR`` when it is first imported, which this logger does lazily: set the
+    variable before the first ``experiment``.
+
+    Args:
+        project: The trackio project.
+        name: The run name (trackio generates one when ``None``).
+        group: The run's group in the dashboard.
+        resume: trackio's resume rule for a fresh start: ``"never"``, ``"allow"`` or ``"must"``.
+        prefix: A string put before every metric key, joined with ``"-"``.
+        space_id: A Hugging Face Space to log to (``None``: local only, or ``TRACKIO_SPACE_ID``).
+        auto_log_cpu: Log CPU and memory use in the background (``None``: trackio decides).
+        auto_log_gpu: Log GPU use in the background (``None``: trackio decides).
+        **init_kwargs: Further ``trackio.init`` arguments (from Python; YAML takes the named ones).
+
+    Raises:
+        ModuleNotFoundError: when trackio is not installed (at the first ``experiment``).
+        ValueError: for an empty ``project`` or an unknown ``resume``.
+
+    Example::
+
+        from lightning_resume.loggers import TrackioLogger
+
+        trainer = Trainer(
+            logger=TrackioLogger(project="mnist"),
+            callbacks=[RunDir(root="runs"), TrackioResume(), RequeueCheckpoint()],
+        )
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        project: str,
+        name: str | None = None,
+        group: str | None = None,
+        resume: Resume = "never",
+        prefix: str = "",
+        space_id: str | None = None,
+        auto_log_cpu: bool | None = None,
+        auto_log_gpu: bool | None = None,
+        **init_kwargs: Any,
+    ) -> None:
+        if not project:
+            raise ValueError(f"project must be a non-empty string, got {project!r}.")
+        if resume not in ("never", "allow", "must"):
+            raise ValueError(f"resume must be 'never', 'allow' or 'must', got {resume!r}.")
+        super().__init__()
+        self._project = project
+        self._name = name
+        self._group = group
+        self._resume = resume
+        self._prefix = prefix
+        explicit = {"space_id": space_id, "auto_log_cpu": auto_log_cpu, "auto_log_gpu": auto_log_gpu}
+        self._init_kwargs = {**{k: v for k, v in explicit.items() if v is not None}, **init_kwargs}
+        self._experiment: Any = None
+        self._finished_name: str | None = None
+
+    @property
+    @override
+    def name(self) -> str:
+        """The trackio project."""
+        return self._project
+
+    @property
+    @override
+    def version(self) -> str | None:
+        """The run name (``None`` until trackio has generated one, when no ``name`` was given)."""
+        if self._experiment is not None:
+            return str(self._experiment.name)
+        return self._finished_name or self._name
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        """The ``trackio.Run``, created on first use (rank 0; other ranks get a no-op object)."""
+        if self._experiment is None:
+            trackio = import_trackio()
+            name, resume, recorded = self._choose_run()
+            self._experiment = trackio.init(
+                project=self._project, name=name, group=self._group, resume=resume, **self._init_kwargs
+            )
+            if recorded is not None and self._experiment.id != recorded["id"]:
+                warn(
+                    f"TrackioLogger: the recorded trackio run {recorded['name']!r} (id {recorded['id']!r}) "
+                    f"was not found in project {self._project!r} under {str(storage_dir())!r}; logging to a "
+                    f"new run with id {self._experiment.id!r}.",
+                    all_ranks=True,
+                )
+        return self._experiment
+
+    def _choose_run(self) -> tuple[str | None, Resume, dict[str, Any] | None]:
+        """``(name, resume, recorded identity)`` for ``trackio.init``."""
+        if self._finished_name is not None:
+            return self._finished_name, "allow", None
+        default: tuple[str | None, Resume, dict[str, Any] | None] = (self._name, self._resume, None)
+        resolution = PROCESS.current
+        if resolution is None or not resolution.is_resumed:
+            return default
+        now = {"project": self._project, "dir": str(storage_dir())}
+        check = check_recorded(resolution.path, TRACKER, ("id", "name"), now, PLACE_FIELDS, known_only=False)
+        if check.found is Recorded.UNREADABLE:
+            log.debug("not resuming from %s: %s", check.path, check.error)  # TrackioResume warns about it
+            return default
+        if check.found is Recorded.MISSING:
+            return default
+        assert check.sidecar is not None
+        identity = check.sidecar.identity
+        if check.found is Recorded.ELSEWHERE:
+            warn(f"TrackioLogger: {check.refusal(TRACKER)}", all_ranks=True, stacklevel=3)
+            return default
+        if self._name is not None and self._name != identity["name"]:
+            log.info("Explicit trackio run name %r wins over the recorded %r", self._name, identity["name"])
+            return default
+        others = sorted(set(run_ids_named(self._project, identity["name"])) - {identity["id"]})
+        if others:
+            # trackio resumes the newest run with a name: that could be one of these, not the recorded one.
+            warn(
+                f"TrackioLogger: not continuing trackio run {identity['name']!r} (id {identity['id']!r}): "
+                f"project {self._project!r} also has run(s) {others} with that name, and trackio continues a "
+                "run by name, so it could write into one of them. A new run is created instead; rename the "
+                "other run(s) to continue the recorded one on the next restart.",
+                all_ranks=True,
+                stacklevel=3,
+            )
+            return default
+        log.info("Restart of run %s: trackio continues run %s", resolution.run_id, identity["name"])
+        return str(identity["name"]), "allow", identity
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self._prefix:
+            metrics = {f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}": value for key, value in metrics.items()}
+        self.experiment.log(dict(metrics), step=step)
+
+    @override
+    @rank_zero_only
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        self.experiment.config.update(_params_dict(params))
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._experiment is None:
+            return
+        self._finished_name = str(self._experiment.name)
+        self._experiment.finish()
+        self._experiment = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_experiment"] = None  # a trackio run cannot be pickled (spawned processes)
+        return state

@@ -1,0 +1,132 @@
+"""What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit.
+
+Runs on the watchdog thread while the main thread may be stuck anywhere, so it takes no lock the main
+thread may hold: no logging (one line goes straight to file descriptor 2), no Lightning, no
+collective. Each rank acts alone; a rank that is slow to see its own deadline is given a few seconds
+(``linger``) to leave its stacks too before this one exits (its peers' collectives fail when it does).
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from lightning_resume.preemption.requeue import requeue_after_hang
+from lightning_resume.run_dir import attempts, hangs
+from lightning_resume.run_dir.status import RunStatus, write_status
+from lightning_resume.watchdog.monitor import Progress
+
+#: Exit status of a rank that hung: a failure to restart (torchrun restarts the group).
+HANG_EXIT_CODE = 75
+#: Exit status of an attempt stopped because the run keeps failing at the same place: do not requeue.
+CRASH_LOOP_EXIT_CODE = 93
+#: Seconds a hung rank waits for the other ranks' stacks before it exits.
+LINGER_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Who:
+    """This rank, as far as its hang report needs to know.
+
+    Attributes:
+        rank: Global rank.
+        world_size: Number of ranks (1 when unknown).
+        run_dir: The run dir (``None``: stacks go to standard error only).
+        attempt: The attempt number (``None``: worked out from the run dir when needed).
+    """
+
+    rank: int
+    world_size: int
+    run_dir: Path | None
+    attempt: int | None
+
+
+def _say(line: str) -> None:
+    """One line on standard error, without Python's locks (the main thread may hold one)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"lightning_resume: {line}\n".encode(errors="replace"))
+
+
+def _attempt_number(run_dir: Path) -> int:
+    """This attempt's number when nobody told it: rank 0 records it at ``setup``, which hangs before it
+    have not reached."""
+    history = attempts.read(run_dir)
+    return history.next_number(hangs.read_notes(run_dir))
+
+
+def act_on_hang(
+    who: Who,
+    progress: Progress,
+    seconds: float,
+    environ: Mapping[str, str],
+    requeue: bool = True,
+    exit_code: int = HANG_EXIT_CODE,
+    linger: float = LINGER_SECONDS,
+    exit: Callable[[int], NoReturn] = os._exit,
+) -> NoReturn:
+    """Write this rank's stacks and note, record the hang (rank 0), requeue once (rank 0), exit.
+
+    Args:
+        who: This rank.
+        progress: The overdue progress.
+        seconds: How long the rank made no progress.
+        environ: The environment (the scheduler ids, for the requeue).
+        requeue: Whether rank 0 may requeue the job (SLURM; torchrun restarts by itself).
+        exit_code: The exit status.
+        linger: Seconds to wait for every rank's note before exiting.
+        exit: Ends the process (``os._exit``; a test passes something that raises).
+    """
+    where = f"{progress.section.label} " + (
+        "before training" if progress.step is None else f"at step {progress.step}"
+    )
+    what = (
+        f"rank {who.rank} hung in {where}: no progress for {seconds:.1f} s (timeout {progress.timeout:.1f} s)"
+    )
+    stacks_text = "standard error"
+    run_dir, attempt = who.run_dir, who.attempt
+    try:
+        if run_dir is not None:
+            attempt = attempt if attempt is not None else _attempt_number(run_dir)
+            stacks = hangs.stacks_path(run_dir, attempt, who.rank)
+            header = f"{what}\nattempt {attempt}, pid {os.getpid()} on {socket.gethostname()}"
+            hangs.write_stacks(stacks, header)
+            stacks_text = str(stacks)
+            note = hangs.HangNote(
+                attempt=attempt,
+                rank=who.rank,
+                section=progress.section.value,
+                step=progress.step,
+                seconds=round(seconds, 3),
+                timeout=round(progress.timeout, 3),
+                time=time.time(),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                stacks=str(stacks.relative_to(run_dir)),
+            )
+            hangs.write_note(run_dir, note)
+            if who.rank == 0:
+                detail = f"{what}; stacks: {note.stacks}"
+                write_status(run_dir, RunStatus.HUNG, progress.step, detail, {"hang": note.to_dict()})
+    except OSError as e:  # the run dir itself may be what hangs or fails: the stacks still go out
+        _say(f"could not write the hang report to {str(run_dir)!r}: {e}")
+        run_dir = None
+    if run_dir is None:
+        import faulthandler
+
+        faulthandler.dump_traceback(all_threads=True)
+    _say(f"ProgressWatchdog: {what}; stacks: {stacks_text}; exiting with status {exit_code}")
+    if run_dir is not None and attempt is not None and who.world_size > 1:
+        deadline = time.monotonic() + linger
+        while time.monotonic() < deadline and len(hangs.reported_ranks(run_dir, attempt)) < who.world_size:
+            time.sleep(0.1)
+    if who.rank == 0 and requeue:
+        _say(f"ProgressWatchdog: requeue: {requeue_after_hang(environ)}")
+    exit(exit_code)

@@ -1,0 +1,192 @@
+"""A per-rank watchdog thread: acts when the main thread reports no progress within its section's timeout.
+
+The main thread only replaces one immutable :class:`Progress` (a single attribute assignment, no lock),
+so a report costs well under a microsecond and the thread can read it at any time. The thread sleeps
+until the current deadline (at most ``poll`` seconds at a time), so it runs while the main thread is
+blocked in C (a collective, a read on a dead filesystem) and fires within ``poll`` of the deadline.
+
+If the main thread holds the GIL forever (C code that never releases it), no Python thread can run:
+a :class:`Backstop` then has :mod:`faulthandler`'s own C thread dump the stacks to stderr and exit with
+status 1, :data:`Backstop.MARGIN` seconds after the Python watchdog would have acted.
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from lightning_resume.watchdog.timeouts import Section
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the main thread last reported.
+
+    Attributes:
+        section: Where the rank is.
+        step: The global step it has reached (``None`` before training).
+        since: ``time.monotonic()`` when the section began or last made progress.
+        timeout: Seconds it may go without progress.
+        until: Stop watching once this returns ``True`` (checked by the thread).
+    """
+
+    section: Section
+    step: int | None
+    since: float
+    timeout: float
+    until: Callable[[], bool] | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.since + self.timeout
+
+
+class Backstop:
+    """:mod:`faulthandler`'s C-level timer, kept armed past the Python watchdog's deadline.
+
+    Re-arming starts a thread (about 50 us), so it is re-armed only when a deadline would come too
+    close: at most once per section timeout plus :data:`MARGIN`.
+    """
+
+    #: Seconds after the Python watchdog's deadline that the backstop fires.
+    MARGIN = 60.0
+
+    def __init__(self, file: IO[Any] | None = None) -> None:
+        self._file = file if file is not None else _stderr()
+        self._fires_at: float | None = None
+
+    def keep_after(self, deadline: float) -> None:
+        """Make sure the backstop fires no earlier than ``deadline + MARGIN`` (``time.monotonic()``)."""
+        if self._file is None:
+            return
+        wanted = deadline + self.MARGIN
+        if self._fires_at is not None and self._fires_at >= wanted:
+            return
+        now = time.monotonic()
+        window = 2 * (wanted - now)
+        faulthandler.dump_traceback_later(window, exit=True, file=self._file)
+        self._fires_at = now + window
+
+    def cancel(self) -> None:
+        if self._fires_at is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._fires_at = None
+
+
+def _stderr() -> IO[Any] | None:
+    """The process's standard error, if it is a real file descriptor (faulthandler writes to one)."""
+    stream = sys.__stderr__
+    try:
+        if stream is not None:
+            stream.fileno()
+            return stream
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+class Watchdog:
+    """A daemon thread that calls ``on_hang(progress, seconds)`` when progress is overdue.
+
+    ``on_hang`` runs on the watchdog thread and is expected to end the process; if it returns, the
+    thread stops.
+
+    Args:
+        on_hang: Called once with the overdue :class:`Progress` and the seconds without progress.
+        poll: Longest sleep between two looks at the progress.
+        backstop: Whether to keep :class:`Backstop` armed.
+
+    Example::
+
+        dog = Watchdog(lambda p, s: os._exit(75))
+        dog.start()
+        dog.report(Progress(Section.STEP, 12, time.monotonic(), timeout=300.0))
+    """
+
+    def __init__(
+        self, on_hang: Callable[[Progress, float], None], poll: float = 0.5, backstop: bool = True
+    ) -> None:
+        self._on_hang = on_hang
+        self._poll = poll
+        self._progress: Progress | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backstop = Backstop() if backstop else None
+        self.fired: Progress | None = None
+
+    @property
+    def progress(self) -> Progress | None:
+        """The progress last reported (``None``: not watching)."""
+        return self._progress
+
+    def report(self, progress: Progress | None) -> None:
+        """Replace the progress the thread watches (``None``: watch nothing until the next report)."""
+        self._progress = progress
+        if progress is not None and self._backstop is not None and self._watching:
+            self._backstop.keep_after(progress.deadline)
+
+    def start(self) -> None:
+        """Start the thread (once)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="lightning-resume-watchdog", daemon=True)
+        self._thread.start()
+        self.report(self._progress)  # arms the backstop for what was reported before
+
+    def stop(self) -> None:
+        """Stop watching and end the thread (it is not waited for if it is acting on a hang)."""
+        self._progress = None
+        self._stop.set()
+        if self._backstop is not None:
+            self._backstop.cancel()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and self.fired is None:
+            thread.join(timeout=5)
+
+    @property
+    def _watching(self) -> bool:
+        """Started and not stopped (cheaper than asking the thread: this runs at every report)."""
+        return self._thread is not None and not self._stop.is_set()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (the thread may have ended since)."""
+        return self._thread is not None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            progress = self._progress
+            if progress is None:
+                self._stop.wait(self._poll)
+                continue
+            if progress.until is not None and progress.until():
+                if self._progress is progress:  # nothing left to watch: the thread ends
+                    self._progress = None
+                    self._stop.set()
+                    if self._backstop is not None:
+                        with contextlib.suppress(Exception):
+                            self._backstop.cancel()
+                    return
+                continue
+            now = time.monotonic()
+            if now < progress.deadline:
+                self._stop.wait(min(progress.deadline - now, self._poll))
+                continue
+            if self._progress is not progress:
+                continue  # progress was made while we looked
+            self.fired = progress
+            self._on_hang(progress, now - progress.since)
+            return

@@ -1,0 +1,432 @@
+"""``ProgressWatchdog``: a stuck rank becomes a clean restart, and a run that keeps failing a clear stop."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_resume._checks import find_one, flag, positive_number, whole_number
+from lightning_resume._collectives import broadcast
+from lightning_resume._scheduler.environment import ENV, expects_peers
+from lightning_resume.exceptions import CrashLoopStopped
+from lightning_resume.run_dir import attempts
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.resolve import Resolution
+from lightning_resume.run_dir.run_dir import RunDir
+from lightning_resume.watchdog import timeouts as learned
+from lightning_resume.watchdog.action import CRASH_LOOP_EXIT_CODE, HANG_EXIT_CODE, Who, act_on_hang
+from lightning_resume.watchdog.monitor import Progress, Watchdog
+from lightning_resume.watchdog.timeouts import Section, Settings, Timeouts
+
+log = logging.getLogger(__name__)
+
+#: Sections entered inside another one; the outer one goes on (its time so far kept) when they end.
+_NESTED = frozenset({Section.VALIDATION, Section.SAVE, Section.LOAD})
+#: Seconds between two writes of the learned times (a section seen for the first time is written at once).
+_PERSIST_SECONDS = 60.0
+
+
+def _rank_from_env() -> int:
+    """The global rank launchers report before any process group exists (0 when none does)."""
+    for var in (ENV["rank"], ENV["slurm_procid"], ENV["local_rank"]):
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _world_size_from_env() -> int:
+    value = os.environ.get(ENV["world_size"], "")
+    return int(value) if value.strip().isdigit() and int(value) > 0 else 1
+
+
+def _timeout(name: str, value: float | None) -> float | None:
+    return None if value is None else positive_number(name, value, "number of seconds or None")
+
+
+def _on_hang(ref: weakref.ReferenceType[ProgressWatchdog], progress: Progress, seconds: float) -> None:
+    """The watchdog thread's action (held through a weak reference: the thread keeps no callback alive)."""
+    watchdog = ref()
+    if watchdog is not None:
+        act_on_hang(watchdog._who, progress, seconds, os.environ, requeue=watchdog.requeue)
+
+
+class ProgressWatchdog(Callback):
+    """Turn a hung rank into a clean restart, and a run that keeps failing into a clear stop.
+
+    **Hangs.** Each rank runs a watchdog thread (no extra process) that knows which section the rank
+    is in (start-up until the first step has ended, a training step, validation, an epoch end, a
+    checkpoint save, the checkpoint load, teardown) and how long that section may take: the timeout
+    given here, or ``timeout_multiple`` times the slowest time seen for it (never below
+    ``min_timeout``; ``initial_timeout`` while none was seen). The slowest times are kept in the run
+    dir's ``watchdog.json``, so the next attempt starts with them. The thread works while the main
+    thread is blocked in C (a collective waiting for a dead peer, a read on a stuck filesystem). When
+    a rank goes past its timeout, its watchdog writes every thread's Python stack to
+    ``<run dir>/hangs/attempt-<N>-rank-<R>.txt``, logs one line naming the file, records the hang in
+    ``status.json`` (rank 0) and ends the process with :attr:`HANG_EXIT_CODE`: torchrun's
+    ``--max-restarts`` restarts the group, and under SLURM rank 0 requeues the job once (through the
+    same path as :class:`~lightning_resume.PreemptionHandler`). Every rank's own watchdog fires, so no
+    rank waits for a stuck one; the restart resumes from the last durable ``last.ckpt``, exactly.
+
+    **Crash loops.** :class:`~lightning_resume.RunDir` records every attempt in ``attempts.json``.
+    When the last ``max_attempts_without_progress`` attempts all ended failed, hung or killed without a
+    new durable checkpoint, the next attempt stops at ``setup``, before training: it logs one line
+    (the steps reached, the last error or hang, where the stacks are), does not requeue, and raises
+    :class:`~lightning_resume.CrashLoopStopped`, which exits with :attr:`CRASH_LOOP_EXIT_CODE`. Once
+    the cause is fixed, ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train.
+
+    Needs a :class:`~lightning_resume.RunDir` in the same Trainer. In a process that is one rank of
+    several (torchrun, ``srun`` with several tasks, the ranks Lightning's launcher starts), the
+    start-up clock starts when the callback is constructed, so that the process-group set-up is
+    covered: construct it just before the Trainer. A lone process (a notebook, say) is watched from
+    ``setup`` on.
+
+    Args:
+        step_timeout: Seconds a training step (with fetching its batch) may take. ``None``: learned.
+        first_step_timeout: Seconds from construction (or ``setup``) to the end of the first training
+            step, less the checkpoint load and the sanity check (compilation, data warm-up).
+            ``None``: learned.
+        validation_timeout: Seconds one validation batch may take. ``None``: learned.
+        epoch_end_timeout: Seconds from an epoch's last step to the next epoch's first, its
+            validation and saves excepted (epoch-end hooks, new data iterators). ``None``: learned.
+        save_timeout: Seconds a checkpoint save may hold training (waits until durable included).
+            ``None``: learned.
+        load_timeout: Seconds a restart may take to load its checkpoint. ``None``: learned.
+        teardown_timeout: Seconds the end of ``fit`` may take (the last save's wait, teardown hooks).
+            ``None``: learned.
+        timeout_multiple: A learned timeout is this many times the slowest time seen (at least 1).
+        min_timeout: A learned timeout is never below this many seconds.
+        initial_timeout: Seconds allowed to a section never seen before (the first start-up, the
+            first validation, ...).
+        max_attempts_without_progress: Stop before training after this many attempts in a row
+            ended without a new durable checkpoint; ``0`` never stops.
+        requeue: Let rank 0 requeue a hung SLURM job. ``False``: exit only.
+
+    Raises:
+        TypeError: for arguments of the wrong type.
+        ValueError: for a timeout that is not positive, or a multiple below 1.
+        MissingCallbackError: at ``setup`` without a ``RunDir``.
+        CrashLoopStopped: at ``setup``, when the run is in a crash loop.
+
+    Example::
+
+        callbacks = [RunDir(), RequeueCheckpoint(every_n_train_steps=500), ProgressWatchdog()]
+        trainer = Trainer(callbacks=callbacks)
+    """
+
+    #: Exit status of a rank that hung (a failure to restart from; sysexits' EX_TEMPFAIL).
+    HANG_EXIT_CODE = HANG_EXIT_CODE
+    #: Exit status of an attempt stopped by the crash-loop rule: do not requeue (as NVIDIA's
+    #: ``nvidia-resiliency-ext`` uses).
+    CRASH_LOOP_EXIT_CODE = CRASH_LOOP_EXIT_CODE
+
+    def __init__(
+        self,
+        step_timeout: float | None = None,
+        first_step_timeout: float | None = None,
+        validation_timeout: float | None = None,
+        epoch_end_timeout: float | None = None,
+        save_timeout: float | None = None,
+        load_timeout: float | None = None,
+        teardown_timeout: float | None = None,
+        timeout_multiple: float = 5.0,
+        min_timeout: float = 300.0,
+        initial_timeout: float = 1800.0,
+        max_attempts_without_progress: int = 3,
+        requeue: bool = True,
+    ) -> None:
+        given = {
+            Section.STEP: _timeout("step_timeout", step_timeout),
+            Section.STARTUP: _timeout("first_step_timeout", first_step_timeout),
+            Section.VALIDATION: _timeout("validation_timeout", validation_timeout),
+            Section.EPOCH_END: _timeout("epoch_end_timeout", epoch_end_timeout),
+            Section.SAVE: _timeout("save_timeout", save_timeout),
+            Section.LOAD: _timeout("load_timeout", load_timeout),
+            Section.TEARDOWN: _timeout("teardown_timeout", teardown_timeout),
+        }
+        multiple = positive_number("timeout_multiple", timeout_multiple)
+        if multiple < 1:
+            raise ValueError(
+                f"timeout_multiple must be >= 1, got {timeout_multiple!r}: a timeout below the slowest time "
+                "seen would end healthy ranks."
+            )
+        self.settings = Settings(
+            fixed={section: value for section, value in given.items() if value is not None},
+            multiple=multiple,
+            min_timeout=positive_number("min_timeout", min_timeout, "number of seconds"),
+            initial_timeout=positive_number("initial_timeout", initial_timeout, "number of seconds"),
+        )
+        self.max_attempts_without_progress = whole_number(
+            "max_attempts_without_progress", max_attempts_without_progress, minimum=0
+        )
+        self.requeue = flag("requeue", requeue)
+        self._timeouts = Timeouts(self.settings)
+        self._who = Who(rank=_rank_from_env(), world_size=_world_size_from_env(), run_dir=None, attempt=None)
+        self._run_dir: RunDir | None = None
+        self._step: int | None = None
+        self._section = Section.STARTUP
+        self._since = time.monotonic()
+        self._outer: tuple[Section, float] | None = None  # the section a nested one interrupted, its time
+        self._first_batch: float | None = None  # when the first step's batch arrived
+        self._dirty = False
+        self._persisted = time.monotonic()
+        self._persist_failed = False
+        self._dog = self._new_watchdog()
+        self._report()
+        if expects_peers(os.environ) or os.environ.get(ENV["elastic_run"]):
+            # One rank of several: watch from now, so that the process-group set-up is covered. A
+            # lone process (a notebook, say) may wait long before fit: it is watched from setup.
+            self._dog.start()
+        PROCESS.when_ready(self._bind)
+
+    def _new_watchdog(self) -> Watchdog:
+        dog = Watchdog(functools.partial(_on_hang, weakref.ref(self)))
+        weakref.finalize(self, dog.stop)
+        return dog
+
+    # -- where the rank is ------------------------------------------------------------------------------
+
+    def _report(self, until: Callable[[], bool] | None = None) -> None:
+        section = self._section
+        self._dog.report(Progress(section, self._step, self._since, self._timeouts.timeout(section), until))
+
+    def _enter(self, section: Section, trainer: pl.Trainer | None = None) -> None:
+        """Start ``section`` now (a nested one remembers the section it interrupts)."""
+        now = time.monotonic()
+        if section in _NESTED and self._section not in _NESTED:
+            self._outer = (self._section, now - self._since)
+        elif section not in _NESTED:
+            self._outer = None
+        self._section, self._since = section, now
+        if trainer is not None:
+            self._step = trainer.global_step
+        self._report()
+
+    def _leave_nested(self, trainer: pl.Trainer) -> None:
+        """End a nested section, and go on with the section it interrupted (its time so far kept).
+
+        A save is counted here (it ends at whatever hook comes next); validation batches and the
+        load are counted by their own hooks.
+        """
+        if self._section not in _NESTED or self._outer is None:
+            return
+        now = time.monotonic()
+        if self._section is Section.SAVE:
+            spent = now - self._since
+            self._observe(Section.SAVE, spent, trainer)
+            if self._run_dir is not None and trainer.is_global_zero:
+                self._run_dir.attempts.saved(spent)
+        outer, before = self._outer
+        self._outer = None
+        self._section, self._since = outer, now - before
+        self._report()
+
+    def _observe(self, section: Section, seconds: float, trainer: pl.Trainer) -> None:
+        first = section not in self._timeouts.slowest
+        if self._timeouts.observe(section, seconds):
+            self._dirty = True
+        if self._dirty and (first or time.monotonic() - self._persisted >= _PERSIST_SECONDS):
+            self._persist(trainer)
+
+    def _persist(self, trainer: pl.Trainer) -> None:
+        """Write the learned times to ``watchdog.json`` (rank 0); a failure is reported, never raised."""
+        self._persisted = time.monotonic()
+        self._dirty = False
+        path = self._who.run_dir
+        if path is None or not trainer.is_global_zero:
+            return
+        try:
+            learned.write(path, self._timeouts, self.max_attempts_without_progress)
+        except OSError as e:
+            if not self._persist_failed:  # once: it is retried every minute
+                self._persist_failed = True
+                log.warning("could not record the watchdog's timeouts in %s: %s", path, e)
+
+    def _bind(self, resolution: Resolution) -> None:
+        """The run dir is known: start from the section times earlier attempts saw."""
+        self._who = Who(self._who.rank, self._who.world_size, resolution.path, self._who.attempt)
+        self._timeouts.merge(learned.read_slowest(resolution.path))
+        self._report()
+
+    # -- hooks ------------------------------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            self._dog.report(None)  # only fit is watched
+            return
+        why = "it records hangs and attempts in the run dir"
+        self._run_dir = run_dir = find_one(trainer, RunDir, "ProgressWatchdog", why)
+        if self._dog.fired is None and not self._dog.alive:
+            if self._dog.started:  # a second fit with this callback
+                self._dog = self._new_watchdog()
+            # A lone process is watched from here (and a second fit from its own start).
+            self._section, self._since, self._outer = Section.STARTUP, time.monotonic(), None
+            self._first_batch = None
+            self._report()
+            self._dog.start()
+        stop: str | None = None
+        number = run_dir.attempts.begin(trainer, stage)
+        if trainer.is_global_zero:
+            stop = self._crash_loop(run_dir)
+        number, stop = broadcast(trainer.strategy, (number, stop))
+        self._who = Who(trainer.global_rank, trainer.world_size, run_dir.path, number)
+        self._timeouts.merge(learned.read_slowest(run_dir.path))
+        if trainer.is_global_zero:
+            self._persist(trainer)
+        if stop is not None:
+            self._dog.report(None)
+            if trainer.is_global_zero:
+                log.error("%s", stop)
+            raise CrashLoopStopped(stop, self.CRASH_LOOP_EXIT_CODE, self.max_attempts_without_progress)
+        if run_dir.is_resumed:
+            self._enter(Section.LOAD)
+        else:
+            self._report()
+
+    def _crash_loop(self, run_dir: RunDir) -> str | None:
+        """The line to stop with, when the last attempts ended without progress (rank 0)."""
+        if self.max_attempts_without_progress == 0:
+            return None
+        history = run_dir.attempts.history
+        streak = attempts.without_progress(history, before=run_dir.attempts.number)
+        if len(streak) < self.max_attempts_without_progress:
+            return None
+        return (
+            f"ProgressWatchdog: not training: the last {len(streak)} attempts of run {run_dir.run_id} ended "
+            f"without a new durable checkpoint ({attempts.describe_streak(streak)}). Exiting with status "
+            f"{self.CRASH_LOOP_EXIT_CODE}, without a requeue. Fix the cause, then run "
+            f"`lightning-resume reset-crash-loop {run_dir.path}` and submit again."
+        )
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._section is Section.LOAD:
+            self._observe(Section.LOAD, time.monotonic() - self._since, trainer)
+            self._leave_nested(trainer)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Sharded strategies load after this hook; the others have loaded by now (or had nothing to load).
+        if self._section is Section.LOAD and not trainer.strategy.restore_checkpoint_after_setup:
+            self._leave_nested(trainer)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step = trainer.global_step  # restored by now
+        self._report()
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave_nested(trainer)  # a save that ended before this validation
+        self._enter(Section.VALIDATION, trainer)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._section is Section.VALIDATION:
+            now = time.monotonic()
+            self._observe(Section.VALIDATION, now - self._since, trainer)
+            self._since = now
+            self._report()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._section is Section.VALIDATION:
+            self._leave_nested(trainer)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave_nested(trainer)
+        if self._section is Section.EPOCH_END:
+            self._observe(Section.EPOCH_END, time.monotonic() - self._since, trainer)
+            self._enter(Section.STEP, trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._leave_nested(trainer)
+        if self._section is Section.STARTUP:
+            if self._first_batch is None:
+                self._first_batch = time.monotonic()
+        elif self._section is Section.EPOCH_END:
+            self._observe(Section.EPOCH_END, time.monotonic() - self._since, trainer)
+            self._enter(Section.STEP, trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._leave_nested(trainer)
+        now = time.monotonic()
+        if self._section is Section.STARTUP:
+            self._observe(Section.STARTUP, now - self._since, trainer)
+            self._observe(Section.STEP, now - (self._first_batch or self._since), trainer)
+        elif self._section is Section.STEP:
+            self._observe(Section.STEP, now - self._since, trainer)
+        self._enter(Section.EPOCH_END if trainer.is_last_batch else Section.STEP, trainer)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning calls this as the checkpoint is assembled; the write, and any wait until it is
+        # durable, follow before training calls another hook, which ends the section.
+        if self._section is not Section.SAVE:
+            self._enter(Section.SAVE, trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave_nested(trainer)
+        self._enter(Section.TEARDOWN, trainer)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave_nested(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self._section is Section.TEARDOWN:
+            self._observe(Section.TEARDOWN, time.monotonic() - self._since, trainer)
+        self._persist(trainer)
+        self._dog.stop()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._dog.fired is not None:
+            # This rank's watchdog is acting on a hang (this error is a peer's collective failing as it
+            # exited): the watchdog's report and exit status are the ones that tell what happened.
+            time.sleep(60)
+        if trainer.state.fn != "fit":
+            return
+        if isinstance(exception, CrashLoopStopped):
+            self._dog.stop()
+            return
+        self._persist(trainer)
+        # Lightning's clean-up after the error is still watched; it is over once the stage is reset.
+        ref = weakref.ref(trainer)
+        self._section, self._since, self._outer = Section.TEARDOWN, time.monotonic(), None
+        self._report(until=lambda: (t := ref()) is None or t.state.stage is None)
