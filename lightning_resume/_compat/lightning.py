@@ -1,19 +1,98 @@
-"""The one place that touches Lightning internals, for what Lightning offers no public route.
+"""Every touch of Lightning's internals, for what Lightning offers no public route.
 
-Pinned by ``tests/resume/test_lightning_internals.py``: when Lightning changes, that test fails loudly.
+One named function (or class) per touch: private attributes and classes read or written, methods of
+Lightning's objects stood in for, the Trainer's callback list changed, and the texts of Lightning's
+warnings matched. Pinned by ``tests/_compat/test_lightning.py``: when Lightning changes, that test
+fails loudly. Nothing outside ``lightning_resume._compat`` touches Lightning's internals
+(``tests/_compat/test_seam.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import re
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.loggers import CometLogger, CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.strategies import Strategy
+
+# -- the checkpoint Lightning resumes from --------------------------------------------------------------
+
+
+class LastCheckpointCallback(OnExceptionCheckpoint):
+    """The base of a callback whose ``ckpt_path`` Lightning resumes ``fit`` from (``RequeueCheckpoint``).
+
+    Lightning's checkpoint connector (``_CheckpointConnector._parse_ckpt_path``) treats an
+    ``OnExceptionCheckpoint`` in the Trainer's callbacks specially: with ``fit(ckpt_path=None)`` it
+    switches to ``"last"``, and ``"last"`` considers each such callback's ``ckpt_path`` (with every
+    ``ModelCheckpoint``'s ``last*.ckpt``, newest first). Being a ``Checkpoint`` also keeps Lightning from
+    adding its default ``ModelCheckpoint`` (``_CallbackConnector._configure_checkpoint_callbacks``), and
+    puts the callback after all others in hook order. A subclass overrides the ``ckpt_path`` property.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(dirpath=".", filename="last")  # Lightning's dirpath and filename stay unused
+
+    @property
+    def ckpt_path(self) -> str:
+        raise NotImplementedError
+
+
+# -- methods of Lightning's objects, stood in for ---------------------------------------------------------
+
+
+#: What a :class:`NextLoad` runs instead: ``handler(original, path, args, kwargs)``.
+LoadHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class NextLoad:
+    """Stands in for ``strategy.load_checkpoint`` (an instance attribute) until its first call.
+
+    Lightning reads a checkpoint through ``Strategy.load_checkpoint`` once per stage, every strategy
+    alike (sharded ones call no ``CheckpointIO``). The first call removes the stand-in and runs
+    ``handler(original, path, args, kwargs)``; :meth:`uninstall` removes it when nothing was loaded.
+    """
+
+    def __init__(self, strategy: Strategy, handler: LoadHandler) -> None:
+        self.strategy = strategy
+        self.handler = handler
+        self.original = strategy.load_checkpoint
+
+    def install(self) -> None:
+        self.strategy.load_checkpoint = self  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self.strategy.__dict__.get("load_checkpoint") is self:
+            del self.strategy.load_checkpoint
+
+    def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        self.uninstall()
+        return self.handler(self.original, checkpoint_path, args, kwargs)
+
+
+def put_callback(trainer: pl.Trainer, callback: Callback, before: Callback | None = None) -> None:
+    """Put ``callback`` into the Trainer's callbacks for this ``fit``: first, or just before ``before``.
+
+    Lightning calls ``trainer.callbacks`` in list order and offers no public way to add one after
+    construction. A new list: Lightning may be iterating the old one.
+    """
+    callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
+    at = callbacks.index(before) if before is not None and before in callbacks else 0
+    trainer.callbacks = [*callbacks[:at], callback, *callbacks[at:]]  # type: ignore[attr-defined]
+
+
+def take_callback(trainer: pl.Trainer, callback: Callback) -> None:
+    """Take ``callback`` out of the Trainer's callbacks again."""
+    trainer.callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
 
 
 def restart_train_iterator(trainer: pl.Trainer) -> None:
@@ -426,3 +505,94 @@ def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
     checkpoint at <path>" with the recorded one.
     """
     trainer._checkpoint_connector._ckpt_path = path
+
+
+# -- Lightning's warnings, matched by their texts ------------------------------------------------------
+
+#: What to silence: a pattern of the module that warns ("": any) and patterns of its messages.
+Quieted = tuple[str, tuple[str, ...]]
+_LIGHTNING = r"(lightning\.pytorch|pytorch_lightning)"  # the unified and the standalone package
+#: Lightning's checkpoint connector, on a fresh run with nothing to resume.
+NOTHING_TO_RESUME: Quieted = (
+    rf"{_LIGHTNING}\.trainer\.connectors\.checkpoint_connector",
+    (
+        r"`\.fit\(ckpt_path=None\)` was called without a model",
+        r"\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint available",
+    ),
+)
+#: Lightning's training epoch loop, on a mid-epoch restart with a loader without ``state_dict``.
+NOT_RESUMABLE: Quieted = (
+    rf"{_LIGHTNING}\.loops\.training_epoch_loop",
+    (
+        r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
+        r" not resumable",
+    ),
+)
+
+
+def _remove(filters: list[Any]) -> None:
+    # Removing an "ignore" filter needs no cache reset: ignored warnings are not recorded as seen.
+    installed: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
+    for item in filters:
+        with contextlib.suppress(ValueError):
+            installed.remove(item)
+
+
+class QuietLightning:
+    """Install the filters now; they go when ``owner`` is garbage-collected or :meth:`remove` is called.
+
+    Args:
+        owner: The object whose lifetime bounds the filters.
+        which: What to silence (:data:`NOTHING_TO_RESUME`, :data:`NOT_RESUMABLE`, ...).
+    """
+
+    def __init__(self, owner: object, which: Quieted = NOTHING_TO_RESUME) -> None:
+        module, messages = which
+        before = list(warnings.filters)
+        for message in messages:
+            warnings.filterwarnings("ignore", message=message, module=module)
+        added = [item for item in warnings.filters if item not in before]
+        self._finalizer = weakref.finalize(owner, _remove, added)
+
+    def remove(self) -> None:
+        """Remove the filters now."""
+        self._finalizer()
+
+
+def log_dir_exists(log_dir: Path) -> Quieted:
+    """A logger's "Experiment logs directory ... exists" for ``log_dir``, whose rows are kept."""
+    # The message names the dir as the logger was configured (maybe relative): match its last parts.
+    tail = re.escape(os.sep.join(log_dir.parts[-2:]))
+    return "", (rf"Experiment logs directory (.*{re.escape(os.sep)})?{tail} exists",)
+
+
+@contextlib.contextmanager
+def any_log_dir_exists() -> Iterator[None]:
+    """Silence every "Experiment logs directory ... exists" inside the block."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Experiment logs directory")
+        yield
+
+
+# -- a logger started on first use --------------------------------------------------------------------------
+
+
+class CometLoggerStartedOnFirstUse(CometLogger):
+    """Lightning's ``CometLogger``, its experiment started at the first ``experiment`` instead of in its
+    constructor; a subclass may wrap the start (:meth:`start_experiment`).
+
+    Lightning's constructor ends with ``self._create_experiment()`` (on rank 0); ``experiment`` calls
+    it again when no experiment exists. The first call is skipped, so the first use starts it.
+    """
+
+    _start_on_first_use = False
+
+    def _create_experiment(self) -> None:
+        if not self._start_on_first_use:
+            self._start_on_first_use = True
+            return
+        self.start_experiment(super()._create_experiment)
+
+    def start_experiment(self, start: Callable[[], None]) -> None:
+        """Start the experiment (``start()``); override to do something around it."""
+        start()

@@ -20,6 +20,11 @@ from typing import Any, TypedDict
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from lightning_resume._compat.torch import (
+    iterator_factory,
+    replace_iterator_factory,
+    replaced_iterator_factory,
+)
 from lightning_resume.exact_resume import rng
 
 
@@ -104,12 +109,12 @@ class EpochSampler(Sampler[Any]):
 
 
 class RecordIterator:
-    """Stands in for a loader's ``_get_iterator`` (an instance attribute): records the random state
-    each iterator is made from, or makes it from a given one (:meth:`replay_next`)."""
+    """Makes a loader's iterators in its place (``_compat.torch.replace_iterator_factory``): records the
+    random state each iterator is made from, or makes it from a given one (:meth:`replay_next`)."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
-        self.original = loader._get_iterator
+        self.original = iterator_factory(loader)
         self.start: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -137,14 +142,14 @@ def watch(loader: Any) -> bool:
     """Record the draws of ``loader``'s epochs from now on (a plain loader that can be positioned)."""
     if loader_problem(loader) is not None or hasattr(loader, "state_dict") or _watched(loader):
         return False
-    loader._get_iterator = RecordIterator(loader)
+    replace_iterator_factory(loader, RecordIterator(loader))
     batch_sampler: Any = loader.batch_sampler
     batch_sampler.sampler = EpochSampler(batch_sampler.sampler)
     return True
 
 
 def _watched(loader: DataLoader) -> bool:
-    return isinstance(loader.__dict__.get("_get_iterator"), RecordIterator)
+    return isinstance(replaced_iterator_factory(loader), RecordIterator)
 
 
 def draws(loader: DataLoader) -> EpochDraws | None:
@@ -153,7 +158,7 @@ def draws(loader: DataLoader) -> EpochDraws | None:
         return None
     sampler = getattr(loader.batch_sampler, "sampler", None)
     return {
-        "iterator": loader.__dict__["_get_iterator"].start,
+        "iterator": replaced_iterator_factory(loader).start,
         "sampler": sampler.start if isinstance(sampler, EpochSampler) else None,
     }
 
@@ -168,7 +173,7 @@ def replay(loader: DataLoader, recorded: EpochDraws, batches: int) -> list[list[
     if not _watched(loader) or recorded.get("sampler") is None:
         raise ValueError("replay needs a loader watched since its epoch started")
     if recorded.get("iterator") is not None:
-        loader.__dict__["_get_iterator"].replay_next(recorded["iterator"])
+        replaced_iterator_factory(loader).replay_next(recorded["iterator"])
     size = int(batch_sampler.batch_size)
     skipped = batch_sampler.sampler.resume(recorded["sampler"], batches * size)
     return [skipped[i : i + size] for i in range(0, len(skipped), size)]

@@ -27,6 +27,7 @@ from lightning_resume._compat.lightning import (
     put_back_callback_metrics,
     put_back_epoch_accumulators,
 )
+from lightning_resume._compat.torchmetrics import set_update_count
 
 
 class EpochMetrics(TypedDict):
@@ -83,9 +84,7 @@ def put_back_metric_states(module: torch.nn.Module, states: dict[str, dict[str, 
         for key, value in saved["state"].items():
             if key in metric.metric_state:
                 setattr(metric, key, _to(value, device))
-        # No public setter: the count decides whether compute() warns; the cache must not survive.
-        metric._update_count = int(saved["update_count"])
-        metric._computed = None
+        set_update_count(metric, saved["update_count"])
 
 
 def capture(trainer: pl.Trainer, module_states: dict[str, dict[str, Any]] | None = None) -> EpochMetrics:

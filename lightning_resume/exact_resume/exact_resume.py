@@ -32,6 +32,8 @@ from torch.utils.data import DataLoader
 
 from lightning_resume._collectives import gather_objects
 from lightning_resume._compat.lightning import (
+    NOT_RESUMABLE,
+    QuietLightning,
     between_epochs,
     mark_between_epochs,
     redo_validation_on_restart,
@@ -43,7 +45,6 @@ from lightning_resume._compat.lightning import (
     train_loader_states,
     watch_train_loaders,
 )
-from lightning_resume._compat.quiet_lightning import NOT_RESUMABLE, QuietLightning
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._warnings import warn
 from lightning_resume.exact_resume import data_position, epoch_metrics, per_rank_states, rng, stateful_loaders

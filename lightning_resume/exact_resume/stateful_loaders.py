@@ -23,16 +23,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_resume._compat.lightning import wrapped_sampler
-
-
-def _is_torchdata_random_sampler(sampler: Any) -> bool:
-    cls = type(sampler)
-    return (
-        cls.__name__ == "RandomSampler"
-        and cls.__module__.startswith("torchdata.stateful_dataloader")
-        and not getattr(sampler, "replacement", True)
-        and getattr(sampler, "_num_samples", 0) is None
-    )
+from lightning_resume._compat.torchdata import is_random_sampler
 
 
 def is_stateful(loader: Any) -> bool:
@@ -50,7 +41,7 @@ def unwrap_random_sampler(loader: DataLoader) -> bool:
     batch_sampler = loader.batch_sampler
     wrapper: Any = getattr(batch_sampler, "sampler", None)
     inner = wrapped_sampler(wrapper)
-    if inner is None or not _is_torchdata_random_sampler(inner):
+    if inner is None or not is_random_sampler(inner):
         return False
     batch_sampler.sampler = DistributedSampler(  # type: ignore[union-attr]
         loader.dataset,
@@ -75,7 +66,7 @@ def distributed_samplers(loader: DataLoader) -> list[DistributedSampler]:
 def hidden_sampler_problem(loader: DataLoader) -> str | None:
     """Why a wrapped sampler's order cannot be resumed exactly (``None`` when it can)."""
     inner = wrapped_sampler(getattr(loader.batch_sampler, "sampler", None))
-    if inner is None or _is_torchdata_random_sampler(inner):
+    if inner is None or is_random_sampler(inner):
         return None
     return (
         f"Lightning wraps the train sampler {type(inner).__name__} in its DistributedSamplerWrapper, "

@@ -11,24 +11,12 @@ Only the resumed epoch's iterator gets it: a run draws exactly what it draws wit
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import get_worker_info
 
-
-def seed_as_worker(base_seed: int, worker_id: int) -> None:
-    """Seed this process's generators as torch seeds data-loader worker ``worker_id`` of an iterator
-    whose base seed is ``base_seed`` (``torch/utils/data/_utils/worker.py``, ``_worker_loop``)."""
-    from torch.utils.data._utils.worker import _generate_state
-
-    seed = base_seed + worker_id
-    random.seed(seed)
-    torch.manual_seed(seed)
-    np.random.seed(_generate_state(base_seed, worker_id))
+from lightning_resume._compat.torch import seed_as_worker
 
 
 def fetch(dataset: Any, indices: list[Any], collate_fn: Callable[[list[Any]], Any]) -> Any:

@@ -36,6 +36,7 @@ from torch.utils.data import (
 )
 
 from lightning_resume._compat.lightning import set_epoch_position, wrapped_sampler
+from lightning_resume._compat.torchdata import is_random_sampler
 from lightning_resume._warnings import warn
 from lightning_resume.exact_resume import global_order, rank_states, stateful_loaders
 from lightning_resume.exact_resume.data_position import EpochSampler
@@ -95,7 +96,7 @@ def order_problem(loaders: list[Any]) -> str | None:
     if isinstance(sampler, DistributedSampler):
         inner = wrapped_sampler(sampler)
         # torchdata's RandomSampler is replaced by a plain DistributedSampler (stateful_loaders).
-        if inner is not None and not stateful_loaders._is_torchdata_random_sampler(inner):
+        if inner is not None and not is_random_sampler(inner):
             return (
                 f"Lightning wraps the train sampler {type(inner).__name__} in its DistributedSamplerWrapper, "
                 "whose order depends on the number of ranks"
@@ -300,7 +301,7 @@ class WorldChange:
         if order.kind is not OrderKind.PERMUTATION or not order.shuffle:
             return False
         length = len(loader.dataset)  # type: ignore[arg-type]
-        if not (_is_random(sampler, length) or stateful_loaders._is_torchdata_random_sampler(sampler)):
+        if not (_is_random(sampler, length) or is_random_sampler(sampler)):
             return False
         kept: DistributedSampler[int] = DistributedSampler(
             loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=order.seed, drop_last=order.drop_last

@@ -10,12 +10,10 @@ the tensors' own memory instead (:func:`write_torch_archive`).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import logging
 import mmap
 import os
-import pickle
 import tempfile
 import time
 from collections import OrderedDict
@@ -26,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lightning_resume._compat.torch import record_torch_save
 from lightning_resume._writer.zip_records import ArchiveWriter, Data, Sink
 from lightning_resume.io._parallel_copy import copy_regions
 
@@ -34,34 +33,6 @@ log = logging.getLogger(__name__)
 # A region of the shared buffer ("shm", offset, nbytes) or the record's bytes ("bytes", data).
 Source = tuple[str, int, int] | tuple[str, bytes]
 _PAGE = mmap.PAGESIZE
-
-
-def torch_records_supported() -> bool:
-    """Whether the installed torch has the serialiser entry point :func:`record_torch_save` uses."""
-    save = getattr(torch.serialization, "_save", None)
-    if save is None:
-        return False
-    return list(inspect.signature(save).parameters)[:5] == [
-        "obj",
-        "zip_file",
-        "pickle_module",
-        "pickle_protocol",
-        "_disable_byteorder_record",
-    ]
-
-
-def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
-    """Run torch's serialiser on ``obj``, handing each archive record to ``write_record``.
-
-    The one private torch API used (``torch.serialization._save`` writes to anything with a
-    ``write_record(name, data, nbytes)``); ``tests/io/test_snapshot.py`` pins its behaviour.
-    """
-
-    class _Sink:
-        def write_record(self, name: str, data: Any, nbytes: int) -> None:
-            write_record(name, data, nbytes)
-
-    torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
 
 
 @cache

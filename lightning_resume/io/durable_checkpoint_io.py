@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import lightning
 import torch
 from lightning.fabric.plugins import CheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
 from lightning_resume._checks import expand_dir, flag, is_number, positive_number, whole_number
+from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan
 from lightning_resume._storage.cleanup import clean_stale
@@ -42,7 +42,7 @@ from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats
 from lightning_resume.exceptions import CheckpointVerificationError
 from lightning_resume.io._async_saver import AsyncSaver
 from lightning_resume.io._protocol import CheckpointSettings
-from lightning_resume.io._snapshot import torch_records_supported, write_torch_archive
+from lightning_resume.io._snapshot import write_torch_archive
 from lightning_resume.io._verified_load import load_verified
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class DurableCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
     ) -> None:
         """Save ``checkpoint`` to ``path`` atomically; in the background when ``asynchronous``.
 
@@ -396,7 +396,7 @@ class DurableCheckpointIO(CheckpointIO):
 
     @override
     def load_checkpoint(
-        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+        self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         """Load and verify ``path``; fall back to the newest checkpoint that verifies when it does not.
 
@@ -468,7 +468,7 @@ class DurableCheckpointIO(CheckpointIO):
     # -- remove, teardown ------------------------------------------------------------------------
 
     @override
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | Path) -> None:
         """Delete ``path`` (and its manifest, and its mirror copy) once the save in flight is committed.
 
         The only verified checkpoint of its directory is kept, with a warning.
@@ -565,7 +565,7 @@ class DurableCheckpointIO(CheckpointIO):
 
     # -- metadata --------------------------------------------------------------------------------
 
-    def get_metadata(self, path: _PATH) -> dict[str, Any]:
+    def get_metadata(self, path: str | Path) -> dict[str, Any]:
         """The user metadata stored with the checkpoint at ``path``.
 
         Raises:
@@ -574,7 +574,7 @@ class DurableCheckpointIO(CheckpointIO):
         self._wait_local()
         return dict(self._verified_entry(self._local(path)).metadata)
 
-    def set_metadata(self, path: _PATH, metadata: dict[str, Any]) -> None:
+    def set_metadata(self, path: str | Path, metadata: dict[str, Any]) -> None:
         """Replace the user metadata of the checkpoint at ``path`` (and of its mirror copy).
 
         Raises:
@@ -583,7 +583,7 @@ class DurableCheckpointIO(CheckpointIO):
         """
         self._rewrite(self._local(path), dict(check_metadata(metadata)))
 
-    def update_metadata(self, path: _PATH, metadata: dict[str, Any]) -> None:
+    def update_metadata(self, path: str | Path, metadata: dict[str, Any]) -> None:
         """Add ``metadata`` to the user metadata of the checkpoint at ``path`` (and of its mirror copy).
 
         Raises:
@@ -617,7 +617,7 @@ class DurableCheckpointIO(CheckpointIO):
     # -- helpers ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _local(path: _PATH) -> Path:
+    def _local(path: str | Path) -> Path:
         text = str(path)
         if text.startswith("file://"):
             text = text[len("file://") :]

@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_resume._compat.lightning import put_callback, take_callback
+
 
 class Owner(Protocol):
     def at_epoch_boundary(self, trainer: pl.Trainer) -> None: ...
@@ -29,12 +31,11 @@ class EpochBoundary(Callback):
         self.owner = owner
 
     def attach(self, trainer: pl.Trainer) -> None:
-        """Be the Trainer's first callback (a new list: Lightning may be iterating the old one)."""
-        if self not in trainer.callbacks:  # type: ignore[attr-defined]
-            trainer.callbacks = [self, *trainer.callbacks]  # type: ignore[attr-defined]
+        """Be the Trainer's first callback."""
+        put_callback(trainer, self)
 
     def detach(self, trainer: pl.Trainer) -> None:
-        trainer.callbacks = [c for c in trainer.callbacks if c is not self]  # type: ignore[attr-defined]
+        take_callback(trainer, self)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import lightning.pytorch as pl
-from lightning.pytorch.strategies import Strategy
 
 from lightning_resume._collectives import broadcast
-from lightning_resume._compat.lightning import report_checkpoint_path
+from lightning_resume._compat.lightning import NextLoad, report_checkpoint_path
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
 from lightning_resume.last_ckpt.restart import Restart, decide, record_saved
@@ -46,7 +45,7 @@ class RestartRedirect:
     """Apply the restart rule in ``setup`` and redirect the first load; undo it after ``fit``."""
 
     def __init__(self) -> None:
-        self._wrapper: RedirectFirstLoad | None = None
+        self._wrapper: NextLoad | None = None
 
     def before_fit(
         self,
@@ -96,15 +95,17 @@ class RestartRedirect:
             # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
             saved, damaged = verify_directory(), _never_damaged
         on_redirect = functools.partial(_redirected, trainer, str(last))
-        self._wrapper = RedirectFirstLoad(
+        self._wrapper = NextLoad(
             trainer.strategy,
-            str(last),
-            on_redirect,
-            saved,
-            world_size,
-            damaged,
-            allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
-            owner=own_hparams.owner_name(trainer),
+            RedirectFirstLoad(
+                str(last),
+                on_redirect,
+                saved,
+                world_size,
+                damaged,
+                allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
+                owner=own_hparams.owner_name(trainer),
+            ),
         )
         self._wrapper.install()
         log.info("Restart of run %s: resuming from %s", run.run_id, last)
@@ -131,10 +132,10 @@ def _never_damaged(path: Path) -> bool:
 
 
 class RedirectFirstLoad:
-    """Send the strategy's first ``load_checkpoint`` to ``target``; then put the method back.
+    """What the strategy's first ``load_checkpoint`` does instead: load ``target`` (through
+    :class:`~lightning_resume._compat.lightning.NextLoad`).
 
     Args:
-        strategy: The strategy whose ``load_checkpoint`` this replaces (an instance attribute).
         target: The checkpoint every first load is redirected to (``last.ckpt``).
         on_redirect: Called with the requested path when it differs from ``target``.
         saved_world_size: How many ranks wrote ``target``; a load failure on a different number of
@@ -144,13 +145,12 @@ class RedirectFirstLoad:
             :class:`~lightning_resume.ResumeError` then says what to do) rather than failing for
             another reason.
         allowed: The types the load may unpickle beyond torch's ``weights_only`` set: those of the
-            module's own hyperparameters (:mod:`.own_hparams`).
+            module's own hyperparameters (:mod:`~lightning_resume.run_dir.own_hparams`).
         owner: The module's class name, for the message when the load needs other types.
     """
 
     def __init__(
         self,
-        strategy: Strategy,
         target: str,
         on_redirect: Callable[[str], None],
         saved_world_size: int,
@@ -159,7 +159,6 @@ class RedirectFirstLoad:
         allowed: Callable[[], Mapping[str, Any]] = dict,
         owner: str = "the module",
     ) -> None:
-        self.strategy = strategy
         self.target = target
         self.on_redirect = on_redirect
         self.saved_world_size = saved_world_size
@@ -167,21 +166,18 @@ class RedirectFirstLoad:
         self.damaged = damaged
         self.allowed = allowed
         self.owner = owner
-        self.original = strategy.load_checkpoint
 
-    def install(self) -> None:
-        self.strategy.load_checkpoint = self  # type: ignore[method-assign]
-
-    def uninstall(self) -> None:
-        if self.strategy.__dict__.get("load_checkpoint") is self:
-            del self.strategy.load_checkpoint
-
-    def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.uninstall()
+    def __call__(
+        self,
+        original: Callable[..., Any],
+        checkpoint_path: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
         if os.path.abspath(str(checkpoint_path)) != os.path.abspath(self.target):
             self.on_redirect(str(checkpoint_path))
         try:
-            loaded = own_hparams.load(self.original, self.target, args, kwargs, self.allowed)
+            loaded = own_hparams.load(original, self.target, args, kwargs, self.allowed)
         except Exception as e:
             refused = own_hparams.refusal(self.target, e, self.allowed(), self.owner)
             if refused is not None:

@@ -14,15 +14,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
 from lightning_resume._collectives import broadcast
-from lightning_resume._compat.lightning import saves_directory
-from lightning_resume._compat.quiet_lightning import QuietLightning
+from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning, saves_directory
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
 from lightning_resume.exact_resume import stop_request
@@ -70,7 +68,7 @@ def _lost_save(partial: Path) -> OSError:
     )
 
 
-class RequeueCheckpoint(OnExceptionCheckpoint):
+class RequeueCheckpoint(LastCheckpointCallback):
     """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
 
     ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
@@ -151,8 +149,10 @@ class RequeueCheckpoint(OnExceptionCheckpoint):
             raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
         if dirpath is not None:
             expand_dir(dirpath, "RequeueCheckpoint(dirpath=...)")  # an unset variable: told now
-        super().__init__(dirpath=".", filename=LAST)
-        self._dirpath = dirpath  # Lightning's own ``dirpath`` attribute stays unused (ckpt_path is ours)
+        # Lightning resumes fit from ``ckpt_path`` and adds no ModelCheckpoint of its own: the contract of
+        # an OnExceptionCheckpoint, explained at LastCheckpointCallback.
+        super().__init__()
+        self._dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
         self.expected_interruption_every = expected_interruption_every
         self._cadence = Cadence(every_n_train_steps, expected)  # times every save; chooses "auto"

@@ -12,7 +12,7 @@ anyone else and leaves at once when the parent sends one, which is how ``multipr
 worker. Other forked children (``multiprocessing`` pools...) keep the normal behaviour.
 
 Recognising a worker at fork time needs one look at the stdlib's ``multiprocessing`` internals (the
-process object being launched, in the forking frame); ``tests/run/test_worker_signals.py`` pins it.
+process object being launched, in the forking frame): :func:`~lightning_resume._compat.torch.forked_target`.
 Workers started with ``spawn`` or ``forkserver`` are not forked from this process and keep torch's
 behaviour.
 """
@@ -21,44 +21,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 from collections.abc import Iterable
-from types import FrameType
-from typing import Any
 
-# torch's and torchdata's worker loops.
-_WORKER_LOOPS = frozenset(
-    {
-        ("torch.utils.data._utils.worker", "_worker_loop"),
-        ("torchdata.stateful_dataloader.worker", "_worker_loop"),
-    }
-)
+from lightning_resume._compat.torch import forked_target, is_worker_loop
+
 _BLOCKED: dict[int, frozenset[int]] = {}  # installing pid -> the signals its workers hold back
 _IN_THIS_WORKER: frozenset[int] = frozenset()  # set in a worker whose signals are held back
 _REGISTERED = False
-
-
-def _forked_target() -> Any:
-    """The ``target`` of the ``multiprocessing.Process`` being forked (called from an at-fork hook).
-
-    The one touch of stdlib internals: ``multiprocessing.popen_fork.Popen._launch`` holds the process
-    object as ``process_obj`` while it calls ``os.fork()``.
-    """
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(6):
-        if frame is None:
-            return None
-        process = frame.f_locals.get("process_obj")
-        if process is not None:
-            return getattr(process, "_target", None)
-        frame = frame.f_back
-    return None
-
-
-def is_worker_loop(target: Any) -> bool:
-    """Whether ``target`` is torch's (or torchdata's) DataLoader worker loop."""
-    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) in _WORKER_LOOPS
 
 
 def _wait_for_parent(signals: frozenset[int]) -> None:
@@ -78,7 +48,7 @@ def _after_fork_in_child() -> None:
         return
     signals = _BLOCKED.get(os.getppid())
     _BLOCKED.clear()
-    if signals and is_worker_loop(_forked_target()):
+    if signals and is_worker_loop(forked_target()):
         # Blocked in every thread of the worker, so torch's handler never runs; a thread takes them.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         _IN_THIS_WORKER = signals

@@ -12,6 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_resume._compat.lightning import NextLoad
 from lightning_resume.run_dir import own_hparams
 
 
@@ -19,8 +20,9 @@ class OwnCheckpointLoad:
     """Apply the rule to the strategy's next ``load_checkpoint`` when it loads one of the run's files.
 
     The run's files are those in its run dir and in the ``dirpath`` of the Trainer's
-    ``ModelCheckpoint``s (``trainer.test(ckpt_path="best")``). The wrapper removes itself at its first
-    call, or by :meth:`uninstall` when the stage loads nothing.
+    ``ModelCheckpoint``s (``trainer.test(ckpt_path="best")``). Installed through
+    :class:`~lightning_resume._compat.lightning.NextLoad`: it removes itself at its first call, or by
+    :meth:`uninstall` when the stage loads nothing.
 
     Args:
         trainer: The trainer, in ``setup`` of a stage other than ``fit``.
@@ -30,15 +32,13 @@ class OwnCheckpointLoad:
     def __init__(self, trainer: pl.Trainer, run_dir: Path) -> None:
         self.trainer = trainer
         self.run_dir = run_dir
-        self.strategy = trainer.strategy
-        self.original: Callable[..., dict[str, Any]] = trainer.strategy.load_checkpoint
+        self._next = NextLoad(trainer.strategy, self._load)
 
     def install(self) -> None:
-        self.strategy.load_checkpoint = self  # type: ignore[method-assign]
+        self._next.install()
 
     def uninstall(self) -> None:
-        if self.strategy.__dict__.get("load_checkpoint") is self:
-            del self.strategy.load_checkpoint
+        self._next.uninstall()
 
     def owns(self, path: str) -> bool:
         """Whether ``path`` is a file of this run: in its run dir or a ``ModelCheckpoint``'s ``dirpath``."""
@@ -56,13 +56,18 @@ class OwnCheckpointLoad:
     def _allowed(self) -> dict[str, Any]:
         return own_hparams.trainer_hparams_globals(self.trainer)
 
-    def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.uninstall()
+    def _load(
+        self,
+        original: Callable[..., Any],
+        checkpoint_path: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
         path = str(checkpoint_path)
         if not self.owns(path):
-            return self.original(checkpoint_path, *args, **kwargs)
+            return dict(original(checkpoint_path, *args, **kwargs))
         try:
-            return own_hparams.load(self.original, path, args, kwargs, self._allowed)
+            return own_hparams.load(original, path, args, kwargs, self._allowed)
         except Exception as e:
             why = own_hparams.refusal(path, e, self._allowed(), own_hparams.owner_name(self.trainer))
             if why is None:

@@ -18,12 +18,10 @@ import csv
 import io
 import math
 import os
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._compat.quiet_lightning import Quieted
 from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
 
 METRICS = "metrics.csv"
@@ -136,10 +134,3 @@ def write_purge_event(writer: Any, step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
     writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
     writer.flush()
-
-
-def deletion_warning(log_dir: Path) -> Quieted:
-    """``CSVLogger``'s "Previous log files ... will be deleted" for ``log_dir``, whose rows are kept."""
-    # The message names the dir as the logger was configured (maybe relative): match its last parts.
-    tail = re.escape(os.sep.join(log_dir.parts[-2:]))
-    return "", (rf"Experiment logs directory (.*{re.escape(os.sep)})?{tail} exists",)

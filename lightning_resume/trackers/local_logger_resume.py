@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,13 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
 from lightning_resume._checks import missing
-from lightning_resume._compat.lightning import logging_step, point_logger_at_version
-from lightning_resume._compat.quiet_lightning import QuietLightning
+from lightning_resume._compat.lightning import (
+    QuietLightning,
+    any_log_dir_exists,
+    log_dir_exists,
+    logging_step,
+    point_logger_at_version,
+)
 from lightning_resume._scheduler.environment import is_global_zero
 from lightning_resume._warnings import warn
 from lightning_resume.run_dir import layout
@@ -121,7 +125,7 @@ class LocalLoggerResume(Callback):
             log_dir = Path(recorded.identity["id"])
             if kind == CSV and is_global_zero(os.environ) and _local_logs.set_aside_metrics(log_dir):
                 self._kept.add(kind)
-                self._quiet.append(QuietLightning(self, _local_logs.deletion_warning(log_dir)))
+                self._quiet.append(QuietLightning(self, log_dir_exists(log_dir)))
 
     # -- hooks ----------------------------------------------------------------------------------------
 
@@ -171,8 +175,7 @@ class LocalLoggerResume(Callback):
             point_logger_at_version(logger, recorded["version"])
             if trainer.is_global_zero:
                 _local_logs.remove_new_log_dir(new_dir, (_local_logs.HPARAMS,) if carried else ())
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message="Experiment logs directory")
+                with any_log_dir_exists():
                     _ = logger.experiment  # the writer in the recorded dir, as Lightning makes it
                 if carried:
                     logger.experiment.log_hparams(carried)

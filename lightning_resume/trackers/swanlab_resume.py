@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
+from lightning_resume._compat.swanlab import swanlab_place
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
 # SwanLab's documented environment variables that this callback reads or sets
@@ -27,17 +28,6 @@ ENV = {
 _LOGGER_MODULE = "swanlab.integration.pytorch_lightning"
 
 SwanLabMode = Literal["online", "offline", "local", "disabled"]
-
-
-def swanlab_place(run: Any) -> tuple[str | None, str | None]:
-    """``(project, workspace)`` of a SwanLab run.
-
-    The one private touch of this module: swanlab 0.10 exposes a run's project and workspace publicly
-    only in online mode (``run.path``); they live in the run's settings. A test pins this.
-    """
-    settings = getattr(getattr(getattr(run, "_ctx", None), "config", None), "settings", None)
-    project = getattr(settings, "project", None)
-    return getattr(project, "name", None), getattr(project, "workspace", None)
 
 
 class SwanLabResume(TrackerResume):

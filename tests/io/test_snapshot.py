@@ -18,16 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.manifest import ChecksumWriter
 from lightning_resume._writer.zip_records import write_archive
 from lightning_resume.io._parallel_copy import ALONE_BELOW, PIECE, copy_regions
-from lightning_resume.io._snapshot import (
-    HostBuffer,
-    Staged,
-    stage,
-    torch_records_supported,
-    write_torch_archive,
-)
+from lightning_resume.io._snapshot import HostBuffer, Staged, stage, write_torch_archive
 
 
 class Box:

@@ -20,8 +20,8 @@ from _tracker_data import (
 )
 
 from lightning_resume import RunDir, SwanLabResume
+from lightning_resume._compat.swanlab import swanlab_place
 from lightning_resume.run_dir.binding import PROCESS
-from lightning_resume.trackers.swanlab_resume import swanlab_place
 
 swanlab = pytest.importorskip("swanlab")
 from swanlab.integration.pytorch_lightning import SwanLabLogger  # noqa: E402

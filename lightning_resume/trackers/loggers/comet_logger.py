@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from lightning.pytorch.loggers import CometLogger as _LightningCometLogger
+from typing_extensions import override
+
+from lightning_resume._compat.lightning import CometLoggerStartedOnFirstUse
 
 
-class CometLogger(_LightningCometLogger):
+class CometLogger(CometLoggerStartedOnFirstUse):
     """Lightning's ``CometLogger`` that starts its experiment when Lightning first uses it.
 
     Takes the arguments of :class:`lightning.pytorch.loggers.CometLogger`. Lightning's logger starts
@@ -31,19 +34,11 @@ class CometLogger(_LightningCometLogger):
         )
     """
 
-    # Lightning's constructor ends with ``self._create_experiment()`` (on rank 0); ``experiment`` calls
-    # it again when no experiment exists. The first call is skipped, so the first use starts it.
-    # The one override of a private method of Lightning here, pinned by
-    # tests/resume/test_lightning_internals.py.
-    _start_on_first_use = False
-
-    def _create_experiment(self) -> None:
-        if not self._start_on_first_use:
-            self._start_on_first_use = True
-            return
+    @override
+    def start_experiment(self, start: Callable[[], None]) -> None:
         seeded = random.getstate()
         random.seed()  # from the OS: a name of its own for this attempt's offline archive
         try:
-            super()._create_experiment()
+            start()
         finally:
             random.setstate(seeded)

@@ -19,7 +19,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_resume._compat.lightning import (
+    LastCheckpointCallback,
     MLflowTarget,
+    NextLoad,
     between_epochs,
     callback_metrics,
     capture_checkpoint,
@@ -30,6 +32,7 @@ from lightning_resume._compat.lightning import (
     point_logger_at_version,
     put_back_callback_metrics,
     put_back_epoch_accumulators,
+    put_callback,
     redo_validation_on_restart,
     replace_train_loader_states,
     report_checkpoint_path,
@@ -40,6 +43,7 @@ from lightning_resume._compat.lightning import (
     settle_validation_progress,
     start_epoch_afresh,
     stop_deferred,
+    take_callback,
     train_loader_states,
     watch_train_loaders,
     wrapped_sampler,
@@ -395,10 +399,8 @@ def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp
 
     class Install(pl.Callback):
         def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-            redirect = RedirectFirstLoad(
-                trainer.strategy, str(tmp_path / "four.ckpt"), redirected.append, 1, 1
-            )
-            redirect.install()
+            redirect = RedirectFirstLoad(str(tmp_path / "four.ckpt"), redirected.append, 1, 1)
+            NextLoad(trainer.strategy, redirect).install()
 
     again = pl.Trainer(
         max_steps=5,
@@ -581,3 +583,50 @@ def test_stop_deferred_until_min_steps_and_lightning_saves_no_trace_of_it(tmp_pa
     resumed = tiny_trainer(tmp_path=tmp_path, max_steps=8, min_steps=5, max_epochs=-1)
     resumed.fit(Recorder(), ckpt_path=str(tmp_path / "asked.ckpt"))
     assert resumed.global_step == 8  # Lightning alone forgets the request
+
+
+class _Last(LastCheckpointCallback):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    @property
+    def ckpt_path(self) -> str:
+        return str(self.path)
+
+
+def test_an_on_exception_checkpoint_is_what_fit_resumes_from_and_no_default_checkpoint_is_added(
+    tmp_path: Path,
+) -> None:
+    first = tiny_fit(tmp_path, 3)
+    first.save_checkpoint(tmp_path / "mine.ckpt")
+    again = tiny_trainer(_Last(tmp_path / "mine.ckpt"), tmp_path=tmp_path, max_steps=5, max_epochs=None)
+    assert not [c for c in again.callbacks if isinstance(c, ModelCheckpoint)]  # type: ignore[attr-defined]
+    again.fit(BoringModel())  # ckpt_path=None
+    assert again.ckpt_path == str(tmp_path / "mine.ckpt") and again.global_step == 5
+
+
+def test_a_callback_put_into_the_list_gets_the_hooks_in_its_place(tmp_path: Path) -> None:
+    order: list[str] = []
+
+    class Named(pl.Callback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            order.append(self.name)
+
+    first, second, inserted, early = Named("a"), Named("b"), Named("inserted"), Named("early")
+
+    class Inserting(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            put_callback(trainer, inserted, before=second)
+            put_callback(trainer, early)
+
+        def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            take_callback(trainer, inserted)
+
+    trainer = tiny_trainer(first, Inserting(), second, tmp_path=tmp_path)
+    trainer.fit(BoringModel())
+    assert order == ["early", "a", "inserted", "b"]
+    assert inserted not in trainer.callbacks and early in trainer.callbacks  # type: ignore[attr-defined]

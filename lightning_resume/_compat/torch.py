@@ -1,0 +1,108 @@
+"""Every touch of torch's internals (and of the standard library's around torch's processes).
+
+One named function per touch, pinned against the installed torch by ``tests/_compat/test_torch.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import random
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_resume._compat import torchdata
+
+#: torch's DataLoader worker loop: the target of every worker process it starts.
+WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
+
+
+# -- torch.save's serialiser, record by record ---------------------------------------------------------
+
+
+def torch_records_supported() -> bool:
+    """Whether the installed torch has the serialiser entry point :func:`record_torch_save` uses."""
+    save = getattr(torch.serialization, "_save", None)
+    if save is None:
+        return False
+    return list(inspect.signature(save).parameters)[:5] == [
+        "obj",
+        "zip_file",
+        "pickle_module",
+        "pickle_protocol",
+        "_disable_byteorder_record",
+    ]
+
+
+def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
+    """Run torch's serialiser on ``obj``, handing each archive record to ``write_record``.
+
+    ``torch.serialization._save`` writes to anything with a ``write_record(name, data, nbytes)``.
+    """
+
+    class _Sink:
+        def write_record(self, name: str, data: Any, nbytes: int) -> None:
+            write_record(name, data, nbytes)
+
+    torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+
+
+# -- a DataLoader's iterator, made by its _get_iterator -------------------------------------------------
+
+
+def iterator_factory(loader: DataLoader) -> Callable[[], Any]:
+    """What ``iter(loader)`` calls to make an epoch's iterator (``DataLoader._get_iterator``)."""
+    return loader._get_iterator
+
+
+def replace_iterator_factory(loader: DataLoader, factory: Callable[[], Any]) -> None:
+    """Make ``iter(loader)`` call ``factory()`` for its iterators (an instance attribute)."""
+    loader._get_iterator = factory  # type: ignore[method-assign]
+
+
+def replaced_iterator_factory(loader: DataLoader) -> Any:
+    """What :func:`replace_iterator_factory` gave ``loader`` (``None`` when nothing)."""
+    return loader.__dict__.get("_get_iterator")
+
+
+# -- data-loader workers ---------------------------------------------------------------------------------
+
+
+def seed_as_worker(base_seed: int, worker_id: int) -> None:
+    """Seed this process's generators as torch seeds data-loader worker ``worker_id`` of an iterator
+    whose base seed is ``base_seed`` (``torch/utils/data/_utils/worker.py``, ``_worker_loop``)."""
+    from torch.utils.data._utils.worker import _generate_state
+
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_generate_state(base_seed, worker_id))
+
+
+def is_worker_loop(target: Any) -> bool:
+    """Whether ``target`` is torch's (or torchdata's) DataLoader worker loop."""
+    where = (getattr(target, "__module__", None), getattr(target, "__name__", None))
+    return where in (WORKER_LOOP, torchdata.WORKER_LOOP)
+
+
+def forked_target() -> Any:
+    """The ``target`` of the ``multiprocessing.Process`` being forked (call from an at-fork hook).
+
+    ``multiprocessing.popen_fork.Popen._launch`` holds the process object as ``process_obj`` while it
+    calls ``os.fork()``: a look up the forking thread's frames finds it.
+    """
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return None
+        process = frame.f_locals.get("process_obj")
+        if process is not None:
+            return getattr(process, "_target", None)
+        frame = frame.f_back
+    return None
