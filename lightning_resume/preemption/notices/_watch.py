@@ -64,7 +64,8 @@ def resolve_sources(notices: Any) -> list[NoticeSource]:
     if isinstance(notices, NoticeSource):
         return [notices]  # one source given alone, not in a list
     if not isinstance(notices, Sequence) or not all(isinstance(n, NoticeSource) for n in notices):
-        package = __name__.rsplit(".", 1)[0]  # this package, or its pytorch_lightning mirror
+        # lightning_resume.notices, or its pytorch_lightning mirror: where users import the sources
+        package = __name__.rsplit(".", 1)[0].replace(".preemption.notices", ".notices")
         raise TypeError(
             f"notices must be 'auto', None or a list of notice sources from {package} (AwsSpotNotice(), "
             f"GceNotice(), ...), got {notices!r}."
