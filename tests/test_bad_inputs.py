@@ -2062,7 +2062,7 @@ def other_ranks_with_an_iterable_dataset(tmp_path: Path) -> None:
     # Two real ranks cost two processes; all a restart reads of them is the list of rank states.
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     data = torch.load(checkpoint, weights_only=False)
-    state = data["callbacks"]["RequeueCheckpoint"]
+    state = data["callbacks"]["ExactResume"]
     state["ranks"] = [state["ranks"][0], state["ranks"][0]]
     torch.save(data, checkpoint)
     with pytest.warns(

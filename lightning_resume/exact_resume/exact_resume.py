@@ -1,6 +1,8 @@
 """``ExactResume``: the random and data state of a run, saved in every checkpoint and put back exactly.
 
-``RequeueCheckpoint`` calls one method per moment of ``fit``; between moments the state is one
+A private callback: ``RequeueCheckpoint`` puts it in the Trainer's callbacks, just before itself, for
+each ``fit`` (:meth:`ExactResume.attach`), as it puts ``EpochBoundary`` first. Its hooks are the
+moments of ``fit``; between them the state is one
 :class:`~lightning_resume.exact_resume.resume_state.ResumeState`. What goes back when:
 
 - the epoch's metric states, logged accumulators and callback metrics, at train start
@@ -16,19 +18,23 @@
 - a validation the checkpoint interrupted, or that followed the saved step (recorded in
   ``checkpoints/.validated-after``), runs again.
 - under DDP, each rank's learning-rate scheduler and callback states, which Lightning writes for
-  rank 0 only, as Lightning loads them (:mod:`.per_rank_states`).
+  rank 0 only, as Lightning loads them (:mod:`.per_rank_states`);
+- a stop asked for before ``min_steps``/``min_epochs`` were met, at train start (:mod:`.stop_request`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from lightning_resume._collectives import gather_objects
 from lightning_resume._compat.lightning import (
@@ -36,22 +42,32 @@ from lightning_resume._compat.lightning import (
     QuietLightning,
     between_epochs,
     mark_between_epochs,
+    put_callback,
     redo_validation_on_restart,
     replace_train_loader_states,
     restart_train_iterator,
     settle_fit_restart,
     settle_validation_progress,
     start_epoch_afresh,
+    take_callback,
     train_loader_states,
     watch_train_loaders,
 )
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._warnings import warn
-from lightning_resume.exact_resume import data_position, epoch_metrics, per_rank_states, rng, stateful_loaders
-from lightning_resume.exact_resume.data_position import EpochDraws
+from lightning_resume.exact_resume import (
+    data_position,
+    epoch_metrics,
+    per_rank_states,
+    rng,
+    stateful_loaders,
+    stop_request,
+)
 from lightning_resume.exact_resume.resume_state import Loaded, RankState, ResumeState, Stage
 from lightning_resume.exact_resume.worker_streams import ResumedWorkers
 from lightning_resume.exact_resume.world_change import Positioned, WorldChange
+
+log = logging.getLogger(__name__)
 
 
 def _train_loaders(trainer: pl.Trainer | None) -> list[Any]:
@@ -64,34 +80,23 @@ def _plain(trainer: pl.Trainer | None) -> list[DataLoader]:
     return [dl for dl in _train_loaders(trainer) if isinstance(dl, DataLoader)]
 
 
-def _recorded(mine: RankState, count: int) -> list[EpochDraws | None]:
-    """This rank's recorded epoch draws, one per plain loader (from an earlier version's epoch start)."""
-    if "draws" in mine:
-        return list(mine["draws"])
-    start = mine.get("epoch_start")
-    if not start:
-        return [None] * count
-    generators = start.get("generators") or [[None, None]] * count
-    return [
-        {
-            "iterator": {"rng": start["rng"], "generator": states[0]},
-            "sampler": {"rng": start["rng"], "generator": states[1]},
-        }
-        for states in generators
-    ]
+class ExactResume(Callback):
+    """Save and restore the random and data state of a run (private: ``RequeueCheckpoint`` inserts it).
 
-
-class ExactResume:
-    """Save and restore the random and data state; ``state_key`` is the callback's in the checkpoint.
-
-    ``keep_global_batch``: see :class:`~lightning_resume.exact_resume.world_change.WorldChange`.
+    Args:
+        keep_global_batch: See :class:`~lightning_resume.exact_resume.world_change.WorldChange`.
+        last_save_step: The step ``RequeueCheckpoint`` saved last (``-1``: none yet).
     """
 
-    def __init__(self, state_key: str, keep_global_batch: bool = False) -> None:
-        self.state_key = state_key
+    def __init__(self, keep_global_batch: bool, last_save_step: Callable[[], int]) -> None:
         self._world = WorldChange(keep_global_batch)  # another number of ranks (issue 25)
+        self._last_save_step = last_save_step
         self.state = ResumeState()
+        self._trainer: pl.Trainer | None = None
         self._validated_after: Path | None = None
+        self._saves_mid_epoch = False
+        self._restart = False  # this fit continues the run that saved what it loads
+        self._stop_asked: Mapping[str, Any] | None = None  # the loaded stop request
         self._validation_rng: dict[str, Any] | None = None  # the random state as this validation started
         self._validation_metrics: dict[str, Any] | None = None  # the metric states as it started
         self._settle_restart = False  # a mid-epoch restore: Lightning's fit loop still "restarting"
@@ -102,14 +107,52 @@ class ExactResume:
         self._quiet: QuietLightning | None = None
 
     @property
+    @override
+    def state_key(self) -> str:
+        return "ExactResume"
+
+    @property
     def stateful_loaders(self) -> bool:
         """Whether every train loader restores its own position (known from train start on)."""
         return self._stateful
 
+    def attach(
+        self,
+        trainer: pl.Trainer,
+        before: Callback,
+        validated_after: Path,
+        saves_mid_epoch: bool,
+        restart: bool,
+    ) -> None:
+        """In ``setup`` of ``fit``: join the Trainer's callbacks just before ``before``; record the draws of
+        every training epoch from the first one on.
+
+        Args:
+            trainer: The trainer.
+            before: The callback whose hooks follow these (``RequeueCheckpoint``).
+            validated_after: The file that records the step of the last save a validation followed.
+            saves_mid_epoch: Whether checkpoints are saved inside epochs (else a warning about loaders
+                that cannot be positioned would be noise).
+            restart: Whether this fit continues the run that saved what it loads.
+        """
+        put_callback(trainer, self, before=before)
+        self._trainer, self._validated_after = trainer, validated_after
+        self._saves_mid_epoch, self._restart = saves_mid_epoch, restart
+        self._stop_watching()
+        self._unwatch = watch_train_loaders(trainer, data_position.watch)
+
+    def detach(self, trainer: pl.Trainer) -> None:
+        """After ``fit``: out of the Trainer's callbacks, its filters and watch removed."""
+        take_callback(trainer, self)
+        self._unquiet()
+        self._stop_watching()
+
     # -- saving ------------------------------------------------------------------------------------
 
-    def state_to_save(self, trainer: pl.Trainer | None) -> dict[str, Any]:
-        """This rank's part of the callback's ``state_dict``."""
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's random and data state (every rank's are gathered in :meth:`on_save_checkpoint`)."""
+        trainer = self._trainer
         in_validation = self.state.stage is Stage.SAVING_IN_VALIDATION and self._validation_rng is not None
         mine: RankState = {
             "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
@@ -134,6 +177,7 @@ class ExactResume:
             "in_validation": in_validation,
             "batches": int(batches),
             **self._world.to_save(trainer, _train_loaders(trainer), int(batches)),  # issue 25
+            **stop_request.to_save(trainer),
         }
 
     @contextlib.contextmanager
@@ -145,7 +189,10 @@ class ExactResume:
         finally:
             self.state = self.state.saved()
 
-    def at_save(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         """As Lightning builds a checkpoint (every rank): mark a validation to redo; every rank's states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key)
         if state is None:
@@ -164,18 +211,11 @@ class ExactResume:
 
     # -- restoring ---------------------------------------------------------------------------------
 
-    def before_fit(self, validated_after: Path) -> None:
-        """In ``setup``: the file that records the step of the last save a validation followed."""
-        self._validated_after = validated_after
-
-    def watch_loaders(self, trainer: pl.Trainer) -> None:
-        """In ``setup`` of ``fit``: record the draws of every training epoch from the first one on."""
-        self._stop_watching()
-        self._unwatch = watch_train_loaders(trainer, data_position.watch)
-
-    def after_load(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
-        """In ``on_load_checkpoint``: mark a validation to redo; give each rank its own loader, scheduler
-        and callback states."""
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Mark a validation to redo; give each rank its own loader, scheduler and callback states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
         # Saved at the end of a step that a validation followed: redo that validation, from the
         # random state the checkpoint holds (nothing draws between the step's end and validation).
@@ -196,24 +236,21 @@ class ExactResume:
         if loaders is not None and replace_train_loader_states(checkpoint, loaders):
             self._loader_states = loaders if state.get("mid_epoch", True) else None
 
-    def load(self, state_dict: dict[str, Any]) -> None:
-        """In ``load_state_dict``: keep the loaded states until their moments."""
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the loaded states until their moments."""
         loaded = Loaded.from_state_dict(state_dict)
         if loaded is not None:
             self.state = self.state.load(loaded)
         self._world.load(state_dict)
+        self._stop_asked = state_dict
 
-    def after_restore(self, trainer: pl.Trainer) -> None:
-        """In ``on_fit_start``: an earlier version's epoch-end checkpoint puts its random state back now."""
-        loaded = self.state.loaded
-        if loaded is not None and not loaded.mid_epoch and not loaded.between_epochs:
-            rng.restore(self._mine(trainer)["rng"])
-
-    def at_train_start(self, trainer: pl.Trainer, saves_mid_epoch: bool) -> None:
-        """In ``on_train_start``: the epoch's metrics, the data back at its batch, the random state."""
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The epoch's metrics, the data back at its batch, the random state; a deferred stop again."""
         loaded = self.state.loaded
         redo_first = loaded is not None and loaded.before_validation
-        loaders = self._inspect_loaders(trainer, saves_mid_epoch)
+        loaders = self._inspect_loaders(trainer, self._saves_mid_epoch)
         if loaded is not None:
             epoch_metrics.restore(trainer, self._mine(trainer).get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
             self._settle_restart = loaded.mid_epoch
@@ -234,6 +271,12 @@ class ExactResume:
             if self.state.stage is Stage.LOADED:
                 rng.restore(self._mine(trainer)["rng"])
             self.state = self.state.redo_validation_now()
+        if stop_request.requested(self._stop_asked, restart=self._restart):
+            trainer.should_stop = True
+            log.info(
+                "a stop asked for before step %s waits for min_steps/min_epochs: asked for again",
+                trainer.global_step,
+            )
 
     def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
         """As an epoch starts, before any of its hooks: a checkpoint saved at this moment goes back.
@@ -248,25 +291,31 @@ class ExactResume:
         start_epoch_afresh(trainer)
         self.state = self.state.applied()
 
-    def before_batch(self, trainer: pl.Trainer) -> None:
-        """In ``on_train_batch_start``: mid-epoch, the random state goes back now. A stateful loader's
-        resumed iterator is rebuilt before this hook, drawing from the global generator."""
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Mid-epoch, the random state goes back now. A stateful loader's resumed iterator is rebuilt
+        before this hook, drawing from the global generator."""
         self._unquiet()
         self._settle(trainer)
         self._continue(trainer, at_batch=True)
 
-    def at_epoch_end(self, trainer: pl.Trainer) -> None:
-        """In ``on_train_epoch_end`` (before Lightning's plateau schedulers step)."""
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Before Lightning's plateau schedulers step."""
         self._settle(trainer)
 
-    def before_validation(self, trainer: pl.Trainer, saved_at_this_step: bool) -> None:
-        """In ``on_validation_start``: a validation to redo starts from its saved random state.
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A validation to redo starts from its saved random state.
 
-        ``saved_at_this_step``: ``last.ckpt`` was saved at this step, before this validation; a
-        restart from it must run the validation again (Lightning would skip it and its random draws).
+        When ``last.ckpt`` was saved at this step, before this validation, a restart from it must run
+        the validation again (Lightning would skip it and its random draws): recorded here.
         """
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
+        saved_at_this_step = trainer.global_step == self._last_save_step()
         loaded = self.state.loaded
         if loaded is not None and loaded.in_validation:
             self.state = self.state.redo_validation_from(self._mine(trainer)["rng"])
@@ -280,14 +329,11 @@ class ExactResume:
             assert self._validated_after is not None
             write_text_atomic(self._validated_after, f"{trainer.global_step}\n")
 
-    def after_validation(self, trainer: pl.Trainer) -> None:
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.state.stage is Stage.REDOING_VALIDATION:
             settle_validation_progress(trainer)
             self.state = self.state.validation_redone()
-
-    def after_fit(self) -> None:
-        self._unquiet()
-        self._stop_watching()
 
     # -- the pieces --------------------------------------------------------------------------------
 
@@ -345,7 +391,7 @@ class ExactResume:
         # of everything would leave an exhausted iterator for the next epoch to pick up).
         if not 0 < skip < min((len(dl) for dl in loaders), default=0):
             return
-        records = _recorded(self._mine(trainer), len(loaders))
+        records = list(self._mine(trainer).get("draws") or [None] * len(loaders))
         if len(records) != len(loaders) or any(r is None or r.get("sampler") is None for r in records):
             warn(
                 "RequeueCheckpoint cannot put the train data back at its batch: the checkpoint does not "

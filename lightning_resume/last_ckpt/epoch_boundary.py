@@ -21,11 +21,11 @@ from lightning_resume._compat.lightning import put_callback, take_callback
 
 
 class Owner(Protocol):
-    def at_epoch_boundary(self, trainer: pl.Trainer) -> None: ...
+    def _at_epoch_boundary(self, trainer: pl.Trainer) -> None: ...
 
 
 class EpochBoundary(Callback):
-    """Call ``owner.at_epoch_boundary`` at every ``on_train_epoch_start``, before the other callbacks."""
+    """Call ``owner._at_epoch_boundary`` at every ``on_train_epoch_start``, before the other callbacks."""
 
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
@@ -39,4 +39,4 @@ class EpochBoundary(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.owner.at_epoch_boundary(trainer)
+        self.owner._at_epoch_boundary(trainer)

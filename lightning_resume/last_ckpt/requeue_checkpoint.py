@@ -23,7 +23,6 @@ from lightning_resume._collectives import broadcast
 from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning, saves_directory
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
-from lightning_resume.exact_resume import stop_request
 from lightning_resume.exact_resume.exact_resume import ExactResume
 from lightning_resume.exceptions import Preempted
 from lightning_resume.io._protocol import AtomicCheckpointIO, settings_of
@@ -162,7 +161,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._trainer: pl.Trainer | None = None
         self._redirect = RestartRedirect()
         self.keep_global_batch = keep_global_batch
-        self._resume = ExactResume(self.state_key, keep_global_batch)
+        self._exact = ExactResume(keep_global_batch, lambda: self._last_save_step)  # put in at setup
         self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
         self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
         self._save_at_boundary = False  # a save is due once the epoch's end has run
@@ -170,7 +169,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._marked = False  # checkpoints/.saved is known to exist
         self._quiet = QuietLightning(self)
         self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
-        self._loaded: dict[str, Any] | None = None  # the state restored from a checkpoint
 
     def _run(self) -> Path:
         """The run dir of the Trainer's ``RunDir``, or of this process's before ``setup``."""
@@ -194,26 +192,31 @@ class RequeueCheckpoint(LastCheckpointCallback):
         return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
 
     @property
-    def saves_epoch_start_instead(self) -> bool:
+    def _saves_epoch_start_instead(self) -> bool:
         """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)
         rather than as that epoch starts."""
-        return self._resume.stateful_loaders
+        return self._exact.stateful_loaders
 
     @property
     def _partial_path(self) -> Path:
         return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
 
-    # -- hooks: the restart redirect and the exact resume are called at their moments ------------
+    # -- hooks: the restart redirect; the exact resume and the epoch boundary put in place ----------
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._run_dir = find_one(trainer, RunDir, "RequeueCheckpoint", _NEEDS_RUN_DIR)
         self._trainer = trainer
-        self._resume.before_fit(layout.validated_after(self._run_dir.path))
         if stage != "fit":
             return
         self._boundary.attach(trainer)
-        self._resume.watch_loaders(trainer)
+        self._exact.attach(
+            trainer,
+            before=self,
+            validated_after=layout.validated_after(self._run_dir.path),
+            saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes),
+            restart=self._run_dir.is_resumed,
+        )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
         if trainer.is_global_zero:
             with contextlib.suppress(FileNotFoundError):
@@ -236,67 +239,30 @@ class RequeueCheckpoint(LastCheckpointCallback):
         return trainer.world_size if choice.manifest is None else choice.manifest.world_size
 
     @override
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        self._resume.after_load(trainer, checkpoint)
-
-    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume.load(state_dict)
-        self._loaded = state_dict
         step = state_dict.get("global_step")
         self._last_save_step = int(step) if step is not None else -1
-
-    @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.after_restore(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._run_dir is not None
         self._cadence.start(trainer, self._run_dir)
-        self._resume.at_train_start(
-            trainer, saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes)
-        )
-        if stop_request.requested(self._loaded, restart=self._run_dir.is_resumed):
-            trainer.should_stop = True
-            log.info(
-                "a stop asked for before step %s waits for min_steps/min_epochs: asked for again",
-                trainer.global_step,
-            )
 
-    def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
+    def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
         """As an epoch starts, before any other callback's hook (called by :class:`EpochBoundary`):
         a checkpoint saved here goes back, or the previous epoch's end is saved."""
-        self._resume.at_epoch_boundary(trainer)
+        self._exact.at_epoch_boundary(trainer)
         due, self._save_at_boundary = self._save_at_boundary, False
-        if due and not self._resume.stateful_loaders and trainer.global_step != self._last_save_step:
+        if due and not self._exact.stateful_loaders and trainer.global_step != self._last_save_step:
             self.save(trainer)
         for listener in self._boundary_listeners:
             listener(trainer)
 
-    def at_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
+    def _on_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
         """Call ``listener(trainer)`` at every epoch boundary, after this callback's own work there
         (``PreemptionHandler`` stops there: the state saved then is the boundary's)."""
         if listener not in self._boundary_listeners:
             self._boundary_listeners.append(listener)
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._resume.before_batch(trainer)
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.before_validation(
-            trainer, saved_at_this_step=trainer.global_step == self._last_save_step
-        )
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.after_validation(trainer)
 
     # -- hooks: when to save -----------------------------------------------------------------------
 
@@ -311,16 +277,12 @@ class RequeueCheckpoint(LastCheckpointCallback):
             return
         # With stateful loaders the epoch boundary is saved after the next epoch's first step
         # (Lightning restores their position only inside an epoch).
-        boundary = self._resume.stateful_loaders and batch_idx == 0
+        boundary = self._exact.stateful_loaders and batch_idx == 0
         if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
             self._save_at_boundary = False
             self.save(trainer)
         elif self._due(trainer) or _last_step(trainer):
             self.save(trainer)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resume.at_epoch_end(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -358,7 +320,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def _after_fit(self, trainer: pl.Trainer, collective: bool) -> None:
         """Undo the redirect and filters; finish the sharded save in flight (``collective``: all ranks)."""
         self._redirect.after_fit()
-        self._resume.after_fit()
+        self._exact.detach(trainer)
         self._boundary.detach(trainer)
         saver, self._saver = self._saver, None
         if saver is not None:
@@ -417,7 +379,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         Validation changes no training state, so this is the state of the last training step; the
         restart runs this validation again from its first batch and its starting random state.
         """
-        with self._resume.saving_in_validation():
+        with self._exact.saving_in_validation():
             self.save(trainer)
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
@@ -442,12 +404,5 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        step = self._trainer.global_step if self._trainer else None
-        state = {**self._resume.state_to_save(self._trainer), **stop_request.to_save(self._trainer)}
-        return {**state, "global_step": step}
-
-    @override
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        self._resume.at_save(trainer, checkpoint)
+        """The step of the save (the random and data state is ``ExactResume``'s)."""
+        return {"global_step": self._trainer.global_step if self._trainer else None}

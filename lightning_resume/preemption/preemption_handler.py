@@ -257,7 +257,7 @@ class PreemptionHandler(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         why = "it saves last.ckpt through it, with a RunDir"
         self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
-        self._requeue_checkpoint.at_each_epoch_boundary(self._at_epoch_boundary)
+        self._requeue_checkpoint._on_each_epoch_boundary(self._at_epoch_boundary)
         self.install()
         if stage == "fit":
             self._notices.start(trainer.local_rank, trainer.global_rank)
@@ -343,7 +343,7 @@ class PreemptionHandler(Callback):
         """Between two epochs, before the next one's hooks (``RequeueCheckpoint`` calls it): the
         resume point after an epoch's end (with a stateful loader: the next epoch's first batch)."""
         assert self._requeue_checkpoint is not None
-        if self._stopped is None and not self._requeue_checkpoint.saves_epoch_start_instead:
+        if self._stopped is None and not self._requeue_checkpoint._saves_epoch_start_instead:
             self._act(trainer, self._agree(trainer))
         if self._stopped is not None:
             self._exit(trainer)
