@@ -32,6 +32,7 @@ from lightning_resume.exceptions import (
 if TYPE_CHECKING:
     from lightning_resume import notices
     from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+    from lightning_resume.io.settings import Mirror
     from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
     from lightning_resume.preemption.preemption_handler import PreemptionHandler
     from lightning_resume.preemption.signal_diagnostics import SignalDiagnostics
@@ -44,10 +45,12 @@ if TYPE_CHECKING:
     from lightning_resume.trackers.trackio_resume import TrackioResume
     from lightning_resume.trackers.wandb_resume import WandbResume
     from lightning_resume.watchdog.progress_watchdog import ProgressWatchdog
+    from lightning_resume.watchdog.timeouts import WatchdogTimeouts
 
 #: The public names that need Lightning, and the module each comes from (imported on first use).
 _LAZY = {
     "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
+    "Mirror": "lightning_resume.io.settings",
     "PreemptionHandler": "lightning_resume.preemption.preemption_handler",
     "ProgressWatchdog": "lightning_resume.watchdog.progress_watchdog",
     "RequeueCheckpoint": "lightning_resume.last_ckpt.requeue_checkpoint",
@@ -60,6 +63,7 @@ _LAZY = {
     "TrackerResume": "lightning_resume.trackers.tracker_resume",
     "TrackioResume": "lightning_resume.trackers.trackio_resume",
     "WandbResume": "lightning_resume.trackers.wandb_resume",
+    "WatchdogTimeouts": "lightning_resume.watchdog.timeouts",
 }
 
 
@@ -93,6 +97,7 @@ __all__ = [
     "LightningResumeWarning",
     "LocalLoggerResume",
     "MLflowResume",
+    "Mirror",
     "MissingCallbackError",
     "Preempted",
     "PreemptionHandler",
@@ -106,6 +111,7 @@ __all__ = [
     "TrackerResume",
     "TrackioResume",
     "WandbResume",
+    "WatchdogTimeouts",
     "__version__",
     "notices",
 ]

@@ -1,9 +1,9 @@
 """A remote copy of a checkpoint folder on any fsspec filesystem (S3, GCS, a mounted directory...).
 
 The remote layout is the local one (a pointer object ``last.ckpt.pointer.json`` stands for the link).
-One upload path for both kinds (:meth:`Mirror.upload`): files streamed to their upload keys and
+One upload path for both kinds (:meth:`Mirroring.upload`): files streamed to their upload keys and
 checksummed, then the manifest, the kind's remote swap, retention; cut short, the previous remote
-copy still counts. One restore path (:meth:`Mirror.restore`): files streamed into a local place
+copy still counts. One restore path (:meth:`Mirroring.restore`): files streamed into a local place
 written aside, checksummed, committed as a save is; read again when an upload replaced them meanwhile.
 Uploads and deletions run in order in one background thread. One writer per mirror URL.
 """
@@ -63,7 +63,7 @@ def copy(source: IO[bytes], out: Writable) -> None:
         out.write(chunk)
 
 
-class Mirror:
+class Mirroring:
     """Upload, restore and delete checkpoints under the fsspec ``url``, keeping ``keep`` copies per
     retention family (``None``: all); ``warn`` tells of a failed background upload (:meth:`wait` raises
     it). Raises ``ImportError``/``ValueError`` when the URL's fsspec backend is missing or it is no URL.

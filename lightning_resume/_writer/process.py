@@ -1,7 +1,7 @@
 """The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
 
 Started as ``python _writer/main.py SOCKET_FD BUFFER_FD HURRY_FD`` (see ``main``). Pickled tuples over
-a socket pair: ``("hello", {"niceness": n})`` -> ``("ready", pid)``; ``("write", request)`` ->
+a socket pair: ``("hello", {})`` -> ``("ready", pid)``; ``("write", request)`` ->
 ``("done", {"entry": ..., "stats": ...})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye",
 None)``. A write carries its sequence number and ``share`` (``duty_cycle``; the hurry pipe lifts it).
 The writer ignores the preemption signals (the trainer still has a last checkpoint to hand over) and,
@@ -65,15 +65,22 @@ def carried_error(details: dict[str, Any], path: str | Path) -> BaseException:
     return error
 
 
+#: Seconds a new writer process has to report ready (it starts in milliseconds: only a stuck machine).
+START_TIMEOUT = 120.0
+#: Seconds the writer has to exit when asked, before it is killed.
+SHUTDOWN_TIMEOUT = 60.0
+
+
 class WriterProcess:
     """A handle on one writer process (inheriting the staging buffer ``buffer_fd``): start with a
     readiness ping (``start_timeout`` seconds), send requests, stop (``shutdown_timeout``, then a kill)."""
 
-    def __init__(self, buffer_fd: int, start_timeout: float, shutdown_timeout: float, niceness: int) -> None:
+    def __init__(
+        self, buffer_fd: int, start_timeout: float = START_TIMEOUT, shutdown_timeout: float = SHUTDOWN_TIMEOUT
+    ) -> None:
         self.buffer_fd = buffer_fd
         self.start_timeout = start_timeout
         self.shutdown_timeout = shutdown_timeout
-        self.niceness = niceness
         parent, child = socket.socketpair()
         hurry_read, self._hurry_write = os.pipe()
         os.set_blocking(self._hurry_write, False)
@@ -94,7 +101,7 @@ class WriterProcess:
         self.conn = Connection(parent.detach())
         log.debug("started checkpoint writer process %s", self.process.pid)
         try:
-            kind, _ = self.request(("hello", {"niceness": niceness}), timeout=start_timeout)
+            kind, _ = self.request(("hello", {}), timeout=start_timeout)
         except BaseException:
             self.kill()
             raise
@@ -230,8 +237,6 @@ def serve(sock_fd: int, buffer_fd: int, hurry_fd: int | None = None) -> None:
         except (EOFError, OSError):
             return  # the trainer is gone
         if kind == "hello":
-            if payload.get("niceness"):
-                os.nice(int(payload["niceness"]))
             reply: tuple[str, Any] = ("ready", os.getpid())
         elif kind == "exit":
             reply = ("bye", None)

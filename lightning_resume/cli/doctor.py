@@ -470,7 +470,7 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     seconds = "never" if collective == float("inf") else f"{collective:.0f} s"
     newest = _newest_watchdog(root)
     if newest is None:
-        floor = watchdog_timeouts.Settings().min_timeout
+        floor = watchdog_timeouts.WatchdogTimeouts().minimum
         if collective < FAR_LONGER * floor:
             return [Finding(Level.OK, "hang detection", f"collectives fail after {seconds} ({origin})")]
         return [

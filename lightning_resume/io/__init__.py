@@ -11,13 +11,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_resume.io._protocol import AtomicCheckpointIO, CheckpointSettings
+    from lightning_resume.io._protocol import AtomicCheckpointIO
     from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+    from lightning_resume.io.settings import CheckpointSettings, Mirror
 
 _LAZY = {
     "AtomicCheckpointIO": "lightning_resume.io._protocol",
-    "CheckpointSettings": "lightning_resume.io._protocol",
+    "CheckpointSettings": "lightning_resume.io.settings",
     "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
+    "Mirror": "lightning_resume.io.settings",
 }
 
 
@@ -28,4 +30,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AtomicCheckpointIO", "CheckpointSettings", "DurableCheckpointIO"]
+__all__ = ["AtomicCheckpointIO", "CheckpointSettings", "DurableCheckpointIO", "Mirror"]

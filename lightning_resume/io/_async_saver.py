@@ -30,17 +30,11 @@ class AsyncSaver:
 
     def __init__(
         self,
-        start_timeout: float,
-        shutdown_timeout: float,
-        niceness: int,
         direct_io: bool,
         known: Callable[[Path], Entry | None],
         on_commit: Callable[[Path, Entry, WriteStats], None],
         share: float = 1.0,
     ) -> None:
-        self.start_timeout = start_timeout
-        self.shutdown_timeout = shutdown_timeout
-        self.niceness = niceness
         self.direct_io = direct_io
         self.share = share
         self._known = known
@@ -54,7 +48,7 @@ class AsyncSaver:
         self._next_at_full_speed = False
 
     @property
-    def writer_pid(self) -> int | None:
+    def _writer_pid(self) -> int | None:
         """Process id of the current writer process, if one is running."""
         return self._process.pid if self._process is not None and self._process.alive() else None
 
@@ -140,9 +134,7 @@ class AsyncSaver:
         if self._process is None or not self._process.alive():
             if self._process is not None:
                 self._process.kill()
-            self._process = WriterProcess(
-                self._buffer.fd, self.start_timeout, self.shutdown_timeout, self.niceness
-            )
+            self._process = WriterProcess(self._buffer.fd)
         return self._process
 
     def close(self) -> None:

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
 import platform
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from typing_extensions import override
 
-from lightning_resume._checks import expand_dir, flag, is_number, positive_number, whole_number
+from lightning_resume._checks import expand_dir, flag, is_number, whole_number
 from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan
@@ -34,16 +34,16 @@ from lightning_resume._storage.manifest import (
     encode,
     manifest_path,
 )
-from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
 from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats
 from lightning_resume.exceptions import CheckpointVerificationError
 from lightning_resume.io._async_saver import AsyncSaver
-from lightning_resume.io._protocol import CheckpointSettings
 from lightning_resume.io._snapshot import write_torch_archive
 from lightning_resume.io._verified_load import load_verified
+from lightning_resume.io.settings import CheckpointSettings, Mirror
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ RESTORE_LOCK = ".lr-restore.lock"
 _MIRROR_COPY = "\0mirror"
 _FRACTION = "fraction within (0, 1]"
 #: Settings read as attributes of the plugin before they moved to ``settings``.
-_SETTINGS = frozenset(CheckpointSettings.__dataclass_fields__)
 
 
 def manifest_versions() -> dict[str, str]:
@@ -66,29 +65,6 @@ def manifest_versions() -> dict[str, str]:
     }
 
 
-def _deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    message = f"{old} is deprecated and will be removed in the next release; {new}."
-    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
-
-
-#: What to do instead of each deprecated constructor argument (in the constructor's order).
-_INSTEAD = {
-    "writer_start_timeout": "leave it out (the writer process starts in milliseconds)",
-    "writer_shutdown_timeout": "leave it out (teardown waits for the save in flight, then stops the writer)",
-    "writer_niceness": "use background_share to keep background writes gentle",
-}
-
-
-def _writer_option(name: str, value: Any) -> Any:
-    """A deprecated writer argument, checked and honoured, with a warning."""
-    _deprecated(f"DurableCheckpointIO({name}=...)", _INSTEAD[name], stacklevel=4)
-    if name != "writer_niceness":
-        return positive_number(name, value, what="number of seconds")
-    if whole_number(name, value, minimum=0, what="whole number within 0..19") > 19:
-        raise ValueError(f"writer_niceness must be within 0..19, got {value!r}.")
-    return value
-
-
 class DurableCheckpointIO(CheckpointIO):
     """Checkpoint files that survive kills, full disks and lost nodes, written without stalling training.
 
@@ -96,39 +72,23 @@ class DurableCheckpointIO(CheckpointIO):
     new one), **verified** (a manifest ``<file>.manifest.json`` with size, XXH3 hash, step, versions and
     your metadata; a file that does not verify falls back to the newest one that does, with one
     warning), **asynchronous** (``save_checkpoint`` copies the state into reused shared memory; a writer
-    process writes it past the page cache, at ``background_share`` of the time until something waits
-    for it, then at full speed), **mirrored** (``mirror=``: uploaded in the background, restored onto
-    an empty node) and **pruned** (``keep=``, per name pattern, locally and on the mirror). One save
-    is in flight at a time; its error is raised by the next call. The settings, :attr:`settings`,
-    apply to sharded saves too (``RequeueCheckpoint`` writes those: Lightning calls no plugin for them).
+    process writes it past the page cache, at half speed until something waits for it, then at full
+    speed), **mirrored** (``mirror=``: uploaded in the background, restored onto an empty node) and
+    **pruned** (``keep=``, per name pattern, locally and on the mirror). One save is in flight at a
+    time; its error is raised by the next call. The settings, :attr:`settings`, apply to sharded saves
+    too (``RequeueCheckpoint`` writes those: Lightning calls no plugin for them).
 
     Args:
         asynchronous: Write in a background writer process (``False``: write before returning).
-        mirror: An fsspec URL (``s3://bucket/run-42``, ``gs://...``, a shared directory) that receives a
-            copy of every checkpoint in ``dirpath``. Needs ``pip install "lightning-resume[remote]"``.
-        mirror_options: Keyword arguments for the fsspec filesystem of ``mirror``
-            (e.g. ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``).
         dirpath: The local checkpoint directory the mirror copies, restored from the mirror when the
             plugin is constructed (environment variables expanded: ``"$TMPDIR/ckpt"`` is node-local on
             a cluster). Default: the folder of the first save (then nothing is restored).
         keep: Keep only the newest ``keep`` checkpoints per name pattern (``None``: delete only what
             Lightning's callbacks ask to delete).
-        wait_for_mirror: ``teardown`` and :meth:`wait_until_durable` wait for uploads in flight, so a
-            preempted job exits with its newest checkpoint on the mirror.
-        mirror_timeout: Seconds to wait for uploads there.
+        mirror: A copy of every checkpoint in ``dirpath`` on remote or shared storage: a
+            :class:`~lightning_resume.Mirror`, or its URL alone (``"s3://bucket/run-42"``).
         metadata: User metadata stored in the manifest of every checkpoint (JSON values). Add per save
             with ``trainer.save_checkpoint(path, storage_options={"metadata": {...}})``.
-        direct_io: Write checkpoint files past the page cache (``O_DIRECT``) where the filesystem
-            allows it: less CPU taken from training, no cached data evicted. ``False`` writes through
-            the page cache (for a filesystem where direct writes are slow).
-        background_share: Share of the time, in (0, 1], a background write may spend writing; it rests
-            the remainder. 0.5 (the default) takes about twice as long as a write at full speed and
-            half its CPU, memory and disk bandwidth per second; 1.0 always writes at full speed.
-            Anything waiting for a write switches it to full speed.
-        writer_start_timeout: Deprecated (seconds a new writer process has to report ready; 120).
-        writer_shutdown_timeout: Deprecated (seconds the writer has to exit at teardown; 60).
-        writer_niceness: Deprecated (nice increment of the writer, which then starves on a busy node
-            just when a preemption waits for it): ``background_share`` keeps background writes gentle.
 
     Raises:
         TypeError, ValueError: for an invalid option.
@@ -149,44 +109,19 @@ class DurableCheckpointIO(CheckpointIO):
     def __init__(
         self,
         asynchronous: bool = True,
-        mirror: str | None = None,
-        mirror_options: dict[str, Any] | None = None,
         dirpath: str | Path | None = None,
         keep: int | None = None,
-        wait_for_mirror: bool = True,
-        mirror_timeout: float = 1800.0,
+        mirror: Mirror | str | None = None,
         metadata: dict[str, Any] | None = None,
-        writer_start_timeout: float | None = None,
-        writer_shutdown_timeout: float | None = None,
-        writer_niceness: int | None = None,
-        direct_io: bool = True,
-        background_share: float = 0.5,
     ) -> None:
         if keep is not None:
             whole_number("keep", keep, minimum=1, what="whole number of checkpoints or None")
-        positive_number("mirror_timeout", mirror_timeout, what="number of seconds")
-        if not is_number(background_share):
-            raise TypeError(f"background_share must be a {_FRACTION}, got {background_share!r}.")
-        if not 0 < background_share <= 1:  # NaN too
-            raise ValueError(
-                f"background_share must be a {_FRACTION}, got {background_share!r}: e.g. 0.5 lets a "
-                "background write work half of the time, 1.0 writes at full speed."
-            )
-        if mirror is not None and (not isinstance(mirror, str) or not mirror.strip()):
-            raise ValueError(f"mirror must be an fsspec URL or None, got {mirror!r}.")
-        writer = zip(_INSTEAD, (writer_start_timeout, writer_shutdown_timeout, writer_niceness), strict=True)
         self.settings = CheckpointSettings(
-            **{name: _writer_option(name, value) for name, value in writer if value is not None},
             asynchronous=flag("asynchronous", asynchronous),
-            mirror=mirror,
-            mirror_options=dict(mirror_options or {}),
+            mirror=Mirror.of(mirror),
             dirpath=None if dirpath is None else expand_dir(dirpath, "DurableCheckpointIO(dirpath=...)"),
             keep=keep,
-            wait_for_mirror=flag("wait_for_mirror", wait_for_mirror),
-            mirror_timeout=float(mirror_timeout),
             metadata=dict(check_metadata(metadata or {})),
-            direct_io=flag("direct_io", direct_io),
-            background_share=float(background_share),
         )
         self._dirpath = self.settings.dirpath
         self._init_runtime()
@@ -195,10 +130,33 @@ class DurableCheckpointIO(CheckpointIO):
             if self._dirpath is not None:
                 self.restore_from_mirror()
 
+    def _tune(self, direct_io: bool | None = None, background_share: float | None = None) -> None:
+        """Tuning, not an argument: write past the page cache (``direct_io``, where the filesystem
+        allows it), and the share of the time in (0, 1] a background write may spend writing.
+
+        Raises:
+            TypeError, ValueError: for a value of the wrong type, or a share outside (0, 1].
+        """
+        if background_share is not None:
+            if not is_number(background_share):
+                raise TypeError(f"background_share must be a {_FRACTION}, got {background_share!r}.")
+            if not 0 < background_share <= 1:  # NaN too
+                raise ValueError(
+                    f"background_share must be a {_FRACTION}, got {background_share!r}: e.g. 0.5 lets a "
+                    "background write work half of the time, 1.0 writes at full speed."
+                )
+        self.settings = dataclasses.replace(
+            self.settings,
+            direct_io=self.settings.direct_io if direct_io is None else flag("direct_io", direct_io),
+            background_share=float(
+                self.settings.background_share if background_share is None else background_share
+            ),
+        )
+
     def _init_runtime(self) -> None:
         self._lock = threading.RLock()
         self._saver: AsyncSaver | None = None
-        self._mirror: Mirror | None = None
+        self._mirror: Mirroring | None = None
         self._committed: dict[str, Entry] = {}
         self._prepared: set[Path] = set()
         self._warned: set[str] = set()
@@ -215,18 +173,6 @@ class DurableCheckpointIO(CheckpointIO):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
-
-    if not TYPE_CHECKING:  # the old attribute names, for one release; hidden from type checkers
-
-        def __getattr__(self, name: str) -> Any:
-            settings = self.__dict__.get("settings")
-            if settings is not None and name in ("writing", "mirroring"):
-                _deprecated(f"DurableCheckpointIO.{name}", "use DurableCheckpointIO.busy")
-                return self.busy
-            if settings is None or name not in _SETTINGS:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            _deprecated(f"DurableCheckpointIO.{name}", f"read DurableCheckpointIO.settings.{name}")
-            return self._dirpath if name == "dirpath" else getattr(settings, name)
 
     # -- save ------------------------------------------------------------------------------------
 
@@ -254,7 +200,7 @@ class DurableCheckpointIO(CheckpointIO):
         entry = self._entry_fields(checkpoint, metadata)
         if self._staging or self._urgent:
             # From a signal handler (Lightning's SLURM requeue) in the middle of a save, the shared
-            # buffer may be half-filled; after hurry(), a wait follows. Either way: here and now.
+            # buffer may be half-filled; after _hurry(), a wait follows. Either way: here and now.
             self._urgent = False
             self._wait_local()
             self._save_now(checkpoint, target, entry)
@@ -263,9 +209,6 @@ class DurableCheckpointIO(CheckpointIO):
             if self._saver is None:
                 settings = self.settings
                 self._saver = AsyncSaver(
-                    settings.writer_start_timeout,
-                    settings.writer_shutdown_timeout,
-                    settings.writer_niceness,
                     settings.direct_io,
                     known=lambda p: self._committed.get(str(p)),
                     on_commit=self._after_commit,
@@ -334,7 +277,7 @@ class DurableCheckpointIO(CheckpointIO):
 
     # -- wait ------------------------------------------------------------------------------------
 
-    def hurry(self) -> None:
+    def _hurry(self) -> None:
         """Make the next save durable as soon as possible: a wait for it is about to follow.
 
         The write in flight, if any, switches to full speed, and the next ``save_checkpoint`` writes
@@ -350,23 +293,21 @@ class DurableCheckpointIO(CheckpointIO):
         """Block until the save in flight is committed and, when ``mirrored``, every upload is done.
 
         Args:
-            mirrored: Wait for the uploads to the mirror too (default: ``wait_for_mirror``).
-            timeout: Seconds to wait for uploads (default: ``mirror_timeout``).
+            mirrored: Wait for the uploads to the mirror too (default: the mirror's ``wait``).
+            timeout: Seconds to wait for uploads (default: the mirror's ``timeout``).
 
         Raises:
             OSError, RuntimeError: the save (or the latest upload of a checkpoint) failed.
             TimeoutError: uploads still running after ``timeout`` seconds.
         """
         self._wait_local()
-        if self._mirror is not None and (self.settings.wait_for_mirror if mirrored is None else mirrored):
-            self._mirror.wait(self.settings.mirror_timeout if timeout is None else timeout)
-
-    def wait_until_mirrored(self, timeout: float | None = None) -> None:
-        """Deprecated: ``wait_until_durable(mirrored=True, timeout=timeout)``."""
-        _deprecated(
-            "DurableCheckpointIO.wait_until_mirrored()", "use wait_until_durable(mirrored=True, timeout=...)"
-        )
-        self.wait_until_durable(mirrored=True, timeout=timeout)
+        mirror = self.settings.mirror
+        if (
+            self._mirror is not None
+            and mirror is not None
+            and (mirror.wait if mirrored is None else mirrored)
+        ):
+            self._mirror.wait(mirror.timeout if timeout is None else timeout)
 
     def _wait_local(self) -> None:
         if self._saver is not None:
@@ -388,9 +329,9 @@ class DurableCheckpointIO(CheckpointIO):
         return self._last_write
 
     @property
-    def writer_pid(self) -> int | None:
-        """Process id of the running writer process, if any (for monitoring and tests)."""
-        return self._saver.writer_pid if self._saver is not None else None
+    def _writer_pid(self) -> int | None:
+        """Process id of the running writer process, if any (for tests)."""
+        return self._saver._writer_pid if self._saver is not None else None
 
     # -- load ------------------------------------------------------------------------------------
 
@@ -436,7 +377,7 @@ class DurableCheckpointIO(CheckpointIO):
                 )
                 return fallback.checkpoint
         mirror = self.settings.mirror
-        where = f"{str(target.parent)!r}" + (f" or the mirror {mirror!r}" if mirror else "")
+        where = f"{str(target.parent)!r}" + (f" or the mirror {mirror.url!r}" if mirror else "")
         fix = remedy(loaded.verdict.newer, "the checkpoint directory")
         raise CheckpointVerificationError(
             f"Checkpoint {str(requested)!r} is {loaded.reason}, and no other checkpoint in {where} verifies. "
@@ -493,10 +434,10 @@ class DurableCheckpointIO(CheckpointIO):
 
     @override
     def teardown(self) -> None:
-        """Wait for the save in flight and stop the writer; with ``wait_for_mirror``, wait for uploads.
+        """Wait for the save in flight and stop the writer; with the mirror's ``wait``, wait for uploads.
 
-        Uploads that fail or outlast ``mirror_timeout`` are reported with a warning; without
-        ``wait_for_mirror`` they go on in a background thread until the process exits.
+        Uploads that fail or outlast the mirror's ``timeout`` are reported with a warning; without
+        ``wait`` they go on in a background thread until the process exits.
 
         Raises:
             OSError, RuntimeError: the save in flight failed.
@@ -508,13 +449,14 @@ class DurableCheckpointIO(CheckpointIO):
             if saver is not None:
                 saver.close()
         finally:
-            if self._mirror is not None and self.settings.wait_for_mirror:
+            settings = self.settings.mirror
+            if self._mirror is not None and settings is not None and settings.wait:
                 mirror, self._mirror = self._mirror, None
-                mirror.close(self.settings.mirror_timeout)  # failures are warnings
+                mirror.close(settings.timeout)  # failures are warnings
 
     # -- mirror ----------------------------------------------------------------------------------
 
-    def _remote(self) -> Mirror:
+    def _remote(self) -> Mirroring:
         if self._mirror is None:
             self._mirror = self.settings.open_mirror(self.settings.keep)
         return self._mirror
@@ -525,13 +467,13 @@ class DurableCheckpointIO(CheckpointIO):
             return False
         if self._dirpath is None:
             self._dirpath = path.parent
-            log.info("DurableCheckpointIO mirrors %s to %s", self._dirpath, self.settings.mirror)
+            log.info("DurableCheckpointIO mirrors %s to %s", self._dirpath, self.settings.mirror.url)
         if path.parent == self._dirpath:
             return True
         self._warn_once(
             f"mirror:{path.parent}",
             f"Checkpoints in {str(path.parent)!r} are not mirrored: DurableCheckpointIO(mirror="
-            f"{self.settings.mirror!r}) copies {str(self._dirpath)!r} (set dirpath= to choose).",
+            f"{self.settings.mirror.url!r}) copies {str(self._dirpath)!r} (set dirpath= to choose).",
         )
         return False
 

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,19 +18,14 @@ from typing_extensions import override
 
 from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
 from lightning_resume._collectives import broadcast
-from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning, saves_directory
-from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
-from lightning_resume._storage.commit import save_error
+from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning
 from lightning_resume.exact_resume.exact_resume import ExactResume
 from lightning_resume.exceptions import Preempted
-from lightning_resume.io._protocol import AtomicCheckpointIO, settings_of
-from lightning_resume.io._verified_load import intact_zip
-from lightning_resume.io.sharded.choice import prepare_resume
-from lightning_resume.io.sharded.saver import DirectorySaver
 from lightning_resume.last_ckpt.cadence import Cadence, checked_interval, checked_seconds
 from lightning_resume.last_ckpt.epoch_boundary import EpochBoundary
 from lightning_resume.last_ckpt.redirect import RestartRedirect
 from lightning_resume.last_ckpt.restart import exists, record_saved
+from lightning_resume.last_ckpt.writing import LastCkptWrites
 from lightning_resume.run_dir import layout
 from lightning_resume.run_dir.binding import PROCESS
 from lightning_resume.run_dir.run_dir import RunDir
@@ -48,23 +41,6 @@ def _last_step(trainer: pl.Trainer) -> bool:
     (a larger ``max_steps``) continues this epoch, as an uninterrupted run does; the epoch end Lightning
     runs next, because the run stops, belongs to this attempt only."""
     return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
-
-
-def _lost_save(partial: Path) -> OSError:
-    """The error for a save Lightning reported done but did not write (its plugin swallows some errors)."""
-    try:
-        fd, probe = temp_sibling(partial)
-    except OSError as e:
-        error = save_error(e.errno, e.strerror or str(e), e.filename, partial)
-        error.__cause__ = e
-        return error
-    os.close(fd)
-    probe.unlink()
-    return OSError(
-        f"Lightning's checkpoint writer returned without writing {str(partial)!r} (it hides some errors). "
-        "last.ckpt is intact; check the checkpoint directory's permissions and free space, or use "
-        "DurableCheckpointIO, which reports the real error."
-    )
 
 
 class RequeueCheckpoint(LastCheckpointCallback):
@@ -168,7 +144,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._last_save_step, self._last_save_time = -1, time.monotonic()
         self._marked = False  # checkpoints/.saved is known to exist
         self._quiet = QuietLightning(self)
-        self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
+        self._writes = LastCkptWrites(lambda: Path(self.ckpt_path), self._mark_saved)
 
     def _run(self) -> Path:
         """The run dir of the Trainer's ``RunDir``, or of this process's before ``setup``."""
@@ -197,10 +173,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
         rather than as that epoch starts."""
         return self._exact.stateful_loaders
 
-    @property
-    def _partial_path(self) -> Path:
-        return self.checkpoint_dir / f".{LAST}{self.FILE_EXTENSION}.partial"
-
     # -- hooks: the restart redirect; the exact resume and the epoch boundary put in place ----------
 
     @override
@@ -218,25 +190,11 @@ class RequeueCheckpoint(LastCheckpointCallback):
             restart=self._run_dir.is_resumed,
         )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
-        if trainer.is_global_zero:
-            with contextlib.suppress(FileNotFoundError):
-                self._partial_path.unlink()
-        verify = functools.partial(self._verify, trainer)
+        self._writes.remove_partial(trainer)
+        verify = functools.partial(self._writes.written_by, trainer)
         self._redirect.before_fit(
-            trainer, self._run_dir, Path(self.ckpt_path), verify, self._damaged(trainer)
+            trainer, self._run_dir, Path(self.ckpt_path), verify, self._writes.damaged(trainer)
         )
-
-    @staticmethod
-    def _damaged(trainer: pl.Trainer) -> Callable[[Path], bool]:
-        """A file that fails to load is damaged, unless the plugin explains its failures or it is intact."""
-        explains = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
-        return lambda path: not explains and not intact_zip(path)
-
-    def _verify(self, trainer: pl.Trainer) -> int:
-        """Verify a sharded ``last.ckpt`` on every rank (falling back if it must); how many ranks wrote it."""
-        kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
-        choice = prepare_resume(trainer, Path(self.ckpt_path), kept)
-        return trainer.world_size if choice.manifest is None else choice.manifest.world_size
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -322,9 +280,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._redirect.after_fit()
         self._exact.detach(trainer)
         self._boundary.detach(trainer)
-        saver, self._saver = self._saver, None
-        if saver is not None:
-            saver.close(trainer, collective=collective)
+        self._writes.close(trainer, collective)
 
     def _due(self, trainer: pl.Trainer) -> bool:
         step = trainer.global_step
@@ -347,26 +303,8 @@ class RequeueCheckpoint(LastCheckpointCallback):
         :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
         the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
         """
-        io = trainer.strategy.checkpoint_io
-        directory = saves_directory(trainer.strategy) is not False
-        if directory and self._saver is None:
-            self._saver = DirectorySaver.for_trainer(
-                trainer, Path(self.ckpt_path), on_commit=lambda: self._mark_saved(trainer)
-            )
-        self._cadence.saving(trainer, self._saver if directory else None)
-        if directory and self._saver is not None:
-            # Sharded strategies write a directory, bypassing checkpoint_io: written aside, then committed.
-            self._saver.save(trainer)
-        elif isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
-            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
-        else:
-            partial = self._partial_path
-            trainer.save_checkpoint(partial, weights_only=False)
-            if trainer.is_global_zero:
-                if not partial.is_file():
-                    raise _lost_save(partial)
-                fsync_file(partial)
-                replace_durably(partial, self.ckpt_path)
+        self._cadence.saving(trainer, self._writes.writer(trainer))
+        self._writes.write(trainer)
         self._mark_saved(trainer)
         self._cadence.saved(trainer)  # the stall; the time to durable now or once written
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
@@ -384,11 +322,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Block until every checkpoint write in flight is on disk (plugins that write in the background)."""
-        io = trainer.strategy.checkpoint_io
-        if isinstance(io, AtomicCheckpointIO):
-            io.wait_until_durable()
-        if self._saver is not None:
-            self._saver.wait_until_durable(trainer)  # every rank: PreemptionHandler calls it on all
+        self._writes.wait_until_durable(trainer)  # every rank: PreemptionHandler calls it on all
         self._mark_saved(trainer)
 
     def _mark_saved(self, trainer: pl.Trainer) -> None:

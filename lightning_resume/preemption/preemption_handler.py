@@ -384,7 +384,7 @@ class PreemptionHandler(Callback):
         assert self._requeue_checkpoint is not None
         start, io = time.monotonic(), trainer.strategy.checkpoint_io
         if isinstance(io, HurryingCheckpointIO):
-            io.hurry()  # a wait follows at once: full speed, and this save written straight away
+            io._hurry()  # a wait follows at once: full speed, and this save written straight away
         if in_validation:
             self._requeue_checkpoint.save_in_validation(trainer)
         else:

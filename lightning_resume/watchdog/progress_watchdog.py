@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_resume._checks import find_one, flag, positive_number, whole_number
+from lightning_resume._checks import find_one, flag, whole_number
 from lightning_resume._collectives import broadcast
 from lightning_resume._scheduler.environment import ENV, expects_peers
 from lightning_resume.exceptions import CrashLoopStopped
@@ -25,7 +25,7 @@ from lightning_resume.run_dir.run_dir import RunDir
 from lightning_resume.watchdog import timeouts as learned
 from lightning_resume.watchdog.action import CRASH_LOOP_EXIT_CODE, HANG_EXIT_CODE, Who, act_on_hang
 from lightning_resume.watchdog.monitor import Progress, Watchdog
-from lightning_resume.watchdog.timeouts import Section, Settings, Timeouts
+from lightning_resume.watchdog.timeouts import Section, Timeouts, WatchdogTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,6 @@ def _rank_from_env() -> int:
 def _world_size_from_env() -> int:
     value = os.environ.get(ENV["world_size"], "")
     return int(value) if value.strip().isdigit() and int(value) > 0 else 1
-
-
-def _timeout(name: str, value: float | None) -> float | None:
-    return None if value is None else positive_number(name, value, "number of seconds or None")
 
 
 def _on_hang(ref: weakref.ReferenceType[ProgressWatchdog], progress: Progress, seconds: float) -> None:
@@ -91,29 +87,15 @@ class ProgressWatchdog(Callback):
     ``setup`` on.
 
     Args:
-        step_timeout: Seconds a training step (with fetching its batch) may take. ``None``: learned.
-        first_step_timeout: Seconds from construction (or ``setup``) to the end of the first training
-            step, less the checkpoint load and the sanity check (compilation, data warm-up).
-            ``None``: learned.
-        validation_timeout: Seconds one validation batch may take. ``None``: learned.
-        epoch_end_timeout: Seconds from an epoch's last step to the next epoch's first, its
-            validation and saves excepted (epoch-end hooks, new data iterators). ``None``: learned.
-        save_timeout: Seconds a checkpoint save may hold training (waits until durable included).
-            ``None``: learned.
-        load_timeout: Seconds a restart may take to load its checkpoint. ``None``: learned.
-        teardown_timeout: Seconds the end of ``fit`` may take (the last save's wait, teardown hooks).
-            ``None``: learned.
-        timeout_multiple: A learned timeout is this many times the slowest time seen (at least 1).
-        min_timeout: A learned timeout is never below this many seconds.
-        initial_timeout: Seconds allowed to a section never seen before (the first start-up, the
-            first validation, ...).
+        timeouts: How long each section may take (:class:`~lightning_resume.WatchdogTimeouts`; default:
+            every one learned, 5 times the slowest time seen, at least 300 s, 1800 s until seen).
         max_attempts_without_progress: Stop before training after this many attempts in a row
             ended without a new durable checkpoint; ``0`` never stops.
         requeue: Let rank 0 requeue a hung SLURM job. ``False``: exit only.
 
     Raises:
         TypeError: for arguments of the wrong type.
-        ValueError: for a timeout that is not positive, or a multiple below 1.
+        ValueError: for a negative ``max_attempts_without_progress``.
         MissingCallbackError: at ``setup`` without a ``RunDir``.
         CrashLoopStopped: at ``setup``, when the run is in a crash loop.
 
@@ -131,45 +113,18 @@ class ProgressWatchdog(Callback):
 
     def __init__(
         self,
-        step_timeout: float | None = None,
-        first_step_timeout: float | None = None,
-        validation_timeout: float | None = None,
-        epoch_end_timeout: float | None = None,
-        save_timeout: float | None = None,
-        load_timeout: float | None = None,
-        teardown_timeout: float | None = None,
-        timeout_multiple: float = 5.0,
-        min_timeout: float = 300.0,
-        initial_timeout: float = 1800.0,
+        timeouts: WatchdogTimeouts | None = None,
         max_attempts_without_progress: int = 3,
         requeue: bool = True,
     ) -> None:
-        given = {
-            Section.STEP: _timeout("step_timeout", step_timeout),
-            Section.STARTUP: _timeout("first_step_timeout", first_step_timeout),
-            Section.VALIDATION: _timeout("validation_timeout", validation_timeout),
-            Section.EPOCH_END: _timeout("epoch_end_timeout", epoch_end_timeout),
-            Section.SAVE: _timeout("save_timeout", save_timeout),
-            Section.LOAD: _timeout("load_timeout", load_timeout),
-            Section.TEARDOWN: _timeout("teardown_timeout", teardown_timeout),
-        }
-        multiple = positive_number("timeout_multiple", timeout_multiple)
-        if multiple < 1:
-            raise ValueError(
-                f"timeout_multiple must be >= 1, got {timeout_multiple!r}: a timeout below the slowest time "
-                "seen would end healthy ranks."
-            )
-        self.settings = Settings(
-            fixed={section: value for section, value in given.items() if value is not None},
-            multiple=multiple,
-            min_timeout=positive_number("min_timeout", min_timeout, "number of seconds"),
-            initial_timeout=positive_number("initial_timeout", initial_timeout, "number of seconds"),
-        )
+        if timeouts is not None and not isinstance(timeouts, WatchdogTimeouts):
+            raise TypeError(f"timeouts must be WatchdogTimeouts(...) or None, got {timeouts!r}.")
+        self.timeouts = timeouts if timeouts is not None else WatchdogTimeouts()
         self.max_attempts_without_progress = whole_number(
             "max_attempts_without_progress", max_attempts_without_progress, minimum=0
         )
         self.requeue = flag("requeue", requeue)
-        self._timeouts = Timeouts(self.settings)
+        self._timeouts = Timeouts(self.timeouts)
         self._who = Who(rank=_rank_from_env(), world_size=_world_size_from_env(), run_dir=None, attempt=None)
         self._run_dir: RunDir | None = None
         self._step: int | None = None

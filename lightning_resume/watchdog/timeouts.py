@@ -13,10 +13,11 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_resume._checks import positive_number
 from lightning_resume._storage.atomic import write_json_atomic
 from lightning_resume.run_dir import layout
 
@@ -64,21 +65,80 @@ def section_label(value: str | None) -> str:
     return LABELS.get(value or "", value or "unknown section")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """How timeouts are chosen.
+def _seconds(name: str, value: float | None) -> float | None:
+    return None if value is None else positive_number(name, value, "number of seconds or None")
 
-    Attributes:
-        fixed: The timeouts the user gave, by section (never learned).
-        multiple: A learned timeout is this many times the slowest time seen.
-        min_timeout: A learned timeout is never below this (seconds).
-        initial_timeout: The timeout of a section never seen yet (seconds).
+
+@dataclass(frozen=True)
+class WatchdogTimeouts:
+    """How long each section of training may take before :class:`~lightning_resume.ProgressWatchdog`
+    takes a rank for hung: a fixed number of seconds, or learned (``None``): ``multiple`` times the
+    slowest time seen for it, never below ``minimum``, ``initial`` while none was seen.
+
+    Args:
+        step: Seconds a training step (with fetching its batch) may take.
+        first_step: Seconds from the callback's construction (or ``setup``) to the end of the first
+            training step, less the checkpoint load and the sanity check (compilation, data warm-up).
+        validation: Seconds one validation batch may take.
+        epoch_end: Seconds from an epoch's last step to the next epoch's first, its validation and saves
+            excepted (epoch-end hooks, new data iterators).
+        save: Seconds a checkpoint save may hold training (waits until durable included).
+        load: Seconds a restart may take to load its checkpoint.
+        teardown: Seconds the end of ``fit`` may take (the last save's wait, teardown hooks).
+        multiple: A learned timeout is this many times the slowest time seen (at least 1).
+        minimum: A learned timeout is never below this many seconds.
+        initial: Seconds allowed to a section never seen before (the first start-up, validation...).
+
+    Raises:
+        TypeError: for a value of the wrong type.
+        ValueError: for a timeout that is not positive, or a multiple below 1.
+
+    Example::
+
+        ProgressWatchdog(timeouts=WatchdogTimeouts(step=600, save=1800))
     """
 
-    fixed: Mapping[Section, float] = field(default_factory=dict)
+    step: float | None = None
+    first_step: float | None = None
+    validation: float | None = None
+    epoch_end: float | None = None
+    save: float | None = None
+    load: float | None = None
+    teardown: float | None = None
     multiple: float = 5.0
-    min_timeout: float = 300.0
-    initial_timeout: float = 1800.0
+    minimum: float = 300.0
+    initial: float = 1800.0
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS.values():
+            object.__setattr__(self, name, _seconds(f"WatchdogTimeouts({name}=...)", getattr(self, name)))
+        multiple = positive_number("WatchdogTimeouts(multiple=...)", self.multiple)
+        if multiple < 1:
+            raise ValueError(
+                f"WatchdogTimeouts(multiple=...) must be >= 1, got {self.multiple!r}: a timeout below the "
+                "slowest time seen would end healthy ranks."
+            )
+        object.__setattr__(self, "multiple", multiple)
+        object.__setattr__(self, "minimum", positive_number("WatchdogTimeouts(minimum=...)", self.minimum))
+        object.__setattr__(self, "initial", positive_number("WatchdogTimeouts(initial=...)", self.initial))
+
+    @property
+    def fixed(self) -> dict[Section, float]:
+        """The timeouts given, by section (never learned)."""
+        found = {section: getattr(self, name) for section, name in _FIELDS.items()}
+        return {section: value for section, value in found.items() if value is not None}
+
+
+#: The field of :class:`WatchdogTimeouts` that fixes each section's timeout.
+_FIELDS = {
+    Section.STEP: "step",
+    Section.STARTUP: "first_step",
+    Section.VALIDATION: "validation",
+    Section.EPOCH_END: "epoch_end",
+    Section.SAVE: "save",
+    Section.LOAD: "load",
+    Section.TEARDOWN: "teardown",
+}
 
 
 class Timeouts:
@@ -86,12 +146,12 @@ class Timeouts:
 
     Example::
 
-        timeouts = Timeouts(Settings(min_timeout=2.0))
+        timeouts = Timeouts(WatchdogTimeouts(minimum=2.0))
         timeouts.observe(Section.STEP, 0.4)
         timeouts.timeout(Section.STEP)  # 2.0 (5 x 0.4 is below the floor)
     """
 
-    def __init__(self, settings: Settings, slowest: Mapping[Section, float] | None = None) -> None:
+    def __init__(self, settings: WatchdogTimeouts, slowest: Mapping[Section, float] | None = None) -> None:
         self.settings = settings
         self.slowest: dict[Section, float] = dict(slowest or {})
 
@@ -102,8 +162,8 @@ class Timeouts:
             return fixed
         seen = self.slowest.get(section)
         if seen is None:
-            return self.settings.initial_timeout
-        return max(self.settings.min_timeout, self.settings.multiple * seen)
+            return self.settings.initial
+        return max(self.settings.minimum, self.settings.multiple * seen)
 
     def observe(self, section: Section, seconds: float) -> bool:
         """Count a completed ``section`` that took ``seconds``; whether it is the slowest yet."""
@@ -150,8 +210,8 @@ def write(run_dir: Path, timeouts: Timeouts, crash_loop_limit: int) -> None:
             "timeouts": {s.value: round(timeouts.timeout(s), 3) for s in Section},
             "fixed": {s.value: v for s, v in settings.fixed.items()},
             "multiple": settings.multiple,
-            "min_timeout": settings.min_timeout,
-            "initial_timeout": settings.initial_timeout,
+            "min_timeout": settings.minimum,
+            "initial_timeout": settings.initial,
             "max_attempts_without_progress": crash_loop_limit,
         },
     )

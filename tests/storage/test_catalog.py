@@ -11,7 +11,7 @@ from lightning_resume._storage.catalog import Status, check_file, committed, new
 from lightning_resume._storage.commit import write_file
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, manifest_path
-from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
 
 
@@ -49,7 +49,7 @@ def test_committed_checkpoints_are_listed_newest_save_first(folder: Path) -> Non
 def test_a_mirror_of_the_same_files_counts_the_same_checkpoints(folder: Path, tmp_path: Path) -> None:
     remote = tmp_path / "remote"
     shutil.copytree(folder, remote)
-    mirror = Mirror(f"file://{remote}")
+    mirror = Mirroring(f"file://{remote}")
     assert mirror.committed(FILE) == committed(LocalStore(folder), FILE)
 
 

@@ -30,7 +30,7 @@ from lightning_resume._storage.manifest import (
     encode,
     read_entries,
 )
-from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.mirror import Mirroring
 from lightning_resume.io.sharded import parts
 
 
@@ -49,7 +49,7 @@ def mirror(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[st
 
 
 def remote_names(url: str, options: dict[str, Any]) -> list[str]:
-    remote = Mirror(url, options).store
+    remote = Mirroring(url, options).store
     remote.fs.invalidate_cache()
     return sorted(p.rsplit("/", 1)[-1] for p in remote.fs.ls(remote.root, detail=False))
 
@@ -114,7 +114,7 @@ def test_deletes_by_lightning_reach_the_mirror(tmp_path: Path) -> None:
 
 def test_a_remote_copy_counts_only_when_its_data_matches_its_manifest(tmp_path: Path) -> None:
     url = str(tmp_path / "mirror")
-    remote = Mirror(url)
+    remote = Mirroring(url)
     good = tmp_path / "good.ckpt"
     torch.save({"global_step": 1}, good)
     size, checksum = checksum_file(good)
@@ -139,7 +139,7 @@ def test_a_remote_copy_replaced_during_its_download_is_downloaded_again(
     # s3fs reads an object only while it is the version it opened (If-Match on its ETag); here the
     # object is replaced, on the real server, right after the download opened it.
     url = f"s3://{new_bucket(s3_endpoint)}/run"
-    remote = Mirror(url, s3_options(s3_endpoint))
+    remote = Mirroring(url, s3_options(s3_endpoint))
     store = remote.store
     old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
     torch.save({"global_step": 1, "w": torch.randn(1000)}, old)
@@ -307,7 +307,7 @@ def test_a_checkpoint_directory_is_mirrored_and_restored_onto_an_empty_dir(
 ) -> None:
     url, options = mirror
     local = tmp_path / "local"
-    remote = Mirror(url, options, keep=2)
+    remote = Mirroring(url, options, keep=2)
     for step in (1, 2, 3):
         final = committed_directory(local, step, fill=step)
         assert remote.upload(DIRECTORY, final)
@@ -317,12 +317,12 @@ def test_a_checkpoint_directory_is_mirrored_and_restored_onto_an_empty_dir(
 
     empty = tmp_path / "node2"
     empty.mkdir()
-    restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
+    restored = Mirroring(url, options).restore_directory(empty, "last.ckpt")
     assert restored == empty / final.name
     assert os.readlink(empty / "last.ckpt") == final.name
     assert verify(empty / "last.ckpt", DIRECTORY).status is Status.VERIFIED
     assert all((final / f).read_bytes() == (restored / f).read_bytes() for f in parts.list_files(final))
-    assert Mirror(url, options).restore_directory(empty, "last.ckpt") is None  # as new as the mirror's
+    assert Mirroring(url, options).restore_directory(empty, "last.ckpt") is None  # as new as the mirror's
 
 
 def test_a_damaged_or_unfinished_remote_directory_is_never_restored(
@@ -330,7 +330,7 @@ def test_a_damaged_or_unfinished_remote_directory_is_never_restored(
 ) -> None:
     url, options = mirror
     local = tmp_path / "local"
-    remote = Mirror(url, options, keep=3)
+    remote = Mirroring(url, options, keep=3)
     older = committed_directory(local, 1, fill=1)
     remote.upload(DIRECTORY, older)
     newer = committed_directory(local, 2, fill=2)
@@ -345,7 +345,7 @@ def test_a_damaged_or_unfinished_remote_directory_is_never_restored(
     store.fs.pipe_file(f"{store.root}/{newer.name}/__1_0.distcp", b"\x07" * 2000)
     empty = tmp_path / "node2"
     empty.mkdir()
-    restored = Mirror(url, options).restore_directory(empty, "last.ckpt")
+    restored = Mirroring(url, options).restore_directory(empty, "last.ckpt")
     assert restored == empty / older.name
     assert verify(empty / "last.ckpt", DIRECTORY).status is Status.VERIFIED
     assert sorted(p.name for p in empty.iterdir()) == sorted(["last.ckpt", older.name])

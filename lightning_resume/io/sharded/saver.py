@@ -34,11 +34,11 @@ from lightning_resume._compat.lightning import capture_checkpoint, saves_directo
 from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
 from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
 from lightning_resume._storage.manifest import DirectoryManifest
-from lightning_resume._storage.mirror import Mirror
+from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._warnings import warn
 from lightning_resume._writer.duty_cycle import WriteStats
-from lightning_resume.io._protocol import CheckpointSettings, settings_of
 from lightning_resume.io.durable_checkpoint_io import manifest_versions
+from lightning_resume.io.settings import CheckpointSettings, settings_of
 from lightning_resume.io.sharded import parts
 from lightning_resume.io.sharded.dcp import (
     dcp_state,
@@ -68,7 +68,7 @@ class DirectorySaver:
         self,
         pointer: Path,
         settings: CheckpointSettings | None = None,
-        mirror: Mirror | None = None,
+        mirror: Mirroring | None = None,
         on_commit: Callable[[], None] | None = None,
         part_timeout: float = PART_TIMEOUT,
     ) -> None:
@@ -305,8 +305,9 @@ class DirectorySaver:
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
         self.wait(trainer)
-        if self.mirror is not None and self.settings.wait_for_mirror:
-            self.mirror.wait(self.settings.mirror_timeout)
+        mirror = self.settings.mirror
+        if self.mirror is not None and mirror is not None and mirror.wait:
+            self.mirror.wait(mirror.timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Finish the save in flight and stop the writer thread; ``collective`` (every rank calls this):
@@ -328,18 +329,19 @@ class DirectorySaver:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
-            if self.mirror is not None and self.settings.wait_for_mirror:
-                self.mirror.close(self.settings.mirror_timeout)
+            mirror = self.settings.mirror
+            if self.mirror is not None and mirror is not None and mirror.wait:
+                self.mirror.close(mirror.timeout)
 
 
-def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirror | None:
+def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirroring | None:
     """The mirror of sharded checkpoints in ``pointer.parent`` (global rank 0), if the settings have one."""
     if settings.mirror is None:
         return None
     if settings.dirpath is not None and settings.dirpath != pointer.parent:
         warn(
             f"Sharded checkpoints in {str(pointer.parent)!r} are not mirrored: DurableCheckpointIO("
-            f"mirror={settings.mirror!r}) copies {str(settings.dirpath)!r}."
+            f"mirror={settings.mirror.url!r}) copies {str(settings.dirpath)!r}."
         )
         return None
     return settings.open_mirror(settings.directories_kept)

@@ -1,0 +1,124 @@
+"""How ``last.ckpt`` is written, whatever writes the Trainer's checkpoints.
+
+- A plugin that writes atomically (``writes_atomically``, as ``DurableCheckpointIO``) writes it itself.
+- With any other plugin, the checkpoint goes to ``.last.ckpt.partial``, which is fsynced and renamed
+  over ``last.ckpt`` (rank 0).
+- Sharded strategies write a directory and call no plugin: it is written aside and committed
+  (:class:`~lightning_resume.io.sharded.saver.DirectorySaver`).
+
+And what a restart needs to know of what was written: whether a file that fails to load is damaged,
+and how many ranks wrote a sharded ``last.ckpt`` (verified on every rank, falling back if it must).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from lightning_resume._compat.lightning import saves_directory
+from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
+from lightning_resume._storage.commit import save_error
+from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._verified_load import intact_zip
+from lightning_resume.io.settings import settings_of
+from lightning_resume.io.sharded.choice import prepare_resume
+from lightning_resume.io.sharded.saver import DirectorySaver
+
+
+def lost_save(partial: Path) -> OSError:
+    """The error for a save Lightning reported done but did not write (its plugin swallows some errors)."""
+    try:
+        fd, probe = temp_sibling(partial)
+    except OSError as e:
+        error = save_error(e.errno, e.strerror or str(e), e.filename, partial)
+        error.__cause__ = e
+        return error
+    os.close(fd)
+    probe.unlink()
+    return OSError(
+        f"Lightning's checkpoint writer returned without writing {str(partial)!r} (it hides some errors). "
+        "last.ckpt is intact; check the checkpoint directory's permissions and free space, or use "
+        "DurableCheckpointIO, which reports the real error."
+    )
+
+
+class LastCkptWrites:
+    """The writes of one ``last.ckpt``.
+
+    Args:
+        path: Where ``last.ckpt`` is (asked at each save: it is known once the run dir is).
+        on_commit: Called (every rank) once a sharded save is committed in the background.
+    """
+
+    def __init__(self, path: Callable[[], Path], on_commit: Callable[[pl.Trainer], None]) -> None:
+        self._path = path
+        self._on_commit = on_commit
+        self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
+
+    @property
+    def _partial(self) -> Path:
+        last = self._path()
+        return last.with_name(f".{last.name}.partial")
+
+    def writer(self, trainer: pl.Trainer) -> DirectorySaver | None:
+        """What writes the next save where the plugin does not (a sharded strategy's saver), if anything."""
+        if saves_directory(trainer.strategy) is False:
+            return None
+        if self._saver is None:
+            self._saver = DirectorySaver.for_trainer(
+                trainer, self._path(), on_commit=lambda: self._on_commit(trainer)
+            )
+        return self._saver
+
+    def write(self, trainer: pl.Trainer) -> None:
+        """Write the Trainer's checkpoint as ``last.ckpt`` (every rank)."""
+        saver = self.writer(trainer)
+        io = trainer.strategy.checkpoint_io
+        if saver is not None:
+            saver.save(trainer)
+        elif isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
+            trainer.save_checkpoint(self._path(), weights_only=False)
+        else:
+            partial = self._partial
+            trainer.save_checkpoint(partial, weights_only=False)
+            if trainer.is_global_zero:
+                if not partial.is_file():
+                    raise lost_save(partial)
+                fsync_file(partial)
+                replace_durably(partial, self._path())
+
+    def wait_until_durable(self, trainer: pl.Trainer) -> None:
+        """Block until every write in flight is on disk (every rank)."""
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO):
+            io.wait_until_durable()
+        if self._saver is not None:
+            self._saver.wait_until_durable(trainer)
+
+    def close(self, trainer: pl.Trainer, collective: bool) -> None:
+        """Finish a sharded save in flight (``collective``: on every rank, at the same point)."""
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            saver.close(trainer, collective=collective)
+
+    def remove_partial(self, trainer: pl.Trainer) -> None:
+        """Remove a ``.last.ckpt.partial`` a killed attempt left (rank 0)."""
+        if trainer.is_global_zero:
+            with contextlib.suppress(FileNotFoundError):
+                self._partial.unlink()
+
+    def written_by(self, trainer: pl.Trainer) -> int:
+        """Verify a sharded ``last.ckpt`` on every rank (falling back if it must); how many ranks wrote it."""
+        kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
+        choice = prepare_resume(trainer, self._path(), kept)
+        return trainer.world_size if choice.manifest is None else choice.manifest.world_size
+
+    @staticmethod
+    def damaged(trainer: pl.Trainer) -> Callable[[Path], bool]:
+        """A file that fails to load is damaged, unless the plugin explains its failures or it is intact."""
+        explains = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        return lambda path: not explains and not intact_zip(path)
