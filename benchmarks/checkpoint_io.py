@@ -251,7 +251,7 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-    from lightning_resume import DurableCheckpointIO
+    from lightning_resume import DurableCheckpointIO, Mirror
 
     if row == "lightning torch":
         torch_io = TorchCheckpointIO()
@@ -278,9 +278,11 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
     options: dict[str, Any] = {"asynchronous": row != "ours sync"}
     if row == "ours async+s3":
         options.update(
-            mirror="s3://bench/run",
-            mirror_options={"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}},
-            wait_for_mirror=False,
+            mirror=Mirror(
+                "s3://bench/run",
+                {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}},
+                wait=False,
+            ),
         )
     ours = DurableCheckpointIO(**options)
     return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.busy

@@ -44,7 +44,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
-from lightning_resume import ProgressWatchdog, RequeueCheckpoint, RunDir
+from lightning_resume import ProgressWatchdog, RequeueCheckpoint, RunDir, WatchdogTimeouts
 
 #: The defaults the detection rows are extrapolated to.
 WATCHDOG_FLOOR = 300.0
@@ -104,7 +104,8 @@ def worker(args: argparse.Namespace) -> None:
     callbacks: list[pl.Callback] = [Marks(folder, args.hang_at), RunDir(root=folder / "runs")]
     callbacks.append(RequeueCheckpoint(every_n_train_steps=2))
     if args.watchdog:
-        callbacks.append(ProgressWatchdog(min_timeout=args.floor, first_step_timeout=600))
+        timeouts = WatchdogTimeouts(minimum=args.floor, first_step=600)
+        callbacks.append(ProgressWatchdog(timeouts=timeouts))
     strategy = DDPStrategy(timeout=timedelta(seconds=args.gloo_timeout)) if not args.watchdog else "ddp"
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -239,9 +240,7 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument(
-        "--floor", type=float, default=30.0, help="ProgressWatchdog(min_timeout=...), seconds"
-    )
+    parser.add_argument("--floor", type=float, default=30.0, help="WatchdogTimeouts(minimum=...), seconds")
     parser.add_argument("--gloo-timeout", type=float, default=30.0, help="DDPStrategy(timeout=...), seconds")
     parser.add_argument("--hang-at", type=int, default=12, help="the step rank 1 hangs at")
     parser.add_argument("--steps", type=int, default=400, help="training steps per cost row and round")
@@ -262,7 +261,7 @@ def main() -> None:
         exited, resumed = detect(True, args)
         default = WATCHDOG_FLOOR + exited - args.floor
         print(
-            f"| ProgressWatchdog (min_timeout={args.floor:.0f}) | {args.floor:.0f} s | {exited:.1f} s | "
+            f"| ProgressWatchdog (minimum={args.floor:.0f}) | {args.floor:.0f} s | {exited:.1f} s | "
             f"{resumed:.1f} s | {default:.0f} s (floor 300 s) |"
         )
         exited, resumed = detect(False, args)

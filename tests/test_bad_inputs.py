@@ -36,6 +36,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_resume import (
     CheckpointVerificationError,
     DurableCheckpointIO,
+    Mirror,
     MissingCallbackError,
     PreemptionHandler,
     RequeueCheckpoint,
@@ -1440,7 +1441,7 @@ def bad_intervals(tmp_path: Path) -> None:
 
 
 @case(
-    '`DurableCheckpointIO(keep=1.5)`, `keep=0`, a timeout of 0, `mirror=""`',
+    '`DurableCheckpointIO(keep=1.5)`, `keep=0`, `Mirror(url, timeout=0)`, `mirror=""`, `mirror=3`',
     "`TypeError` / `ValueError` naming the value",
 )
 def bad_plugin_options(tmp_path: Path) -> None:
@@ -1448,10 +1449,12 @@ def bad_plugin_options(tmp_path: Path) -> None:
         DurableCheckpointIO(keep=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="keep must be >= 1"):
         DurableCheckpointIO(keep=0)
-    with pytest.raises(ValueError, match="mirror_timeout must be > 0"):
-        DurableCheckpointIO(mirror_timeout=0)
-    with pytest.raises(ValueError, match="mirror must be an fsspec URL"):
+    with pytest.raises(ValueError, match="Mirror timeout must be > 0"):
+        DurableCheckpointIO(mirror=Mirror("s3://bucket/run", timeout=0))
+    with pytest.raises(ValueError, match="Mirror url must be an fsspec URL"):
         DurableCheckpointIO(mirror="")
+    with pytest.raises(TypeError, match="mirror must be a Mirror, an fsspec URL or None, got 3"):
+        DurableCheckpointIO(mirror=3)  # type: ignore[arg-type]
 
 
 @case(
@@ -1919,17 +1922,17 @@ def failed_restart_keeps_the_checkpoint_step(tmp_path: Path) -> None:
 
 
 @case(
-    "`ProgressWatchdog(step_timeout=0)`, `timeout_multiple=0.5`, `max_attempts_without_progress=True`",
+    "`WatchdogTimeouts(step=0)`, `WatchdogTimeouts(multiple=0.5)`, `ProgressWatchdog(timeouts=5)`, "
+    "`max_attempts_without_progress=True`",
     "`ValueError` / `TypeError` naming the value, at construction",
 )
 def bad_watchdog_arguments(tmp_path: Path) -> None:
-    from lightning_resume import ProgressWatchdog
+    from lightning_resume import ProgressWatchdog, WatchdogTimeouts
 
-    for kwargs, error in (
-        ({"step_timeout": 0}, ValueError),
-        ({"timeout_multiple": 0.5}, ValueError),
-        ({"max_attempts_without_progress": True}, TypeError),
-    ):
+    for kwargs, error in (({"step": 0}, ValueError), ({"multiple": 0.5}, ValueError)):
+        with pytest.raises(error, match=re.escape(repr(next(iter(kwargs.values()))))):
+            WatchdogTimeouts(**kwargs)  # type: ignore[arg-type]
+    for kwargs, error in (({"timeouts": 5}, TypeError), ({"max_attempts_without_progress": True}, TypeError)):
         with pytest.raises(error, match=re.escape(repr(next(iter(kwargs.values()))))):
             ProgressWatchdog(**kwargs)  # type: ignore[arg-type]
 

@@ -27,6 +27,7 @@ from lightning_resume import (
     ProgressWatchdog,
     RequeueCheckpoint,
     RunDir,
+    WatchdogTimeouts,
 )
 from lightning_resume.run_dir import attempts, hangs, layout
 from lightning_resume.run_dir.status import read_status
@@ -252,9 +253,7 @@ def test_without_run_dir_setup_says_what_to_add(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"step_timeout": 0}, ValueError),
-        ({"save_timeout": "5"}, TypeError),
-        ({"timeout_multiple": 0.5}, ValueError),
+        ({"timeouts": {"step": 5}}, TypeError),
         ({"max_attempts_without_progress": -1}, ValueError),
         ({"max_attempts_without_progress": True}, TypeError),
         ({"requeue": "yes"}, TypeError),
@@ -263,6 +262,20 @@ def test_without_run_dir_setup_says_what_to_add(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused_naming_the_value(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error, match=re.escape(repr(next(iter(kwargs.values()))))):
         ProgressWatchdog(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"step": 0}, ValueError),
+        ({"save": "5"}, TypeError),
+        ({"multiple": 0.5}, ValueError),
+        ({"minimum": -1}, ValueError),
+    ],
+)
+def test_bad_timeouts_are_refused_naming_the_value(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error, match=re.escape(repr(next(iter(kwargs.values()))))):
+        WatchdogTimeouts(**kwargs)
 
 
 def test_lightning_cli_yaml_builds_and_runs_it(tmp_path: Path) -> None:
@@ -280,7 +293,10 @@ def test_lightning_cli_yaml_builds_and_runs_it(tmp_path: Path) -> None:
                 {"class_path": "lightning_resume.RunDir", "init_args": {"root": str(tmp_path / "runs")}},
                 {
                     "class_path": "lightning_resume.ProgressWatchdog",
-                    "init_args": {"step_timeout": 30.5, "min_timeout": 5, "max_attempts_without_progress": 2},
+                    "init_args": {
+                        "timeouts": {"step": 30.5, "minimum": 5},
+                        "max_attempts_without_progress": 2,
+                    },
                 },
             ],
         }
@@ -291,7 +307,7 @@ def test_lightning_cli_yaml_builds_and_runs_it(tmp_path: Path) -> None:
         BoringModel, args=["fit", "--config", str(path)], save_config_kwargs={"overwrite": True}
     )
     (watchdog,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressWatchdog)]
-    assert watchdog.max_attempts_without_progress == 2 and watchdog.settings.min_timeout == 5.0
+    assert watchdog.max_attempts_without_progress == 2 and watchdog.timeouts.minimum == 5.0
     saved = json.loads((only_run_dir(tmp_path / "runs") / layout.WATCHDOG).read_text())
     assert saved["fixed"] == {"step": 30.5} and saved["timeouts"]["step"] == 30.5
 
@@ -300,11 +316,15 @@ def test_hydra_instantiates_it() -> None:
     from hydra.utils import instantiate
 
     watchdog = instantiate(
-        {"_target_": "lightning_resume.ProgressWatchdog", "step_timeout": 45, "requeue": False}
+        {
+            "_target_": "lightning_resume.ProgressWatchdog",
+            "timeouts": {"_target_": "lightning_resume.WatchdogTimeouts", "step": 45},
+            "requeue": False,
+        }
     )
     try:
         assert isinstance(watchdog, ProgressWatchdog) and not watchdog.requeue
-        assert watchdog.settings.fixed[next(iter(watchdog.settings.fixed))] == 45.0
+        assert watchdog.timeouts.step == 45.0
     finally:
         watchdog._dog.stop()
 

@@ -71,7 +71,7 @@ def test_fit_saves_verified_checkpoints_with_manifests(tmp_path: Path) -> None:
 
     class PeekWriter(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            pid = trainer.strategy.checkpoint_io.writer_pid  # type: ignore[attr-defined]
+            pid = trainer.strategy.checkpoint_io._writer_pid  # type: ignore[attr-defined]
             if pid is not None and not writer_maps:
                 writer_maps.append(Path(f"/proc/{pid}/maps").read_text())
 
@@ -254,12 +254,12 @@ def test_a_dead_writer_is_restarted(tmp_path: Path, caplog: pytest.LogCaptureFix
     path = tmp_path / "big.ckpt"
     io.save_checkpoint(big, path)
     io.wait_until_durable()
-    first = io.writer_pid
+    first = io._writer_pid
     assert first is not None
     os.kill(first, signal.SIGKILL)  # idle writer: found dead at the next save
     io.save_checkpoint(big, path)
     io.wait_until_durable()
-    second = io.writer_pid
+    second = io._writer_pid
     assert second not in (None, first)
     with caplog.at_level(logging.WARNING, logger="lightning_resume"):
         big["w"].add_(1)
@@ -344,7 +344,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 cli = LightningCLI(BoringModel, BoringDataModule, run=False, save_config_callback=None)
 io = cli.trainer.strategy.checkpoint_io
-print("PLUGIN", type(io).__name__, io.settings.keep, io.settings.metadata, io.settings.background_share)
+print("PLUGIN", type(io).__name__, io.settings.keep, io.settings.metadata, io.settings.mirror.timeout)
 cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=os.environ.get("CKPT"))
 """
 
@@ -361,7 +361,9 @@ trainer:
       init_args:
         keep: 2
         metadata: {{config: yaml}}
-        background_share: 0.25
+        mirror:
+          class_path: lightning_resume.Mirror
+          init_args: {{url: "file://{root}-mirror", wait: false, timeout: 60}}
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args:
@@ -378,7 +380,7 @@ def test_the_plugin_from_lightning_cli_yaml(tmp_path: Path) -> None:
         cmd = [sys.executable, str(script), "--config", str(config)]
         proc = subprocess.run(cmd, env=job_env(CKPT=ckpt), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
-        assert "PLUGIN DurableCheckpointIO 2 {'config': 'yaml'} 0.25" in proc.stdout
+        assert "PLUGIN DurableCheckpointIO 2 {'config': 'yaml'} 60.0" in proc.stdout
     assert "Restored all states" in proc.stderr + proc.stdout
     folder = tmp_path / "ckpt"
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step=4.ckpt", "step=5.ckpt"]
@@ -399,24 +401,3 @@ def test_the_settings_are_one_frozen_object_any_plugin_has() -> None:
     # A plugin that is not ours: the defaults (synchronous sharded saves, two directories kept).
     assert settings_of(TorchCheckpointIO()) == CheckpointSettings()
     assert settings_of(TorchCheckpointIO()).directories_kept == 2
-
-
-def test_old_names_still_work_with_a_warning_naming_the_replacement(tmp_path: Path) -> None:
-    with pytest.warns(DeprecationWarning, match=r"writer_niceness=.*use background_share"):
-        io = DurableCheckpointIO(asynchronous=False, keep=2, writer_niceness=1)
-    assert io.settings.writer_niceness == 1
-    with pytest.warns(DeprecationWarning, match=r"DurableCheckpointIO\.keep .*settings\.keep"):
-        assert io.keep == 2
-    io.save_checkpoint({"global_step": 1}, tmp_path / "a.ckpt")
-    with pytest.warns(DeprecationWarning, match=r"wait_until_mirrored.*wait_until_durable\(mirrored=True"):
-        io.wait_until_mirrored()
-    for old in ("writing", "mirroring"):
-        with pytest.warns(DeprecationWarning, match=r"use DurableCheckpointIO\.busy"):
-            assert getattr(io, old) is False
-    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
-        io.nonsense  # type: ignore[attr-defined]  # noqa: B018
-    with (
-        pytest.raises(ValueError, match=r"writer_niceness must be within 0\.\.19"),
-        pytest.warns(DeprecationWarning),
-    ):
-        DurableCheckpointIO(writer_niceness=20)

@@ -105,8 +105,8 @@ def _train(folder: Path, report_fd: int, max_steps: int) -> None:
             out.write(f"START {trainer.global_step}\n")
 
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            if io.writer_pid not in (None, self.writer):
-                self.writer = io.writer_pid
+            if io._writer_pid not in (None, self.writer):
+                self.writer = io._writer_pid
                 out.write(f"WRITER {self.writer}\n")  # the first one, and each restarted one
 
     torch.manual_seed(0)

@@ -26,6 +26,12 @@ GENTLE = 0.001
 BIG = 128 << 20  # 16 buffers of 8 MB: far more than one ~50 ms work period writes
 
 
+def _tuned(**tuning: Any) -> DurableCheckpointIO:
+    io = DurableCheckpointIO()
+    io._tune(**tuning)
+    return io
+
+
 def big_state(seed: int = 0) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(BIG // 4, generator=generator), "global_step": seed}
@@ -55,7 +61,7 @@ def mid_write(folder: Path) -> None:
 
 def started(tmp_path: Path, share: float = GENTLE) -> DurableCheckpointIO:
     """A plugin whose writer process is running and idle, with no wait on record."""
-    io = DurableCheckpointIO(background_share=share)
+    io = _tuned(background_share=share)
     io.save_checkpoint({"w": torch.zeros(1)}, tmp_path / "warm.ckpt")
     idle(io)
     return io
@@ -112,7 +118,7 @@ def test_hurry_finishes_the_write_in_flight_fast_and_writes_the_next_save_at_onc
     io = started(tmp_path)
     io.save_checkpoint(big_state(5), tmp_path / "a.ckpt")
     mid_write(tmp_path)
-    io.hurry()  # what PreemptionHandler does before its last save
+    io._hurry()  # what PreemptionHandler does before its last save
     idle(io)
     assert io.last_write is not None and io.last_write.hurried_after is not None  # a.ckpt, switched
     last = tmp_path / "last.ckpt"
@@ -147,32 +153,18 @@ def test_a_synchronous_save_reports_its_write(tmp_path: Path) -> None:
 @pytest.mark.parametrize("share", [0, 0.0, -0.5, 1.01, 2, float("nan")])
 def test_background_share_must_be_a_fraction(share: Any) -> None:
     with pytest.raises(ValueError, match=r"background_share must be a fraction within \(0, 1\]"):
-        DurableCheckpointIO(background_share=share)
+        _tuned(background_share=share)
 
 
 @pytest.mark.parametrize("share", [True, "0.5", None])
 def test_background_share_must_be_a_number(share: Any) -> None:
     with pytest.raises(TypeError, match=r"background_share must be a fraction within \(0, 1\]"):
-        DurableCheckpointIO(background_share=share)
+        _tuned(background_share=share)
 
 
 @pytest.mark.parametrize("share", [1, 1.0, 0.25, 1e-3])
 def test_background_share_accepts_fractions(share: float) -> None:
-    assert DurableCheckpointIO(background_share=share).settings.background_share == float(share)
-
-
-def niceness(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-
-
-@pytest.mark.parametrize("increment", [0, 5])
-def test_the_writer_runs_at_normal_priority_unless_asked(tmp_path: Path, increment: int) -> None:
-    io = DurableCheckpointIO(writer_niceness=increment)
-    io.save_checkpoint({"w": torch.zeros(1)}, tmp_path / "a.ckpt")
-    io.wait_until_durable()
-    assert io.writer_pid is not None
-    assert niceness(io.writer_pid) == min(19, niceness(os.getpid()) + increment)
-    io.teardown()
+    assert _tuned(background_share=share).settings.background_share == float(share)
 
 
 def test_the_preemption_save_is_hurried_and_its_write_reported(
@@ -189,9 +181,9 @@ def test_the_preemption_save_is_hurried_and_its_write_reported(
         writer_pid: int | None = -1
 
         def on_exception(self, trainer: pl.Trainer, *args: Any) -> None:
-            self.writer_pid = io.writer_pid
+            self.writer_pid = io._writer_pid
 
-    io = DurableCheckpointIO(background_share=GENTLE)
+    io = _tuned(background_share=GENTLE)
     handler, probe = PreemptionHandler(requeue=False), WriterProbe()
     callbacks = [RunDir(root=tmp_path / "runs"), RequeueCheckpoint(), handler, Signal(), probe]
     with caplog.at_level("WARNING", logger="lightning_resume"), pytest.raises(Preempted):

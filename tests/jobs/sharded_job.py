@@ -37,7 +37,7 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resume import DurableCheckpointIO, PreemptionHandler, RequeueCheckpoint, RunDir
+from lightning_resume import DurableCheckpointIO, Mirror, PreemptionHandler, RequeueCheckpoint, RunDir
 from lightning_resume.io.sharded import parts
 
 #: The global step of the save being written (one save is in flight at a time).
@@ -231,8 +231,7 @@ def main(argv: list[str]) -> None:
             DurableCheckpointIO(
                 asynchronous=not args.sync,
                 keep=args.keep,
-                mirror=args.mirror,
-                mirror_options=options,
+                mirror=Mirror(args.mirror, options) if args.mirror else None,
                 dirpath=run_dir.checkpoint_dir if args.mirror else None,
             )
         ]

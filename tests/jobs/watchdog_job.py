@@ -23,7 +23,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from torch.utils.data import DataLoader
 
 from jobs.train_job import Noisy, Probe, SlowValidation, loader
-from lightning_resume import ProgressWatchdog, RequeueCheckpoint, RunDir
+from lightning_resume import ProgressWatchdog, RequeueCheckpoint, RunDir, WatchdogTimeouts
 
 
 def first_attempt() -> bool:
@@ -102,13 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("lightning_resume").setLevel(logging.INFO)
     pl.seed_everything(1234, workers=True)
     run_dir = RunDir(root=args.root)
-    watchdog = ProgressWatchdog(
-        first_step_timeout=args.first_step_timeout,
-        step_timeout=args.step_timeout,
-        min_timeout=args.min_timeout,
-        initial_timeout=args.initial_timeout,
-        max_attempts_without_progress=args.max_attempts,
+    timeouts = WatchdogTimeouts(
+        first_step=args.first_step_timeout,
+        step=args.step_timeout,
+        minimum=args.min_timeout,
+        initial=args.initial_timeout,
     )
+    watchdog = ProgressWatchdog(timeouts=timeouts, max_attempts_without_progress=args.max_attempts)
     callbacks: list[pl.Callback] = [
         Probe(),
         Faults(args),

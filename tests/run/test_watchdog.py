@@ -19,13 +19,11 @@ from lightning_resume.run_dir import hangs, layout
 from lightning_resume.run_dir.status import read_status
 from lightning_resume.watchdog.action import HANG_EXIT_CODE, Who, act_on_hang
 from lightning_resume.watchdog.monitor import Progress, Watchdog
-from lightning_resume.watchdog.timeouts import Section, Settings, Timeouts, read_slowest, write
+from lightning_resume.watchdog.timeouts import Section, Timeouts, WatchdogTimeouts, read_slowest, write
 
 
 def test_a_learned_timeout_is_a_multiple_of_the_slowest_time_seen_never_below_the_floor() -> None:
-    timeouts = Timeouts(
-        Settings(fixed={Section.SAVE: 7.0}, multiple=5.0, min_timeout=2.0, initial_timeout=99.0)
-    )
+    timeouts = Timeouts(WatchdogTimeouts(save=7.0, multiple=5.0, minimum=2.0, initial=99.0))
     assert timeouts.timeout(Section.STEP) == 99.0  # nothing seen yet
     timeouts.observe(Section.STEP, 0.1)
     assert timeouts.timeout(Section.STEP) == 2.0
@@ -36,10 +34,10 @@ def test_a_learned_timeout_is_a_multiple_of_the_slowest_time_seen_never_below_th
 
 
 def test_the_next_attempt_starts_with_the_times_this_one_saw(tmp_path: Path) -> None:
-    seen = Timeouts(Settings(min_timeout=1.0))
+    seen = Timeouts(WatchdogTimeouts(minimum=1.0))
     seen.observe(Section.VALIDATION, 3.0)
     write(tmp_path, seen, crash_loop_limit=3)
-    following = Timeouts(Settings(min_timeout=1.0))
+    following = Timeouts(WatchdogTimeouts(minimum=1.0))
     following.merge(read_slowest(tmp_path))
     assert following.timeout(Section.VALIDATION) == 15.0
     data = json.loads((tmp_path / layout.WATCHDOG).read_text())

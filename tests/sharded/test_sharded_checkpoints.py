@@ -24,7 +24,7 @@ import torch
 from _s3 import moto_endpoint, new_bucket, s3_options
 from conftest import job_env, same_weights
 
-from lightning_resume import CheckpointVerificationError, DurableCheckpointIO
+from lightning_resume import CheckpointVerificationError, DurableCheckpointIO, Mirror
 from lightning_resume._storage.catalog import Status, candidates, verify
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME
 from lightning_resume.io.sharded.choice import prepare_resume
@@ -239,7 +239,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_durable_mirrored_sharded_ch
 
     # The mirror holds it too: restore onto an empty node-local directory.
     empty = tmp_path / "node2" / "checkpoints"
-    DurableCheckpointIO(mirror=mirror, mirror_options=s3_options(s3_endpoint), dirpath=empty)
+    DurableCheckpointIO(mirror=Mirror(mirror, s3_options(s3_endpoint)), dirpath=empty)
     restored = empty / layout.LAST_CKPT
     assert verify(restored, DIRECTORY).status is Status.VERIFIED
     assert os.readlink(restored) == os.readlink(last)

@@ -210,7 +210,8 @@ def test_checkpoints_are_valid_zips_written_past_the_page_cache_unless_asked_not
 ) -> None:
     state = {"weights": torch.randn(2000, 1500), "bias": torch.randn(7), "step": 3}
     path = tmp_path / "last.ckpt"
-    io = DurableCheckpointIO(asynchronous=asynchronous, direct_io=direct_io)
+    io = DurableCheckpointIO(asynchronous=asynchronous)
+    io._tune(direct_io=direct_io)
     io.save_checkpoint(state, path)
     io.teardown()
     assert (cached_pages(path) == 0) == direct_io

@@ -20,7 +20,7 @@ from conftest import job_env
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_resume import DurableCheckpointIO
+from lightning_resume import DurableCheckpointIO, Mirror
 from lightning_resume._storage.catalog import Status, check_file, verify
 from lightning_resume._storage.kinds import DIRECTORY, FILE, new_save_dir
 from lightning_resume._storage.manifest import (
@@ -84,13 +84,13 @@ def test_mirror_uploads_with_retention_and_restores_onto_an_empty_dir(
 ) -> None:
     url, options = mirror
     local = tmp_path / "node-a"
-    fit(local, DurableCheckpointIO(mirror=url, mirror_options=options, keep=2), 4)
+    fit(local, DurableCheckpointIO(mirror=Mirror(url, options), keep=2), 4)
     expected = ["last.ckpt", "step=3.ckpt", "step=4.ckpt"]
     assert sorted(p.name for p in local.glob("*.ckpt")) == expected
     assert remote_names(url, options) == sorted(expected + [n + MANIFEST_SUFFIX for n in expected])
 
     shutil.rmtree(local)  # requeued onto a node whose local disk is empty
-    io = DurableCheckpointIO(mirror=url, mirror_options=options, dirpath=local, keep=2)
+    io = DurableCheckpointIO(mirror=Mirror(url, options), dirpath=local, keep=2)
     assert sorted(p.name for p in local.glob("*.ckpt")) == expected
     assert all(verifies(local / name) for name in expected)
     start = StartStep()
@@ -206,11 +206,11 @@ warnings.filterwarnings("ignore")
 import lightning.pytorch as pl, torch
 from torch import nn
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning_resume import DurableCheckpointIO
+from lightning_resume import DurableCheckpointIO, Mirror
 
 folder, url, endpoint, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 options = {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint}}
-io = DurableCheckpointIO(mirror=url, mirror_options=options, dirpath=folder, wait_for_mirror=False)
+io = DurableCheckpointIO(mirror=Mirror(url, options, wait=False), dirpath=folder)
 
 class Model(pl.LightningModule):
     def __init__(self):
@@ -251,7 +251,7 @@ def test_an_interrupted_upload_is_never_counted(tmp_path: Path, s3_endpoint: str
         assert read_entries(folder / "last.ckpt")[0].global_step == 2  # type: ignore[index]
 
         empty = tmp_path / f"empty-{delay}"
-        io = DurableCheckpointIO(mirror=url, mirror_options=s3_options(s3_endpoint), dirpath=empty)
+        io = DurableCheckpointIO(mirror=Mirror(url, s3_options(s3_endpoint)), dirpath=empty)
         restored = empty / "last.ckpt"
         assert verifies(restored)
         step = read_entries(restored)[0].global_step  # type: ignore[index]

@@ -46,7 +46,7 @@ def test_the_running_writer_process_has_no_torch_loaded(tmp_path: Path) -> None:
     try:
         io.save_checkpoint({"w": torch.ones(4)}, tmp_path / "a.ckpt")
         io.wait_until_durable()
-        pid = io.writer_pid
+        pid = io._writer_pid
         assert pid is not None
         maps = Path(f"/proc/{pid}/maps").read_text()
         modules = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
