@@ -798,28 +798,11 @@ def moved_root(tmp_path: Path) -> None:
 
 
 @case(
-    "an index entry written by an earlier version (an absolute path), at its place or after the root moved",
-    "read as before: the restart resumes the run (found at the same place under the root)",
-)
-def absolute_index_entry(tmp_path: Path) -> None:
-    run = first_run(tmp_path)
-    entry = index_path(tmp_path / "root", "k")
-    assert entry.read_text() == f"{run.relative_to(tmp_path / 'root').as_posix()}\n"  # written relative
-    entry.write_text(f"{run}\n")
-    again, started = relaunch(tmp_path, tmp_path / "root", steps=3)
-    assert (again.path, started) == (run, 2)
-    (tmp_path / "root").rename(tmp_path / "moved")
-    again, started = relaunch(tmp_path, tmp_path / "moved")
-    assert (again.path, started) == (tmp_path / "moved" / run.relative_to(tmp_path / "root"), 3)
-
-
-@case(
     "a copied runs root (`cp -r`, index included) relaunched at the copy",
     "the copy is resumed; the original is left untouched",
 )
 def copied_root(tmp_path: Path) -> None:
     run = first_run(tmp_path)
-    index_path(tmp_path / "root", "k").write_text(f"{run}\n")  # absolute, as earlier versions wrote it
     shutil.copytree(tmp_path / "root", tmp_path / "copy")
     before = layout.last_checkpoint(run).read_bytes()
     again, started = relaunch(tmp_path, tmp_path / "copy")

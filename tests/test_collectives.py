@@ -130,8 +130,7 @@ def test_the_agreement_puts_its_flag_on_the_strategy_device() -> None:
 def test_the_rng_gather_puts_every_tensor_on_the_strategy_device(extra: int) -> None:
     state = {
         "rng": rng.capture(),
-        "generators": [[torch.Generator().get_state(), None]],
-        "epoch_start": None,
+        "draws": [{"iterator": None, "sampler": {"generator": torch.Generator().get_state()}}],
         "padding": b"x" * extra,  # past the single all-gather's room: a second round
     }
     loopback = LoopbackStrategy()
@@ -142,7 +141,8 @@ def test_the_rng_gather_puts_every_tensor_on_the_strategy_device(extra: int) -> 
     assert strategy.devices == [torch.device("meta")] * (2 if extra else 1)
     for got in gathered:
         assert torch.equal(got["rng"]["torch"], state["rng"]["torch"])
-        assert torch.equal(got["generators"][0][0], state["generators"][0][0])
+        generator = got["draws"][0]["sampler"]["generator"]
+        assert torch.equal(generator, state["draws"][0]["sampler"]["generator"])
         assert got["padding"] == state["padding"]
 
 

@@ -10,8 +10,8 @@ rest of the same order over its ranks the same way (:func:`split`), so every sam
 interrupted epoch is seen once in total, and later epochs are the ``M``-rank sampler's own.
 
 One process without a ``DistributedSampler`` (Lightning's single-device ``RandomSampler``) draws its
-permutation from the global random state as the epoch's iterator is made: that order is replayed
-from the epoch-start random state every checkpoint keeps (:func:`replayed_permutation`).
+permutation from the global random state as its sampler starts: that order is drawn again from the
+random state every checkpoint records for it (:func:`sampler_order`).
 
 Pure functions and one frozen record, no Lightning.
 """
@@ -105,29 +105,6 @@ def permutation(length: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     return torch.randperm(length, generator=generator).tolist()
-
-
-def replayed_permutation(
-    length: int, epoch_rng: dict[str, Any], generators: list[torch.Tensor | None] | None
-) -> list[int]:
-    """The order a one-process ``DataLoader(shuffle=True)`` drew for an epoch, from its start state.
-
-    Making the epoch's iterator draws the workers' base seed (from the loader's ``generator``, or the
-    global generator), then ``RandomSampler`` draws its own seed from the global generator (or uses its
-    ``generator``). ``generators`` are the saved states of those two generators, as
-    checkpoints of earlier versions list them (``epoch_start``). The process's own
-    random state is left as it was.
-    """
-    loader_state, sampler_state = [*(generators or []), None, None][:2]
-    loader_generator = _generator(loader_state)
-    sampler_generator = _generator(sampler_state)
-    before = rng.capture()
-    try:
-        rng.restore(epoch_rng)
-        torch.empty((), dtype=torch.int64).random_(generator=loader_generator)
-        return list(RandomSampler(range(length), generator=sampler_generator))
-    finally:
-        rng.restore(before)
 
 
 def sampler_order(length: int, start_rng: dict[str, Any], generator: torch.Tensor | None) -> list[int]:

@@ -65,4 +65,4 @@ def rank_state(ranks: list[RankState], rank: int, seed: int | None, step: int) -
     if rank < len(ranks):
         return ranks[rank]
     derived = new_rank_seed(fallback_seed(ranks) if seed is None else seed, rank, step)
-    return {"rng": seeded_state(derived), "generators": [], "epoch_start": None}
+    return {"rng": seeded_state(derived), "draws": []}

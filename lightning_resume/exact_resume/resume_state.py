@@ -30,16 +30,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-import torch
-
 from lightning_resume.exact_resume.per_rank_states import RankOwned
-
-
-class EpochStart(TypedDict):
-    """Written by earlier versions: the random state as the epoch's iterator was remade (read only)."""
-
-    rng: dict[str, Any]
-    generators: list[list[torch.Tensor | None]] | None
 
 
 class RankState(TypedDict, total=False):
@@ -50,14 +41,11 @@ class RankState(TypedDict, total=False):
     states, logged accumulators and callback metrics (:mod:`.epoch_metrics`); ``loaders``, under
     DDP: this rank's training loader states, which Lightning keeps for the saving rank only, and
     ``owned`` its learning-rate scheduler and callback states (:mod:`.per_rank_states`).
-    ``generators`` and ``epoch_start`` are read from checkpoints of earlier versions.
     """
 
     rng: dict[str, Any]
     draws: list[Any]
     metrics: dict[str, Any] | None
-    generators: list[list[torch.Tensor | None]]
-    epoch_start: EpochStart | None
     loaders: list[Any] | None
     owned: RankOwned
 
@@ -69,8 +57,7 @@ class Loaded:
     Attributes:
         ranks: Every rank's saved state, by global rank.
         mid_epoch: The checkpoint was written inside an epoch (not at its end).
-        between_epochs: The checkpoint was written once an epoch had ended, before the next began
-            (``False`` for one written inside ``on_train_epoch_end`` by an earlier version).
+        between_epochs: The checkpoint was written once an epoch had ended, before the next began.
         batches: Batches of that epoch already consumed.
         in_validation: The checkpoint was written during fit's validation (a preemption).
         before_validation: The checkpoint was written at the end of a step that a validation followed.

@@ -315,15 +315,10 @@ class WorldChange:
             return global_order.permutation(order.length, order.shuffle, order.seed, order.epoch)
         draws = loaded.ranks[0].get("draws") or []
         started = draws[0].get("sampler") if draws and draws[0] else None
-        if started is not None:  # the random state the sampler drew the epoch's order from
-            return global_order.sampler_order(order.length, started["rng"], started.get("generator"))
-        start = loaded.ranks[0].get("epoch_start")  # written by earlier versions
-        if not start:
+        if started is None:
             return None
-        generators = start.get("generators") or []
-        return global_order.replayed_permutation(
-            order.length, start["rng"], generators[0] if generators else None
-        )
+        # the random state the sampler drew the epoch's order from
+        return global_order.sampler_order(order.length, started["rng"], started.get("generator"))
 
     def _global_batch(self, trainer: pl.Trainer, loader: DataLoader, order: GlobalOrder) -> str:
         """Keep the global batch (``keep_global_batch``) or say how it changed."""

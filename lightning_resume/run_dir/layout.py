@@ -17,13 +17,8 @@
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
             hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
-        runs/YYYYMMDD/HHMMSS/<run id>/     a run dir written by an earlier version (still found and resumed)
         .index/<session key>               the run dir a session key belongs to, relative to the root
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
-
-Earlier versions put run dirs one folder deeper, under ``<root>/runs/``: ``RunDir(root="runs")`` made
-``runs/runs/YYYYMMDD/...``. New run dirs go straight under the root; the old ones stay where they are
-and every reader here (:func:`run_dirs`, :func:`is_run_place`, :func:`root_of`) knows both places.
 
 Pure standard library.
 """
@@ -33,8 +28,6 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path, PurePath
 
-#: The folder earlier versions put run dirs in (``<root>/runs/YYYYMMDD/HHMMSS/<run id>``).
-LEGACY_RUNS = "runs"
 INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 RUN_META = "run_meta.json"
@@ -59,9 +52,7 @@ LOGS = "logs"
 _DAY, _TIME = "[0-9]" * 8, "[0-9]" * 6
 #: Run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``.
 RUN_GLOB = f"{_DAY}/{_TIME}/*"
-#: Run dirs written by earlier versions, relative to the root: ``runs/YYYYMMDD/HHMMSS/<run id>``.
-LEGACY_RUN_GLOB = f"{LEGACY_RUNS}/{RUN_GLOB}"
-#: How many folders a run dir sits below its root (one more for a run dir of an earlier version).
+#: How many folders a run dir sits below its root.
 RUN_DEPTH = 3
 
 
@@ -71,12 +62,12 @@ def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:
 
 
 def run_files(root: Path, pattern: str) -> list[Path]:
-    """The paths matching ``pattern`` inside every run dir under ``root`` (both layouts), sorted."""
-    return sorted(p for glob in (RUN_GLOB, LEGACY_RUN_GLOB) for p in root.glob(f"{glob}/{pattern}"))
+    """The paths matching ``pattern`` inside every run dir under ``root``, sorted."""
+    return sorted(root.glob(f"{RUN_GLOB}/{pattern}"))
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """Every run dir under ``root`` (folders holding a ``run_meta.json``, in either layout), sorted."""
+    """Every run dir under ``root`` (folders holding a ``run_meta.json``), sorted."""
     return [meta.parent for meta in run_files(root, RUN_META)]
 
 
@@ -86,8 +77,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def is_root(path: Path) -> bool:
-    """Whether ``path`` looks like a runs root: it has ``.index/``, run dirs, or an earlier ``runs/``."""
-    return (path / INDEX_DIR).is_dir() or (path / LEGACY_RUNS).is_dir() or bool(run_dirs(path))
+    """Whether ``path`` looks like a runs root: it has ``.index/`` or run dirs."""
+    return (path / INDEX_DIR).is_dir() or bool(run_dirs(path))
 
 
 def _place(parts: tuple[str, ...]) -> bool:
@@ -99,47 +90,21 @@ def _place(parts: tuple[str, ...]) -> bool:
 
 
 def run_place(relative: PurePath) -> bool:
-    """Whether ``relative`` (a path relative to a root) is where a run dir lives, in either layout."""
-    parts = relative.parts
-    if parts and parts[0] == LEGACY_RUNS and _place(parts[1:]):
-        return True
-    return _place(parts)
+    """Whether ``relative`` (a path relative to a root) is where a run dir lives."""
+    return _place(relative.parts)
 
 
 def root_of(run_dir: Path) -> Path:
-    """The root a run dir was created under.
-
-    ``root/YYYYMMDD/HHMMSS/<id>``, or ``root/runs/YYYYMMDD/HHMMSS/<id>`` for a run dir of an earlier
-    version: the latter when the folder above the date is a ``runs`` that is not a root itself (no
-    ``.index/``) inside one that is.
+    """The root a run dir was created under (``root/YYYYMMDD/HHMMSS/<id>``).
 
     Raises:
         IndexError: ``run_dir`` is too short to be a run dir.
     """
-    below = run_dir.parents[RUN_DEPTH - 1]
-    if below.name == LEGACY_RUNS and not (below / INDEX_DIR).is_dir():
-        above = below.parent
-        if (above / INDEX_DIR).is_dir() or (above / HANDOFF_DIR).is_dir():
-            return above
-    return below
-
-
-def run_tail(path: PurePath) -> PurePath | None:
-    """The end of ``path`` that says where a run dir lives under its root, or ``None``.
-
-    ``runs/YYYYMMDD/HHMMSS/<run id>`` (an earlier version's layout) or ``YYYYMMDD/HHMMSS/<run id>``:
-    how an absolute index entry is found again under a moved root.
-    """
-    legacy = path.parts[-(RUN_DEPTH + 1) :]
-    if len(legacy) == RUN_DEPTH + 1 and legacy[0] == LEGACY_RUNS and _place(legacy[1:]):
-        return PurePath(*legacy)
-    if _place(path.parts[-RUN_DEPTH:]):
-        return PurePath(*path.parts[-RUN_DEPTH:])
-    return None
+    return run_dir.parents[RUN_DEPTH - 1]
 
 
 def is_run_place(root: Path, path: Path) -> bool:
-    """Whether ``path`` is where a run dir of ``root`` lives, in either layout (symlinks resolved)."""
+    """Whether ``path`` is where a run dir of ``root`` lives (symlinks resolved)."""
     try:
         relative = path.resolve().relative_to(root.resolve())
     except ValueError:

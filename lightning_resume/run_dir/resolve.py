@@ -119,20 +119,9 @@ def entry_text(root: Path, run_dir: Path) -> str:
 
 
 def entry_target(root: Path, text: str) -> Path:
-    """The run dir an index entry names.
-
-    Entries are relative to the root. Earlier versions wrote absolute paths: one whose tail is a run
-    dir's place (:func:`~lightning_resume.run_dir.layout.run_tail`) names the dir at that place under
-    ``root`` when there is one there (the root was moved, copied or mounted elsewhere), else the path
-    as written.
-    """
+    """The run dir an index entry names: relative to the root, or absolute (a dir outside it)."""
     path = Path(text)
-    if not path.is_absolute():
-        return root / path
-    tail = layout.run_tail(path)
-    if tail is not None and (root / tail).is_dir():
-        return root / tail
-    return path
+    return path if path.is_absolute() else root / path
 
 
 #: What deleting an index entry does, for the messages that suggest it.
@@ -506,8 +495,8 @@ def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = Fals
     ``found_by_key``: ``run_dir`` was found by the key stamped in it, not through the index entry.
 
     Raises:
-        RunDirError: the target is not at ``root/YYYYMMDD/HHMMSS/<id>`` (or ``root/runs/...``, where
-            earlier versions put run dirs), has no readable ``run_meta.json``, was created for
+        RunDirError: the target is not at ``root/YYYYMMDD/HHMMSS/<id>``, has no readable
+            ``run_meta.json``, was created for
             another session key, or holds the ``run_meta.json`` of another run.
     """
     entry = index_path(root, key)

@@ -115,7 +115,7 @@ def test_the_rest_of_an_epoch_split_over_new_ranks_holds_each_remaining_index_on
 
 def test_ranks_that_existed_keep_their_states_and_new_ranks_derive_theirs_alike_on_every_restart() -> None:
     saved = [rank_states.seeded_state(100 + r) for r in range(2)]
-    ranks = [{"rng": state, "generators": [], "epoch_start": None} for state in saved]
+    ranks = [{"rng": state, "draws": []} for state in saved]
     assert rank_states.rank_state(ranks, 1, seed=SEED, step=6) is ranks[1]  # type: ignore[arg-type]
     new = rank_states.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
     again = rank_states.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
