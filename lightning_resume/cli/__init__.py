@@ -261,15 +261,16 @@ def _add_reset_crash_loop_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_reset_crash_loop(args: argparse.Namespace) -> int:
     from lightning_resume.run_dir import attempts, layout
+    from lightning_resume.watchdog import crash_loop
 
     run_dir = args.run_dir.expanduser().resolve()
     if not layout.is_run_dir(run_dir):
         what = f"{str(args.run_dir)!r} is not a run dir (no run_meta.json)"
         raise UsageError(f"{PROG} reset-crash-loop: {what}")
     history = attempts.read(run_dir)
-    streak = attempts.without_progress(history)
+    streak = crash_loop.without_progress(history)
     try:
-        attempts.write(run_dir, attempts.reset(history))
+        attempts.write(run_dir, crash_loop.reset(history))
     except OSError as e:
         print(f"{PROG} reset-crash-loop: could not write {run_dir / layout.ATTEMPTS}: {e}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ from lightning_resume._scheduler.environment import ENV, KeySource, on_slurm, re
 from lightning_resume._scheduler.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
 from lightning_resume.exceptions import RunDirError
-from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.last_ckpt import cadence
 from lightning_resume.preemption import grace, signals
 from lightning_resume.run_dir import attempts, layout
 from lightning_resume.watchdog import timeouts as watchdog_timeouts
@@ -520,7 +520,7 @@ def cadence_checks(root: Path) -> list[Finding]:
         except OSError:
             continue
     for _, run_dir in sorted(found, reverse=True):
-        record = attempts.last_cadence(attempts.read(run_dir))
+        record = cadence.last_cadence(attempts.read(run_dir))
         chosen = cadence.choice_from_dict(record) if record is not None else None
         if chosen is not None:
             detail = f"{run_dir.name}: every_n_train_steps='auto' saves {chosen.describe()}"

@@ -19,6 +19,7 @@ from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.store import LocalStore
 from lightning_resume.io.sharded.parts import LIGHTNING_META
+from lightning_resume.last_ckpt.cadence import last_cadence
 from lightning_resume.last_ckpt.restart import Restart, decide
 from lightning_resume.run_dir import attempts, hangs, layout
 from lightning_resume.run_dir.resolve import index_entries as read_index_entries
@@ -26,6 +27,7 @@ from lightning_resume.run_dir.resolve import read_meta
 from lightning_resume.run_dir.saved_step import saved_step, step_from_file
 from lightning_resume.run_dir.status import read_status
 from lightning_resume.trackers.sidecar import SUFFIX as SIDECAR_SUFFIX
+from lightning_resume.watchdog import crash_loop
 from lightning_resume.watchdog import timeouts as watchdog_timeouts
 
 LAST = layout.LAST_CKPT
@@ -238,7 +240,7 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
     history = attempts.with_notes(attempts.read(run_dir), hangs.read_notes(run_dir))
     last = history.last
     live = last.number if last is not None and last.end is None else None  # running, or killed
-    streak = attempts.without_progress(history, before=live)
+    streak = crash_loop.without_progress(history, before=live)
     settings = watchdog_timeouts.read(run_dir)
     hung = [a for a in history.attempts if a.end is not None and a.end.cause is attempts.Cause.HUNG]
     return {
@@ -247,7 +249,7 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
         "hangs": [
             {
                 "attempt": a.number,
-                "section": watchdog_timeouts.section_label(a.end.section),
+                "section": hangs.section_label(a.end.section),
                 "step": a.end.step,
                 "seconds": a.end.seconds,
                 "timeout": a.end.timeout,
@@ -263,7 +265,7 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
             "reset_after": history.reset_after,
         },
         "watchdog_timeouts": settings.get("timeouts"),
-        "cadence": attempts.last_cadence(history),
+        "cadence": last_cadence(history),
     }
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
 from lightning_resume.cli.report import GoodputReport
-from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.last_ckpt import cadence
 from lightning_resume.run_dir import layout
 
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}

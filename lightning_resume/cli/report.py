@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_resume.last_ckpt.cadence import last_cadence
 from lightning_resume.run_dir import attempts
 from lightning_resume.run_dir.attempts import Attempt, Cause, History
 
@@ -257,7 +258,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         wait_seconds=sum(r.wait_before or 0.0 for r in rows),
         interruptions=interruptions,
         earlier=_earlier(history),
-        cadence=attempts.last_cadence(history),
+        cadence=last_cadence(history),
     )
 
 

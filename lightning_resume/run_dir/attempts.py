@@ -50,8 +50,7 @@ from typing import Any
 
 from lightning_resume._storage.atomic import write_json_atomic
 from lightning_resume.run_dir import layout
-from lightning_resume.run_dir.hangs import HangNote
-from lightning_resume.watchdog.timeouts import section_label
+from lightning_resume.run_dir.hangs import HangNote, section_label
 
 VERSION = 1
 #: How many attempts the file keeps (older ones are summed up in ``earlier``).
@@ -72,8 +71,6 @@ class Cause(str, enum.Enum):
 
 #: Endings that interrupt training and lose the work since the last checkpoint.
 INTERRUPTIONS = frozenset({Cause.PREEMPTED, Cause.FAILED, Cause.HUNG, Cause.KILLED})
-#: Endings that break a crash loop: the job did nothing wrong.
-STREAK_BREAKERS = frozenset({Cause.FINISHED, Cause.PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -657,46 +654,6 @@ def unrecorded_between(before: str | None, launch: str | None) -> int:
     return max(int(now["count"]) - int(previous["count"]) - 1, 0)
 
 
-def without_progress(history: History, before: int | None = None) -> list[Attempt]:
-    """The latest attempts in a row (before attempt ``before``) that ended badly without a new checkpoint.
-
-    The run goes back to where it was each time: ``failed``, ``hung``, ``killed`` or
-    ``crash-loop-stop`` with no newer durable checkpoint than it started from. A ``finished`` or
-    ``preempted`` attempt, one that made a new checkpoint, or a reset (``reset_after``) ends the run
-    of them. Open records count only when they are not ``before`` (they were killed).
-    """
-    streak: list[Attempt] = []
-    for attempt in reversed(history.attempts):
-        if before is not None and attempt.number >= before:
-            continue
-        if attempt.number <= history.reset_after:
-            break
-        cause = attempt.end.cause if attempt.end is not None else Cause.KILLED
-        if cause in STREAK_BREAKERS or attempt.made_progress:
-            break
-        streak.append(attempt)
-    return streak[::-1]
-
-
-def describe_streak(streak: Sequence[Attempt]) -> str:
-    """The steps the attempts reached and how the last one ended, in one line."""
-    first, last = streak[0], streak[-1]
-    start = first.checkpoint_at_start.step if first.checkpoint_at_start else None
-    reached = ", ".join("?" if a.last_step is None else str(a.last_step) for a in streak)
-    where = "from the start" if start is None else f"from step {start}"
-    how = last.end.detail if last.end is not None and last.end.detail else "ended without a word (killed?)"
-    return (
-        f"attempts {first.number}-{last.number} started {where} and reached step(s) {reached} without a "
-        f"new durable checkpoint; the last one {how}"
-    )
-
-
-def reset(history: History) -> History:
-    """``history`` with the crash-loop count starting after its last attempt."""
-    last = history.last
-    return replace(history, reset_after=last.number if last is not None else history.earlier.attempts)
-
-
 def exposure(history: History) -> tuple[float, int]:
     """Seconds the closed attempts ran (start to end) and how many of them were interrupted.
 
@@ -710,37 +667,3 @@ def exposure(history: History) -> tuple[float, int]:
         seconds += max(attempt.end.time - attempt.started, 0.0)
         interruptions += attempt.end.cause in INTERRUPTIONS
     return seconds, interruptions
-
-
-def last_measured(history: History) -> LastCkptSaves | None:
-    """The ``last.ckpt`` save times of the newest attempt that saved one (what a restart starts from)."""
-    for attempt in reversed(history.attempts):
-        if attempt.last_ckpt_saves.count:
-            return attempt.last_ckpt_saves
-    return None
-
-
-def recorded_stalls(history: History, enough: int) -> Stalls:
-    """The stalls of the saves after each attempt's first, pooled over the newest attempts until
-    ``enough`` (or the whole history): what a restart prices a save at.
-
-    At a high interruption rate most attempts make one or two saves, and the newest attempt alone
-    would often say nothing but its first save, which pays one-time costs.
-    """
-    pooled = Stalls()
-    for attempt in reversed(history.attempts):
-        if pooled.count >= enough:
-            break
-        pooled += attempt.last_ckpt_saves.later
-    return pooled
-
-
-def last_cadence(history: History) -> dict[str, Any] | None:
-    """The interval ``every_n_train_steps="auto"`` chose last in the run, if any."""
-    return next((a.cadence for a in reversed(history.attempts) if a.cadence is not None), None)
-
-
-def recorded_to_durable(run_dir: Path) -> float | None:
-    """The longest time to durable of the newest attempt of ``run_dir`` that measured one (or ``None``)."""
-    measured = last_measured(read(run_dir))
-    return measured.max_to_durable if measured is not None and measured.durable_count else None

@@ -12,6 +12,7 @@ Pure standard library; safe on a watchdog thread (no logging, no lock the main t
 from __future__ import annotations
 
 import contextlib
+import enum
 import faulthandler
 import json
 import os
@@ -22,6 +23,48 @@ from typing import Any
 
 from lightning_resume._storage.atomic import atomic_open, write_json_atomic
 from lightning_resume.run_dir import layout
+
+
+class Section(str, enum.Enum):
+    """Where a rank is; each section has its own timeout."""
+
+    #: From the callback's construction to the end of the first training step (DDP set-up, data,
+    #: compilation), less the checkpoint load and the sanity check.
+    STARTUP = "startup"
+    #: One training step, with fetching its batch.
+    STEP = "step"
+    #: One validation batch (the sanity check's too).
+    VALIDATION = "validation"
+    #: From an epoch's last step to the next epoch's first (epoch-end hooks, new iterators).
+    EPOCH_END = "epoch_end"
+    #: A checkpoint save, until training goes on (a wait until it is durable included).
+    SAVE = "save"
+    #: Loading the checkpoint a restart resumes from.
+    LOAD = "load"
+    #: After training: the final save's wait, teardown hooks; after an error, Lightning's clean-up.
+    TEARDOWN = "teardown"
+
+    @property
+    def label(self) -> str:
+        """The section as people read it (``"training step"``)."""
+        return LABELS[self.value]
+
+
+LABELS = {
+    "startup": "start-up",
+    "step": "training step",
+    "validation": "validation",
+    "epoch_end": "epoch end",
+    "save": "checkpoint save",
+    "load": "checkpoint load",
+    "teardown": "teardown",
+}
+
+
+def section_label(value: str | None) -> str:
+    """A section value (``"step"``) as people read it; unknown values as they are."""
+    return LABELS.get(value or "", value or "unknown section")
+
 
 _NAME = re.compile(r"^attempt-(\d+)-rank-(\d+)\.json$")
 

@@ -18,10 +18,10 @@ from lightning_resume._checks import find_one, flag, whole_number
 from lightning_resume._collectives import broadcast
 from lightning_resume._scheduler.environment import ENV, expects_peers
 from lightning_resume.exceptions import CrashLoopStopped
-from lightning_resume.run_dir import attempts
 from lightning_resume.run_dir.binding import PROCESS
 from lightning_resume.run_dir.resolve import Resolution
 from lightning_resume.run_dir.run_dir import RunDir
+from lightning_resume.watchdog import crash_loop
 from lightning_resume.watchdog import timeouts as learned
 from lightning_resume.watchdog.action import CRASH_LOOP_EXIT_CODE, HANG_EXIT_CODE, Who, act_on_hang
 from lightning_resume.watchdog.monitor import Progress, Watchdog
@@ -253,12 +253,12 @@ class ProgressWatchdog(Callback):
         if self.max_attempts_without_progress == 0:
             return None
         history = run_dir.attempts.history
-        streak = attempts.without_progress(history, before=run_dir.attempts.number)
+        streak = crash_loop.without_progress(history, before=run_dir.attempts.number)
         if len(streak) < self.max_attempts_without_progress:
             return None
         return (
             f"ProgressWatchdog: not training: the last {len(streak)} attempts of run {run_dir.run_id} ended "
-            f"without a new durable checkpoint ({attempts.describe_streak(streak)}). Exiting with status "
+            f"without a new durable checkpoint ({crash_loop.describe_streak(streak)}). Exiting with status "
             f"{self.CRASH_LOOP_EXIT_CODE}, without a requeue. Fix the cause, then run "
             f"`lightning-resume reset-crash-loop {run_dir.path}` and submit again."
         )

@@ -17,7 +17,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint
 from lightning_resume.cli import main
-from lightning_resume.last_ckpt import interval as cadence
+from lightning_resume.last_ckpt import cadence
 from lightning_resume.run_dir import attempts, layout
 from lightning_resume.run_dir.attempts import Cause
 

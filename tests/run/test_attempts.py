@@ -9,6 +9,7 @@ from pathlib import Path
 from lightning_resume.run_dir import attempts, hangs
 from lightning_resume.run_dir.attempts import Attempt, Cause, Checkpoint, End, History
 from lightning_resume.run_dir.hangs import HangNote
+from lightning_resume.watchdog import crash_loop
 
 
 def attempt(number: int, **fields: object) -> Attempt:
@@ -74,9 +75,9 @@ def test_crash_loop_counts_attempts_in_a_row_without_a_new_checkpoint() -> None:
             attempt(4, checkpoint_at_start=Checkpoint(4, 2.0), checkpoint=Checkpoint(4, 2.0)),  # killed
         )
     )
-    assert [a.number for a in attempts.without_progress(history)] == [2, 3, 4]
-    assert [a.number for a in attempts.without_progress(history, before=4)] == [2, 3]
-    line = attempts.describe_streak(attempts.without_progress(history, before=4))
+    assert [a.number for a in crash_loop.without_progress(history)] == [2, 3, 4]
+    assert [a.number for a in crash_loop.without_progress(history, before=4)] == [2, 3]
+    line = crash_loop.describe_streak(crash_loop.without_progress(history, before=4))
     assert line.startswith("attempts 2-3 started from step 4") and "hung in attempt 3" in line
 
 
@@ -85,11 +86,11 @@ def test_a_finished_or_preempted_attempt_or_a_reset_ends_the_loop() -> None:
         history = History(
             attempts=(ended(1, Cause.FAILED, 4, 4), ended(2, breaker, 4, 4), ended(3, Cause.FAILED, 4, 4))
         )
-        assert [a.number for a in attempts.without_progress(history)] == [3]
+        assert [a.number for a in crash_loop.without_progress(history)] == [3]
     history = History(attempts=(ended(1, Cause.FAILED, 4, 4), ended(2, Cause.FAILED, 4, 4)))
-    assert attempts.without_progress(attempts.reset(history)) == []
+    assert crash_loop.without_progress(crash_loop.reset(history)) == []
     again = history.with_attempt(ended(3, Cause.FAILED, 4, 4))
-    assert [a.number for a in attempts.without_progress(replace(again, reset_after=2))] == [3]
+    assert [a.number for a in crash_loop.without_progress(replace(again, reset_after=2))] == [3]
 
 
 def test_the_file_keeps_the_last_attempts_and_sums_up_the_others(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume.last_ckpt import interval as cadence
-from lightning_resume.last_ckpt.interval import Bound, Interruptions, Measurements, PriorSource
+from lightning_resume.last_ckpt import cadence
+from lightning_resume.last_ckpt.cadence import Bound, Interruptions, Measurements, PriorSource
 from lightning_resume.preemption.notices._policy import (
     DEFAULT_SECONDS_TO_DURABLE,
     expected_seconds_to_durable,
@@ -156,12 +156,12 @@ def test_a_restart_prices_a_save_from_the_later_saves_of_the_newest_attempts() -
             attempt(5),  # killed before its first save
         )
     )
-    assert attempts.last_measured(history).later.mean == pytest.approx(0.3)  # type: ignore[union-attr]
-    pooled = attempts.recorded_stalls(history, enough=3)  # attempts 4 and 2
+    assert cadence.last_measured(history).later.mean == pytest.approx(0.3)  # type: ignore[union-attr]
+    pooled = cadence.recorded_stalls(history, enough=3)  # attempts 4 and 2
     assert pooled.count == 3 and pooled.seconds == pytest.approx(0.9)
-    assert attempts.recorded_stalls(history, enough=100).count == 7  # the whole history
-    assert attempts.recorded_stalls(History(attempts=(attempt(1, 1.5),)), enough=3) == Stalls()
-    restart = cadence.save_cost(Stalls(), attempts.recorded_stalls(history, enough=3))
+    assert cadence.recorded_stalls(history, enough=100).count == 7  # the whole history
+    assert cadence.recorded_stalls(History(attempts=(attempt(1, 1.5),)), enough=3) == Stalls()
+    restart = cadence.save_cost(Stalls(), cadence.recorded_stalls(history, enough=3))
     assert restart == pytest.approx(0.3)
 
 
@@ -260,9 +260,9 @@ def test_save_times_choices_and_endings_round_trip_through_attempts_json(tmp_pat
     (read,) = back.attempts
     assert read.last_ckpt_saves == LastCkptSaves(2, 2.0, 1.5, 1.5, 2, 4.0, 3.0, first_stall=0.5)
     assert read.end is not None and (read.end.signal, read.end.notice) == ("SIGTERM", "file")
-    chosen = cadence.choice_from_dict(attempts.last_cadence(back) or {})
+    chosen = cadence.choice_from_dict(cadence.last_cadence(back) or {})
     assert chosen is not None and chosen.describe() == choice.describe() and chosen.steps == choice.steps
-    assert attempts.recorded_to_durable(tmp_path) == 4.0
+    assert cadence.recorded_to_durable(tmp_path) == 4.0
 
 
 def test_the_notice_deadline_uses_the_recorded_time_to_durable_before_measuring_one() -> None:

@@ -16,10 +16,11 @@ import pytest
 from conftest import job_env
 
 from lightning_resume.run_dir import hangs, layout
+from lightning_resume.run_dir.hangs import Section
 from lightning_resume.run_dir.status import read_status
 from lightning_resume.watchdog.action import HANG_EXIT_CODE, Who, act_on_hang
 from lightning_resume.watchdog.monitor import Progress, Watchdog
-from lightning_resume.watchdog.timeouts import Section, Timeouts, WatchdogTimeouts, read_slowest, write
+from lightning_resume.watchdog.timeouts import Timeouts, WatchdogTimeouts, read_slowest, write
 
 
 def test_a_learned_timeout_is_a_multiple_of_the_slowest_time_seen_never_below_the_floor() -> None:
@@ -123,7 +124,7 @@ def test_when_c_code_holds_the_gil_the_backstop_dumps_and_exits(tmp_path: Path) 
         """
         import os, re, time
         from lightning_resume.watchdog.monitor import Backstop, Progress, Watchdog
-        from lightning_resume.watchdog.timeouts import Section
+        from lightning_resume.run_dir.hangs import Section
         Backstop.MARGIN = 1.0
         dog = Watchdog(lambda progress, seconds: os._exit(75), poll=0.05)
         dog.start()
@@ -147,7 +148,7 @@ def test_the_stacks_go_to_stderr_when_the_run_dir_cannot_be_written(tmp_path: Pa
         from pathlib import Path
         from lightning_resume.watchdog.monitor import Progress
         from lightning_resume.watchdog.action import Who, act_on_hang
-        from lightning_resume.watchdog.timeouts import Section
+        from lightning_resume.run_dir.hangs import Section
         progress = Progress(Section.STEP, 2, time.monotonic(), 1.0)
         act_on_hang(Who(0, 1, Path({str(blocked)!r}), 1), progress, 1.5, {{}})
         """

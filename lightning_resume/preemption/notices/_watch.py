@@ -16,6 +16,7 @@ from typing import Any
 
 from lightning_resume._checks import positive_number
 from lightning_resume._warnings import warn
+from lightning_resume.last_ckpt.cadence import recorded_to_durable
 from lightning_resume.preemption.notices._aws_spot_notice import AwsSpotNotice
 from lightning_resume.preemption.notices._azure_notice import AzureNotice
 from lightning_resume.preemption.notices._file_notice import FileNotice
@@ -31,7 +32,6 @@ from lightning_resume.preemption.notices._policy import (
 )
 from lightning_resume.preemption.notices._poller import NoticePoller
 from lightning_resume.preemption.notices._slurm_time_limit_notice import SlurmTimeLimitNotice
-from lightning_resume.run_dir.attempts import recorded_to_durable
 from lightning_resume.run_dir.binding import PROCESS
 
 log = logging.getLogger(__name__)
