@@ -1,15 +1,8 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
-One folder per feature: ``run_dir``, ``last_ckpt`` (``RequeueCheckpoint``), ``exact_resume``,
-``preemption`` (with its ``notices``), ``watchdog``, ``trackers`` (with its ``loggers``), ``io`` (the
-``DurableCheckpointIO`` plugin) and ``cli``; below them the private ``_scheduler``, ``_storage`` and
-``_writer``, and ``_compat``, the one place that touches other libraries' internals. Every public name
-is importable from here (the notice sources from ``lightning_resume.notices``, the loggers from
-``lightning_resume.loggers``).
-
-Importing this package has no side effects: it touches no signals, environment or logging, and
-imports no tracker. Nor does it import Lightning or torch until a name that needs them is used: the
-``lightning-resume`` command line (``inspect``, ``gc``, ``doctor``) starts in well under a second.
+Every public name is importable from here (the notice sources from ``lightning_resume.notices``, the
+loggers from ``lightning_resume.loggers``). Importing it has no side effects and imports no tracker,
+nor Lightning or torch until a name needs them, so the command line starts in well under a second.
 """
 
 from __future__ import annotations
@@ -47,7 +40,7 @@ if TYPE_CHECKING:
     from lightning_resume.watchdog.progress_watchdog import ProgressWatchdog
     from lightning_resume.watchdog.timeouts import WatchdogTimeouts
 
-#: The public names that need Lightning, and the module each comes from (imported on first use).
+#: The public names that need Lightning, and their modules (imported on first use).
 _LAZY = {
     "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
     "Mirror": "lightning_resume.io.settings",
@@ -67,7 +60,7 @@ _LAZY = {
 }
 
 
-#: Subpackages reachable as attributes (``lightning_resume.notices.AwsSpotNotice``), imported on first use.
+#: Subpackages reachable as attributes, imported on first use.
 _SUBPACKAGES = ("notices",)
 
 

@@ -1,12 +1,5 @@
-"""Checks of what a user gives, one wording for every public class: arguments, directories, callbacks.
-
-A ``bool`` is an ``int`` to Python but never a count or a number of seconds to a user, so every check
-refuses it. Type errors raise ``TypeError`` and out-of-range values ``ValueError``, both naming the
-argument and the value with ``!r``. A callback that needs another one in its Trainer raises
-``MissingCallbackError`` in one wording.
-
-Pure standard library.
-"""
+"""Checks of what a user gives, in one wording. A ``bool`` is never a count or a number of seconds:
+every check refuses it. Wrong types raise ``TypeError``, bad values ``ValueError``."""
 
 from __future__ import annotations
 
@@ -35,12 +28,7 @@ def is_number(value: Any) -> bool:
 
 
 def whole_number(name: str, value: Any, minimum: int | None = None, what: str = "whole number") -> int:
-    """``value`` if it is a whole number (at least ``minimum``).
-
-    Raises:
-        TypeError: not a whole number (``"<name> must be a <what>, got ..."``).
-        ValueError: below ``minimum`` (``"<name> must be >= <minimum>, got ..."``).
-    """
+    """``value`` if it is a whole number (at least ``minimum``), else ``TypeError`` or ``ValueError``."""
     if not is_whole_number(value):
         raise TypeError(f"{name} must be a {what}, got {value!r}.")
     if minimum is not None and value < minimum:
@@ -49,12 +37,7 @@ def whole_number(name: str, value: Any, minimum: int | None = None, what: str = 
 
 
 def positive_number(name: str, value: Any, what: str = "number") -> float:
-    """``value`` if it is a number greater than zero.
-
-    Raises:
-        TypeError: not a number (``"<name> must be a <what>, got ..."``).
-        ValueError: zero, negative or NaN (``"<name> must be > 0, got ..."``).
-    """
+    """``value`` if it is a number greater than zero, else ``TypeError`` or ``ValueError`` (NaN too)."""
     if not is_number(value):
         raise TypeError(f"{name} must be a {what}, got {value!r}.")
     if not value > 0:
@@ -63,23 +46,15 @@ def positive_number(name: str, value: Any, what: str = "number") -> float:
 
 
 def flag(name: str, value: Any) -> bool:
-    """``value`` if it is ``True`` or ``False``.
-
-    Raises:
-        TypeError: anything else.
-    """
+    """``value`` if it is ``True`` or ``False``, else ``TypeError``."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}.")
     return value
 
 
 def expand_dir(value: str | os.PathLike[str], what: str) -> Path:
-    """``value`` with ``$VAR``/``${VAR}`` and ``~`` expanded, made absolute.
-
-    A variable that is not set raises ``ValueError`` naming it: left as it is, ``"$TMPDIR/ckpt"``
-    would become a folder literally called ``$TMPDIR`` in the working directory, and checkpoints
-    would land where no restart looks for them.
-    """
+    """``value`` with ``$VAR``/``${VAR}`` and ``~`` expanded, made absolute; an unset variable raises
+    ``ValueError`` (``"$TMPDIR/ckpt"`` would put checkpoints where no restart looks)."""
     text = os.fspath(value)
     expanded = os.path.expandvars(text)
     unset = sorted({a or b for a, b in _VARIABLE.findall(expanded)})
@@ -114,11 +89,7 @@ def the_one(trainer: pl.Trainer, kind: type[T]) -> T | None:
 
 
 def find_one(trainer: pl.Trainer, kind: type[T], needed_by: str, why: str) -> T:
-    """The one callback of ``kind`` among ``trainer.callbacks``.
-
-    Raises:
-        MissingCallbackError: there is none, or more than one.
-    """
+    """The one callback of ``kind`` among ``trainer.callbacks``, else ``MissingCallbackError``."""
     found = _of(trainer, kind)
     if len(found) != 1:
         raise missing(kind.__name__, needed_by, why, len(found))

@@ -1,12 +1,5 @@
-"""Every collective the package runs, in one place, and only through Lightning's strategy API.
-
-The strategy knows the backend and the device: with NCCL (Lightning's default for CUDA DDP) a
-collective on a CPU tensor fails, so every tensor handed to a collective here is created on
-``strategy.root_device``, as Lightning's own ``reduce_boolean_decision`` does. Nothing else in the
-package calls a collective; ``tests/test_collectives.py`` checks the source for it.
-
-Every rank must call these functions at the same point of the program, in the same order.
-"""
+"""Every collective the package runs, only through Lightning's strategy API (``tests/test_collectives.py``
+checks). Every rank must call them at the same points; tensors live on ``strategy.root_device`` (NCCL)."""
 
 from __future__ import annotations
 
@@ -51,13 +44,8 @@ def barrier(strategy: Strategy, name: str) -> None:
 
 
 def gather_objects(strategy: Strategy, obj: T) -> list[T]:
-    """``obj`` of every rank, by global rank.
-
-    The object is pickled (plain CPU tensors as their raw bytes, see :func:`_dumps`) into a byte
-    tensor on the strategy's device, with its length in front. One all-gather of a fixed-size buffer
-    brings every rank's bytes to every rank when each payload fits in it (``_inline_bytes``); when one
-    does not, a second all-gather of the bytes padded to the longest follows.
-    """
+    """``obj`` of every rank, by global rank: pickled with its length in front, in one all-gather of a
+    fixed-size buffer when every payload fits (``_inline_bytes``), else a second one padded to the longest."""
     if not _distributed(strategy) or not isinstance(strategy, ParallelStrategy):
         return [obj]
     device, world = strategy.root_device, strategy.world_size
@@ -84,15 +72,14 @@ _HEADER = 8
 
 
 def _inline_bytes(world_size: int) -> int:
-    """How many payload bytes per rank the single all-gather carries: 64 KiB (the random and loader
-    states of a rank are tens of KiB), less on large worlds so that the buffer gathered stays ~4 MiB."""
+    """Payload bytes per rank of the first all-gather: 64 KiB (a rank's random and loader states are tens
+    of KiB), less on large worlds so that the gathered buffer stays ~4 MiB."""
     return max(1024, min(64 * 1024, (4 * 1024 * 1024) // world_size))
 
 
 class _Pickler(pickle.Pickler):
-    """``pickle`` with plain CPU tensors as (raw bytes, dtype, shape): torch's own tensor pickling
-    round-trips every tensor through ``torch.save``'s format, ~0.1 ms each to load, which a gather of
-    random states (dozens of small tensors) pays on every rank at every save."""
+    """``pickle`` with plain CPU tensors as (raw bytes, dtype, shape): torch's own goes through
+    ``torch.save``'s format, ~0.1 ms per tensor to load, on every rank at every save."""
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor and _raw_copyable(obj):
@@ -128,11 +115,8 @@ def _dumps(obj: Any) -> bytes:
 
 
 def cpu_group(strategy: Strategy) -> Any:
-    """A new process group of every rank on the CPU backend (gloo), for collectives run off the main
-    thread (DCP's asynchronous save), which would deadlock with training's on the default group.
-
-    ``None`` when not distributed. Every rank must call this at the same point.
-    """
+    """A new gloo group of every rank (``None`` when not distributed), for collectives off the main thread
+    (DCP's asynchronous save), which would deadlock with training's on the default group."""
     if not _distributed(strategy):
         return None
     return torch.distributed.new_group(backend="gloo")

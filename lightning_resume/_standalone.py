@@ -1,16 +1,9 @@
 """``lightning_resume`` again, built on the standalone ``pytorch_lightning``: one source, two Lightnings.
 
-``pytorch_lightning``'s Trainer recognises checkpoint callbacks, ``OnExceptionCheckpoint`` (the resume
-from ``last.ckpt``) and ``CheckpointIO`` plugins by ``isinstance`` with its own classes, which
-``lightning.pytorch``'s are not: with our ordinary callbacks it silently starts over, and it refuses the
-plugin. Lightning builds ``pytorch_lightning`` from the same source as ``lightning.pytorch`` with its
-imports renamed; this module does the same at import time. A finder on ``sys.meta_path`` serves every
-``lightning_resume.pytorch_lightning.<module>`` from the source file of ``lightning_resume.<module>``,
-read with ``lightning.pytorch`` as ``pytorch_lightning``, ``lightning.fabric`` as ``lightning_fabric`` and
-``lightning_resume.`` as ``lightning_resume.pytorch_lightning.``. Classes, ``isinstance`` checks and
-module lookups then all refer to the standalone package; nothing is duplicated. The errors and the
-warning category (``exceptions``, no Lightning in it) are the same objects in both packages, so one
-``except ResumeError`` or warnings filter serves both.
+That Trainer recognises callbacks and plugins by ``isinstance`` with its own classes, so a finder on
+``sys.meta_path`` serves ``lightning_resume.pytorch_lightning.<module>`` from the source of
+``lightning_resume.<module>`` with the imports renamed (as Lightning builds ``pytorch_lightning``).
+``exceptions`` is one module for both, so one ``except`` or warnings filter serves both.
 """
 
 from __future__ import annotations
@@ -25,11 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-#: The source of ``lightning_resume``.
 SOURCE = Path(__file__).resolve().parent
-#: The mirrored package.
 PACKAGE = "lightning_resume.pytorch_lightning"
-#: Modules without Lightning in them that both packages share (the same module object).
+#: Modules both packages share (the same module object).
 SHARED = frozenset({"exceptions"})
 _REWRITES = (
     (re.compile(r"\blightning\.pytorch\b"), "pytorch_lightning"),

@@ -1,11 +1,5 @@
-"""The one channel for warnings to the user: :class:`~lightning_resume.exceptions.LightningResumeWarning`.
-
-A warning is for something the user should change or know before trusting the result (a setting
-that loses exactness, a checkpoint that did not verify, a tracker run not continued). A message about
-the whole job is given once, by global rank 0; one about what a process found (its own files, its own
-writer) is given by that process. Events that need no action (a signal arrived, a save, a recovery
-that worked) are logged through ``logging`` instead, one line each.
-"""
+"""The one channel for warnings to the user: :class:`~lightning_resume.exceptions.LightningResumeWarning`,
+for what to change or know before trusting the result (events that need no action are logged)."""
 
 from __future__ import annotations
 

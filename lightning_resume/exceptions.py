@@ -1,15 +1,5 @@
-"""Errors and warnings of lightning_resume: one family, built on builtins, carrying what they are about.
-
-Every error subclasses :class:`LightningResumeError` and a builtin (``RuntimeError``, ``ValueError``),
-so code that catches the builtin keeps working, and code that wants ours can catch the family. The
-message says what is wrong and what to do; the fields say what it is about, for code and tests.
-
-Example::
-
-    try:
-        trainer.fit(model)
-    except ResumeError as e:
-        print("cannot resume", e.path)
+"""Errors and warnings of lightning_resume: one family, each also a builtin (``RuntimeError``,
+``ValueError``), so code that catches the builtin keeps working. The message says what to do.
 """
 
 from __future__ import annotations
@@ -65,20 +55,16 @@ class MissingCallbackError(ResumeError, ValueError):
 
 
 class Preempted(SystemExit):
-    """Raised to end ``fit`` after a preemption signal, once ``last.ckpt`` is durable.
-
-    It is a ``SystemExit`` so the process ends with :attr:`code`, a non-zero status that schedulers
-    (SLURM, torchrun, Kubernetes, submitit) read as "not finished".
-    """
+    """Raised to end ``fit`` after a preemption signal, once ``last.ckpt`` is durable: a ``SystemExit``
+    whose non-zero :attr:`code` schedulers read as "not finished"."""
 
 
 class CrashLoopStopped(SystemExit):
     """Raised by ``ProgressWatchdog`` before training when the run keeps ending at the same place.
 
-    The last attempts (three by default) all ended failed, hung or killed without a new durable
-    checkpoint: another attempt would do the same. It is a ``SystemExit`` with a status of its own
-    (93 by default) that launchers and job scripts can tell from a failure worth retrying;
-    ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train again.
+    The last attempts (three by default) all ended without a new durable checkpoint. A ``SystemExit``
+    with a status of its own (93 by default), which job scripts can tell from a failure worth
+    retrying; ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train again.
 
     Attributes:
         message: What happened, in one line (the steps reached, the last error or hang, the stacks).

@@ -1,17 +1,16 @@
 """Preemption notices: warnings that come before the signal, for :class:`~lightning_resume.PreemptionHandler`.
 
-A cloud tells a machine it is about to be reclaimed some time before it stops it (EC2 spot: two
-minutes; Compute Engine: 30 seconds; Azure: 30 seconds or more), a SLURM job knows its end time, and a
-Kubernetes ``preStop`` hook can create a file. ``PreemptionHandler(notices=...)`` polls these sources
-off the training thread and saves ``last.ckpt`` before the signal (see ``on_notice``)::
+A cloud warns before it reclaims a machine (EC2 spot: two minutes; Compute Engine: 30 s; Azure: 30 s+),
+a SLURM job knows its end time, and a Kubernetes ``preStop`` hook can create a file.
+``PreemptionHandler(notices=...)`` polls these sources off the training thread and saves ``last.ckpt``
+before the signal (``notices="auto"``, the default: every source that applies here)::
 
     from lightning_resume.notices import AwsSpotNotice, FileNotice
 
     PreemptionHandler(notices=[AwsSpotNotice(), FileNotice("/tmp/preempted")])
 
-``notices="auto"`` (the default) polls every source that applies on the machine; each tells without a
-network call. A source's :meth:`~NoticeSource.poll` can also be called from a script of your own: it
-returns a :class:`Notice` or ``None`` and never raises. Standard library only.
+:meth:`NoticeSource.poll` also works from a script: it returns a :class:`Notice` or ``None``, never
+raising.
 """
 
 from lightning_resume.preemption.notices._aws_spot_notice import AwsSpotNotice

@@ -1,11 +1,5 @@
-"""Every touch of Lightning's internals, for what Lightning offers no public route.
-
-One named function (or class) per touch: private attributes and classes read or written, methods of
-Lightning's objects stood in for, the Trainer's callback list changed, and the texts of Lightning's
-warnings matched. Pinned by ``tests/_compat/test_lightning.py``: when Lightning changes, that test
-fails loudly. Nothing outside ``lightning_resume._compat`` touches Lightning's internals
-(``tests/_compat/test_seam.py``).
-"""
+"""Every touch of Lightning's internals (where it offers no public route), one named function each,
+pinned by ``tests/_compat/test_lightning.py``; ``tests/_compat/test_seam.py`` keeps them all here."""
 
 from __future__ import annotations
 
@@ -29,15 +23,9 @@ from lightning.pytorch.strategies import Strategy
 
 
 class LastCheckpointCallback(OnExceptionCheckpoint):
-    """The base of a callback whose ``ckpt_path`` Lightning resumes ``fit`` from (``RequeueCheckpoint``).
-
-    Lightning's checkpoint connector (``_CheckpointConnector._parse_ckpt_path``) treats an
-    ``OnExceptionCheckpoint`` in the Trainer's callbacks specially: with ``fit(ckpt_path=None)`` it
-    switches to ``"last"``, and ``"last"`` considers each such callback's ``ckpt_path`` (with every
-    ``ModelCheckpoint``'s ``last*.ckpt``, newest first). Being a ``Checkpoint`` also keeps Lightning from
-    adding its default ``ModelCheckpoint`` (``_CallbackConnector._configure_checkpoint_callbacks``), and
-    puts the callback after all others in hook order. A subclass overrides the ``ckpt_path`` property.
-    """
+    """The base of a callback whose ``ckpt_path`` Lightning resumes ``fit`` from (``RequeueCheckpoint``):
+    with an ``OnExceptionCheckpoint`` among the callbacks, ``fit(ckpt_path=None)`` becomes ``"last"``, which
+    considers its ``ckpt_path``; a ``Checkpoint`` also keeps the default ``ModelCheckpoint`` out."""
 
     def __init__(self) -> None:
         super().__init__(dirpath=".", filename="last")  # Lightning's dirpath and filename stay unused
@@ -55,12 +43,8 @@ LoadHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]
 
 
 class NextLoad:
-    """Stands in for ``strategy.load_checkpoint`` (an instance attribute) until its first call.
-
-    Lightning reads a checkpoint through ``Strategy.load_checkpoint`` once per stage, every strategy
-    alike (sharded ones call no ``CheckpointIO``). The first call removes the stand-in and runs
-    ``handler(original, path, args, kwargs)``; :meth:`uninstall` removes it when nothing was loaded.
-    """
+    """Stands in for ``strategy.load_checkpoint`` (which every strategy loads through) until its first
+    call, which removes it and runs ``handler(original, path, args, kwargs)``."""
 
     def __init__(self, strategy: Strategy, handler: LoadHandler) -> None:
         self.strategy = strategy
@@ -80,11 +64,8 @@ class NextLoad:
 
 
 def put_callback(trainer: pl.Trainer, callback: Callback, before: Callback | None = None) -> None:
-    """Put ``callback`` into the Trainer's callbacks for this ``fit``: first, or just before ``before``.
-
-    Lightning calls ``trainer.callbacks`` in list order and offers no public way to add one after
-    construction. A new list: Lightning may be iterating the old one.
-    """
+    """Put ``callback`` into the Trainer's callbacks, first or just before ``before``: a new list
+    (Lightning may be iterating the old one)."""
     callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
     at = callbacks.index(before) if before is not None and before in callbacks else 0
     trainer.callbacks = [*callbacks[:at], callback, *callbacks[at:]]  # type: ignore[attr-defined]
@@ -96,11 +77,7 @@ def take_callback(trainer: pl.Trainer, callback: Callback) -> None:
 
 
 def restart_train_iterator(trainer: pl.Trainer) -> None:
-    """Create the training iterator again, as ``FitLoop.setup_data`` did before ``on_train_start``.
-
-    Lightning 2.6 creates the iterator before any hook that can change the loader's sampler; an
-    exact mid-epoch resume of a plain ``DataLoader`` has to make it again after changing it.
-    """
+    """Create the training iterator again (Lightning makes it before any hook can change the sampler)."""
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None:
         raise RuntimeError("Lightning has no training data fetcher yet: call this from on_train_start.")
@@ -108,13 +85,8 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
 
 
 def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
-    """Make the restored training epoch count ``batches`` of its batches as done (issue 25).
-
-    After a restart on another number of ranks the epoch goes on as an uninterrupted run on the new
-    ranks would, from the same point of its data: the loop's progress (restored from the checkpoint,
-    in batches of the old number of ranks) is moved by the same amount in every counter, so the
-    relations Lightning reads its restart stage from hold. Call from ``on_train_start``.
-    """
+    """Make the restored epoch count ``batches`` as done, after a restart on another number of ranks
+    (issue 25): every counter moves alike, so Lightning's restart stage holds. From ``on_train_start``."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     trackers: list[Any] = [progress.current, progress.total]  # _ProcessedTracker at runtime
     delta = batches - trackers[0].processed
@@ -145,24 +117,16 @@ class _TrainLoaderHook:
 
 
 def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> Callable[[], None]:
-    """Call ``hook`` on every training loader as Lightning prepares it, before its first iterator.
-
-    ``FitLoop.setup_data`` requests the training loaders (from the user's hooks, maybe re-made with a
-    distributed sampler), hands each to the public ``Strategy.process_dataloader`` and then creates
-    the first iterator, before any callback hook runs. For the duration of ``fit`` an instance
-    attribute stands in for that method. Returns the function that removes it.
-    """
+    """Call ``hook`` on every training loader as ``Strategy.process_dataloader`` prepares it (before its
+    first iterator and any callback hook). Returns the function that stops it."""
     watcher = _TrainLoaderHook(trainer, hook)
     trainer.strategy.process_dataloader = watcher  # type: ignore[method-assign]
     return watcher.remove
 
 
-# Where Lightning keeps the training loaders' states in a checkpoint: ``_FitLoop.on_save_checkpoint``
-# stores ``CombinedLoader._state_dicts()`` (one entry per stateful loader, of the saving rank only)
-# and ``_FitLoop.on_load_checkpoint`` takes them from the same place, to load them into the loaders
-# in ``FitLoop.setup_data`` (only when restarting mid-epoch), before any callback hook runs.
+# The training loaders' states (``CombinedLoader._state_dicts()``, saving rank only), loaded in
+# ``FitLoop.setup_data`` on a mid-epoch restart before any callback hook; and validation progress.
 _LOADER_STATES = ("loops", "fit_loop", "state_dict", "combined_loader")
-# The fit loop's validation progress in a checkpoint.
 _VAL_PROGRESS = ("loops", "fit_loop", "epoch_loop.val_loop.batch_progress")
 
 
@@ -182,11 +146,8 @@ def train_loader_states(checkpoint: dict[str, Any]) -> list[Any] | None:
 
 
 def replace_train_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> bool:
-    """Make Lightning load ``states`` into the training loaders; call from ``Callback.on_load_checkpoint``.
-
-    Lightning reads the loop state from the same dict after the callbacks' ``on_load_checkpoint``
-    (``_CheckpointConnector.restore_training_state`` -> ``restore_loops``). Returns whether it was there.
-    """
+    """Make Lightning load ``states`` into the training loaders; call from ``Callback.on_load_checkpoint``
+    (``restore_loops`` reads the dict after it). Returns whether the entry was there."""
     parent = _walk(checkpoint, _LOADER_STATES[:-1])
     if not isinstance(parent, dict) or _LOADER_STATES[-1] not in parent:
         return False
@@ -204,13 +165,8 @@ def wrapped_sampler(sampler: Any) -> Any:
 
 
 def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
-    """Make a checkpoint taken during fit's validation restart that validation from its first batch.
-
-    Lightning restarts a validation only when the saved progress says "inside a validation step"
-    (``_EvaluationLoop.update_restart_stage``: started == ready, processed == started - 1); from a
-    save in a validation hook it would skip the rest of that validation instead. The progress is
-    rewritten to "inside the first batch of this validation". Returns whether it was there.
-    """
+    """Make a checkpoint taken during fit's validation restart that validation from its first batch
+    (Lightning would skip the rest). Returns whether the progress was there."""
     node = _walk(checkpoint, _VAL_PROGRESS)
     if not isinstance(node, dict):
         return False
@@ -222,10 +178,8 @@ def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
 
 
 def settle_validation_progress(trainer: pl.Trainer) -> None:
-    """After a restarted validation: drop the one batch that was counted as started but never ran.
-
-    Without this, every later checkpoint looks like "inside a validation step" to Lightning.
-    """
+    """After a restarted validation: drop the batch counted as started but never run (else every later
+    checkpoint looks like "inside a validation step")."""
     total: Any = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total  # a _BatchProgress tracker
     total.ready = total.started = total.processed = total.completed
 
@@ -238,28 +192,19 @@ def stop_deferred(trainer: pl.Trainer) -> bool:
 
 # -- epoch boundaries ---------------------------------------------------------------------------------
 
-# The fit loop's epoch progress in a checkpoint.
 _EPOCH_PROGRESS = ("loops", "fit_loop", "epoch_progress")
 
 
 def between_epochs(trainer: pl.Trainer) -> bool:
-    """Whether no epoch is under way: every epoch started has been processed and completed.
-
-    True at the next epoch's ``on_train_epoch_start`` (only ``ready`` has moved on), at
-    ``on_train_end``, and when Lightning stops on SIGTERM after an epoch end; False inside an epoch,
-    its validation and its ``on_train_epoch_end`` hooks.
-    """
+    """Whether no epoch is under way (True at the next ``on_train_epoch_start``, at ``on_train_end``;
+    False inside an epoch, its validation and its ``on_train_epoch_end`` hooks)."""
     total: Any = trainer.fit_loop.epoch_progress.total  # a _ProcessedTracker (typed as its base)
     return bool(total.started == total.processed == total.completed)
 
 
 def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
-    """Make a checkpoint taken between two epochs read as "the last epoch completed, none begun".
-
-    At the next epoch's ``on_train_epoch_start`` Lightning has counted that epoch as ready; restored
-    as such, its restart logic takes it for an epoch interrupted at its start. Returns whether the
-    progress was there.
-    """
+    """Make a checkpoint taken between two epochs read as "the last epoch completed, none begun" (the
+    next one already counts as ready, i.e. interrupted). Returns whether the progress was there."""
     node = _walk(checkpoint, _EPOCH_PROGRESS)
     if not isinstance(node, dict):
         return False
@@ -269,15 +214,9 @@ def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
 
 
 def start_epoch_afresh(trainer: pl.Trainer) -> None:
-    """Run the epoch that starts now as an uninterrupted run does; call at its ``on_train_epoch_start``.
-
-    After a restore from a checkpoint taken between epochs, Lightning 2.6 keeps its loops
-    "restarting" when training is bounded by ``max_steps`` (``_FitLoop.restarting`` is forced for
-    iteration-based training): the epoch loop then re-runs the previous epoch's end (its
-    ``on_train_epoch_end`` hooks, without the metrics they read) and counts a phantom batch. And,
-    as the fit resumes, it keeps the iterator made in ``FitLoop.setup_data`` before
-    ``on_train_start`` instead of making the epoch's iterator where an uninterrupted run does.
-    """
+    """Run the epoch that starts now as an uninterrupted run does (call at its ``on_train_epoch_start``):
+    restored between epochs under ``max_steps``, Lightning 2.6 stays "restarting", re-runs the last
+    epoch's end, counts a phantom batch and keeps the iterator made before ``on_train_start``."""
     from lightning.pytorch.loops.loop import _Loop
 
     fit_loop = trainer.fit_loop
@@ -290,13 +229,8 @@ def start_epoch_afresh(trainer: pl.Trainer) -> None:
 
 
 def settle_fit_restart(trainer: pl.Trainer) -> None:
-    """After a mid-epoch restore has been applied: let the resumed epoch end as an uninterrupted one.
-
-    While the fit loop is "restarting" (until its first epoch ends) Lightning skips the
-    ``ReduceLROnPlateau`` step at the epoch end, because the metrics it reads were not restored; they
-    are (:func:`put_back_callback_metrics`). Only the fit loop's own flag changes: the epoch loop
-    keeps its restart state.
-    """
+    """After a mid-epoch restore: let the epoch end as an uninterrupted one (while "restarting" Lightning
+    skips the ``ReduceLROnPlateau`` step; :func:`put_back_callback_metrics` restores its metrics)."""
     trainer.fit_loop._restarting = False
 
 
@@ -304,14 +238,14 @@ def settle_fit_restart(trainer: pl.Trainer) -> None:
 
 
 def callback_metrics(trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-    """The metrics callbacks read (``trainer.callback_metrics``) as stored, without merging the
-    results of the loop under way (reading the public property does that)."""
+    """``trainer.callback_metrics`` as stored, without merging the running loop's results (the property
+    does)."""
     return dict(trainer._logger_connector._callback_metrics)
 
 
 def put_back_callback_metrics(trainer: pl.Trainer, metrics: dict[str, torch.Tensor]) -> None:
-    """Give ``trainer.callback_metrics`` back what :func:`callback_metrics` returned (from
-    ``on_train_start`` on: the sanity check clears them before it)."""
+    """Give back what :func:`callback_metrics` returned (from ``on_train_start``: the sanity check
+    clears them)."""
     stored = trainer._logger_connector._callback_metrics
     stored.clear()
     stored.update(metrics)
@@ -336,13 +270,9 @@ def _reduction_name(reduce_fx: Any) -> str | None:
 
 
 def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
-    """What the training epoch's ``self.log(..., on_epoch=True)`` calls accumulated so far.
-
-    Lightning keeps them in the epoch loop's ``_ResultCollection`` (no ``state_dict`` in 2.6): per
-    key, the metadata of the ``log`` call and the running value (and batch count, for a mean), or,
-    for a logged ``torchmetrics.Metric``, the module attribute that holds it. Entries Lightning could
-    not rebuild the same way (a ``sync_dist_group``) are left out.
-    """
+    """What the epoch's ``self.log(..., on_epoch=True)`` calls accumulated in the ``_ResultCollection``:
+    per key, the call's metadata and running value, or a logged ``Metric``'s module attribute (entries
+    that cannot be rebuilt alike, with a ``sync_dist_group``, are left out)."""
     found = []
     for key, result in trainer.fit_loop.epoch_loop._results.items():
         meta = result.meta
@@ -367,17 +297,12 @@ def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
 
 
 def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any]]) -> None:
-    """Register what :func:`epoch_accumulators` returned in this epoch's results, before any batch.
-
-    The resumed ``self.log`` calls find their key with equal metadata and add to it; keys the
-    resumed part of the epoch never logs again are still logged at the epoch end, as they were.
-    Call from ``on_train_start`` of a resume inside an epoch.
-    """
+    """Register :func:`epoch_accumulators` in this epoch's results (``on_train_start`` of a mid-epoch
+    resume), so the resumed ``self.log`` calls add to them."""
     from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
-    # ``LightningModule.log`` drops the accumulated tensors at a loop's first batch
-    # (``_LoggerConnector.should_reset_tensors``: ``_first_loop_iter`` None or True); the resumed first
-    # batch is not the epoch's first: as if one batch had run, ``on_batch_start`` makes it False.
+    # ``should_reset_tensors`` drops the accumulated tensors at a loop's first batch (``_first_loop_iter``
+    # None or True); as if one batch had run, ``on_batch_start`` makes it False.
     trainer._logger_connector._first_loop_iter = True
     results = trainer.fit_loop.epoch_loop._results
     modules = dict(trainer.lightning_module.named_modules())
@@ -404,21 +329,14 @@ def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any
 
 
 def logging_step(trainer: pl.Trainer) -> int:
-    """The step Lightning passes to ``Logger.log_metrics`` next (``_LoggerConnector.log_metrics``).
-
-    From the first ``on_train_batch_start`` of a resumed attempt on, it is the step that batch is
-    logged at (during ``on_train_start`` it is still one lower: the loop adds one when it starts). It
-    differs from ``global_step`` under manual optimization with several optimizers.
-    """
+    """The step Lightning passes to ``Logger.log_metrics`` next (not ``global_step`` under manual
+    optimization with several optimizers); one lower during ``on_train_start``."""
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def point_logger_at_version(logger: Logger, version: int | str) -> None:
-    """Make a ``TensorBoardLogger`` or ``CSVLogger`` log into ``version`` from now on.
-
-    Both decide their version once (``_version``) and create their writer once (``_experiment``), with
-    no public way to change either afterwards. The caller closes the old writer first (rank 0).
-    """
+    """Make a ``TensorBoardLogger`` or ``CSVLogger`` log into ``version`` from now on (both fix
+    ``_version`` and ``_experiment`` once). The caller closes the old writer first (rank 0)."""
     if not isinstance(logger, (TensorBoardLogger, CSVLogger)):
         raise TypeError(f"expected a TensorBoardLogger or CSVLogger, got {type(logger).__name__}")
     logger._version = version
@@ -436,32 +354,21 @@ class MLflowTarget:
 
 
 def mlflow_target(logger: MLFlowLogger) -> MLflowTarget:
-    """The tracking store, experiment name and run id an ``MLFlowLogger`` was given, and whether it started.
-
-    The logger has public properties for its run and experiment ids, but reading them creates the run.
-    """
+    """Where an ``MLFlowLogger`` logs (its public properties would create the run)."""
     return MLflowTarget(logger._tracking_uri, logger._experiment_name, logger._run_id, logger._initialized)
 
 
 def set_mlflow_run(logger: MLFlowLogger, run_id: str | None) -> None:
-    """Have an ``MLFlowLogger`` that has not started continue ``run_id`` (``None``: a new run).
-
-    With a run id, Lightning's logger continues that run instead of creating one, as with its
-    ``run_id`` argument, which the user would have to read from the run dir before building the logger.
-    """
+    """Have an ``MLFlowLogger`` that has not started continue ``run_id`` (``None``: a new run), as its
+    ``run_id`` argument would."""
     logger._run_id = run_id
     logger._experiment_id = None
     logger._initialized = False
 
 
 def saves_directory(strategy: Strategy) -> bool | None:
-    """Whether ``trainer.save_checkpoint`` writes a directory with ``strategy`` (``None``: unknown).
-
-    Sharded saves bypass ``CheckpointIO``. Lightning keeps the choice in constructor arguments it
-    stores as-is: ``ModelParallelStrategy(save_distributed_checkpoint=True)`` (the default) and
-    ``FSDPStrategy(state_dict_type="sharded")`` (not the default, ``"full"``). DeepSpeed always writes
-    a directory. A strategy that does not override ``Strategy.save_checkpoint`` writes one file.
-    """
+    """Whether ``trainer.save_checkpoint`` writes a directory with ``strategy`` (``None``: unknown), from
+    the constructor arguments Lightning stores."""
     from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
     if isinstance(strategy, ModelParallelStrategy):
@@ -476,13 +383,8 @@ def saves_directory(strategy: Strategy) -> bool | None:
 
 
 def capture_checkpoint(trainer: pl.Trainer, path: Path) -> dict[str, Any]:
-    """Lightning's checkpoint for a save to ``path`` on this rank, built but not written (every rank).
-
-    ``Trainer.save_checkpoint`` dumps the checkpoint (callback and module hooks included), hands it
-    to ``strategy.save_checkpoint`` and ends with a barrier. For the duration of the call an
-    instance attribute stands in for that public method and keeps the checkpoint instead, so an
-    asynchronous writer can write it later.
-    """
+    """Lightning's checkpoint for a save to ``path``, built (hooks, barrier) but not written (every rank):
+    ``strategy.save_checkpoint`` is stood in for during the call."""
     strategy = trainer.strategy
     captured: dict[str, dict[str, Any]] = {}
 
@@ -498,12 +400,8 @@ def capture_checkpoint(trainer: pl.Trainer, path: Path) -> dict[str, Any]:
 
 
 def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
-    """Make Lightning name ``path`` as the checkpoint it restored (and ``trainer.ckpt_path`` return it).
-
-    Call from inside ``strategy.load_checkpoint``: ``_CheckpointConnector.resume_start`` records the
-    requested path just before that call, and ``resume_end`` logs "Restored all states from the
-    checkpoint at <path>" with the recorded one.
-    """
+    """Make Lightning report ``path`` as the checkpoint it restored (``trainer.ckpt_path`` too); call
+    from inside ``strategy.load_checkpoint``, after ``resume_start`` recorded the path."""
     trainer._checkpoint_connector._ckpt_path = path
 
 
@@ -511,8 +409,8 @@ def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
 
 #: What to silence: a pattern of the module that warns ("": any) and patterns of its messages.
 Quieted = tuple[str, tuple[str, ...]]
-_LIGHTNING = r"(lightning\.pytorch|pytorch_lightning)"  # the unified and the standalone package
-#: Lightning's checkpoint connector, on a fresh run with nothing to resume.
+_LIGHTNING = r"(lightning\.pytorch|pytorch_lightning)"
+#: A fresh run with nothing to resume.
 NOTHING_TO_RESUME: Quieted = (
     rf"{_LIGHTNING}\.trainer\.connectors\.checkpoint_connector",
     (
@@ -520,7 +418,7 @@ NOTHING_TO_RESUME: Quieted = (
         r"\.fit\(ckpt_path=\"last\"\) is set, but there is no last checkpoint available",
     ),
 )
-#: Lightning's training epoch loop, on a mid-epoch restart with a loader without ``state_dict``.
+#: A mid-epoch restart with a loader without ``state_dict``.
 NOT_RESUMABLE: Quieted = (
     rf"{_LIGHTNING}\.loops\.training_epoch_loop",
     (
@@ -539,12 +437,8 @@ def _remove(filters: list[Any]) -> None:
 
 
 class QuietLightning:
-    """Install the filters now; they go when ``owner`` is garbage-collected or :meth:`remove` is called.
-
-    Args:
-        owner: The object whose lifetime bounds the filters.
-        which: What to silence (:data:`NOTHING_TO_RESUME`, :data:`NOT_RESUMABLE`, ...).
-    """
+    """Install the filters for ``which`` now; they go when ``owner`` is garbage-collected or
+    :meth:`remove` is called."""
 
     def __init__(self, owner: object, which: Quieted = NOTHING_TO_RESUME) -> None:
         module, messages = which
@@ -574,16 +468,9 @@ def any_log_dir_exists() -> Iterator[None]:
         yield
 
 
-# -- a logger started on first use --------------------------------------------------------------------------
-
-
 class CometLoggerStartedOnFirstUse(CometLogger):
-    """Lightning's ``CometLogger``, its experiment started at the first ``experiment`` instead of in its
-    constructor; a subclass may wrap the start (:meth:`start_experiment`).
-
-    Lightning's constructor ends with ``self._create_experiment()`` (on rank 0); ``experiment`` calls
-    it again when no experiment exists. The first call is skipped, so the first use starts it.
-    """
+    """Lightning's ``CometLogger``, started at the first ``experiment``, not at construction (the
+    constructor's ``_create_experiment()`` call is skipped)."""
 
     _start_on_first_use = False
 

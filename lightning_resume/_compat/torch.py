@@ -1,7 +1,5 @@
-"""Every touch of torch's internals (and of the standard library's around torch's processes).
-
-One named function per touch, pinned against the installed torch by ``tests/_compat/test_torch.py``.
-"""
+"""Every touch of torch's internals (and of the standard library's around its processes), one named
+function each, pinned by ``tests/_compat/test_torch.py``."""
 
 from __future__ import annotations
 
@@ -23,37 +21,22 @@ from lightning_resume._compat import torchdata
 WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
 
 
-# -- torch.save's serialiser, record by record ---------------------------------------------------------
-
-
 def torch_records_supported() -> bool:
     """Whether the installed torch has the serialiser entry point :func:`record_torch_save` uses."""
     save = getattr(torch.serialization, "_save", None)
-    if save is None:
-        return False
-    return list(inspect.signature(save).parameters)[:5] == [
-        "obj",
-        "zip_file",
-        "pickle_module",
-        "pickle_protocol",
-        "_disable_byteorder_record",
-    ]
+    expected = ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"]
+    return save is not None and list(inspect.signature(save).parameters)[:5] == expected
 
 
 def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
-    """Run torch's serialiser on ``obj``, handing each archive record to ``write_record``.
-
-    ``torch.serialization._save`` writes to anything with a ``write_record(name, data, nbytes)``.
-    """
+    """Run torch's serialiser (``torch.serialization._save``) on ``obj``, handing each archive record to
+    ``write_record(name, data, nbytes)``."""
 
     class _Sink:
         def write_record(self, name: str, data: Any, nbytes: int) -> None:
             write_record(name, data, nbytes)
 
     torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-
-
-# -- a DataLoader's iterator, made by its _get_iterator -------------------------------------------------
 
 
 def iterator_factory(loader: DataLoader) -> Callable[[], Any]:
@@ -69,9 +52,6 @@ def replace_iterator_factory(loader: DataLoader, factory: Callable[[], Any]) -> 
 def replaced_iterator_factory(loader: DataLoader) -> Any:
     """What :func:`replace_iterator_factory` gave ``loader`` (``None`` when nothing)."""
     return loader.__dict__.get("_get_iterator")
-
-
-# -- data-loader workers ---------------------------------------------------------------------------------
 
 
 def seed_as_worker(base_seed: int, worker_id: int) -> None:
@@ -92,11 +72,8 @@ def is_worker_loop(target: Any) -> bool:
 
 
 def forked_target() -> Any:
-    """The ``target`` of the ``multiprocessing.Process`` being forked (call from an at-fork hook).
-
-    ``multiprocessing.popen_fork.Popen._launch`` holds the process object as ``process_obj`` while it
-    calls ``os.fork()``: a look up the forking thread's frames finds it.
-    """
+    """The ``target`` of the ``multiprocessing.Process`` being forked (call from an at-fork hook):
+    ``popen_fork.Popen._launch`` holds it as ``process_obj`` in a frame up the forking thread."""
     frame: FrameType | None = sys._getframe(2)
     for _ in range(6):
         if frame is None:

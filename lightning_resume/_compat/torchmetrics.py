@@ -6,10 +6,7 @@ from typing import Any
 
 
 def set_update_count(metric: Any, count: int) -> None:
-    """Give a ``torchmetrics.Metric`` the number of updates it had (and drop its cached result).
-
-    No public setter: the count decides whether ``compute()`` warns that it was never updated, and a
-    result computed before must not survive the states put back.
-    """
+    """Give a ``torchmetrics.Metric`` the number of updates it had (no public setter; ``compute()`` warns
+    at 0) and drop its cached result, which must not survive the states put back."""
     metric._update_count = int(count)
     metric._computed = None

@@ -1,6 +1,2 @@
-"""What the job's scheduler and machine say about this process, shared by the features.
-
-``environment`` (every variable read, in one table: the session key, restart, ranks, the launch key),
-``slurm`` (the SLURM commands a job runs on itself) and ``machine`` (which cloud, from the firmware's
-strings). Standard library only.
-"""
+"""What the scheduler (``environment``, ``slurm``) and the machine (``machine``: which cloud) say about
+this process. Standard library only."""

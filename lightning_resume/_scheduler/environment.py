@@ -1,8 +1,5 @@
-"""Read what the scheduler tells a process about itself: session key, restart, rank, launch, requeue.
-
-Every function takes the environment as a mapping so the logic is testable without touching
-``os.environ``. The names of every variable read live in :data:`ENV`.
-"""
+"""What the scheduler tells a process about itself: session key, restart, rank, launch, requeue.
+Every function takes the environment as a mapping; every variable read is named in :data:`ENV`."""
 
 from __future__ import annotations
 
@@ -57,27 +54,17 @@ class KeySource(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Session:
-    """Who this process is, as far as the scheduler says.
+    """Who this process is, as far as the scheduler says."""
 
-    Attributes:
-        key: The session key that survives a restart (``None`` when nothing provides one).
-        source: Where the key came from.
-        scheduler_restart: Whether the scheduler says this is a restart of an earlier attempt.
-        ids: The scheduler ids worth recording in ``run_meta.json``.
-    """
-
-    key: str | None
+    key: str | None  # the session key that survives a restart, if anything provides one
     source: KeySource
     scheduler_restart: bool
-    ids: dict[str, str]
+    ids: dict[str, str]  # the scheduler ids recorded in run_meta.json
 
 
 def _as_int(environ: Mapping[str, str], var: str) -> int:
-    """The whole number in ``environ[var]`` (0 when unset or empty).
-
-    Raises:
-        RunDirError: the variable holds something else; guessing could resume the wrong run or none.
-    """
+    """The whole number in ``environ[var]`` (0 when unset or empty); ``RunDirError`` for anything else
+    (guessing could resume the wrong run)."""
     value = environ.get(var, "").strip()
     if not value:
         return 0
@@ -101,13 +88,8 @@ def slurm_key(environ: Mapping[str, str]) -> str | None:
 
 
 def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
-    """Work out the session key and whether the scheduler reports a restart.
-
-    Precedence: an explicit ``key`` argument, then ``$LIGHTNING_RESUME_KEY``, then SLURM (the outer
-    scheduler: a requeue restarts everything under it, torchrun included), then TorchElastic.
-    A restart is SLURM's ``SLURM_RESTART_COUNT >= 1`` or TorchElastic's restart count ``>= 1``; for an
-    explicit key the caller decides from the index instead.
-    """
+    """The session key and whether the scheduler reports a restart (a restart count ``>= 1``); the key
+    comes from ``key``, ``$LIGHTNING_RESUME_KEY``, SLURM (the outer scheduler) or TorchElastic, in order."""
     restart = _as_int(environ, ENV["slurm_restart"]) >= 1 or _as_int(environ, ENV["elastic_restart"]) >= 1
     ids = {
         name: environ[var]
@@ -121,23 +103,21 @@ def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
         )
         if environ.get(var)
     }
-    explicit = key if key is not None else (environ.get(ENV["key"]) or None)
-    if explicit:
-        return Session(key=explicit, source=KeySource.EXPLICIT, scheduler_restart=restart, ids=ids)
-    slurm = slurm_key(environ)
-    if slurm:
-        return Session(key=slurm, source=KeySource.SLURM, scheduler_restart=restart, ids=ids)
-    elastic = environ.get(ENV["elastic_run"])
-    if elastic:
-        return Session(key=elastic, source=KeySource.TORCHELASTIC, scheduler_restart=restart, ids=ids)
+    explicit = key if key is not None else environ.get(ENV["key"])
+    for found, source in (
+        (explicit, KeySource.EXPLICIT),
+        (slurm_key(environ), KeySource.SLURM),
+        (environ.get(ENV["elastic_run"]), KeySource.TORCHELASTIC),
+    ):
+        if found:
+            return Session(key=found, source=source, scheduler_restart=restart, ids=ids)
     return Session(key=None, source=KeySource.NONE, scheduler_restart=False, ids=ids)
 
 
 def is_global_zero(environ: Mapping[str, str]) -> bool:
     """Whether launchers report this process as global rank 0 (before any process group exists)."""
-    for var in (ENV["rank"], ENV["slurm_procid"]):
-        if environ.get(var):
-            return _as_int(environ, var) == 0
+    if environ.get(ENV["rank"]) or environ.get(ENV["slurm_procid"]):
+        return global_rank(environ) == 0
     # Lightning's own launcher sets LOCAL_RANK and NODE_RANK only for the processes it spawns.
     return _as_int(environ, ENV["local_rank"]) == 0 and _as_int(environ, ENV["node_rank"]) == 0
 
@@ -157,14 +137,9 @@ def global_rank(environ: Mapping[str, str]) -> int:
 
 
 def launch_key(environ: Mapping[str, str]) -> str | None:
-    """A name shared by every rank of one launch, or ``None``.
-
-    SLURM: job, array task, step and restart count (so an interactive rerun in one allocation, which
-    runs in a new step, gets a new key). TorchElastic: run id and restart count. Otherwise the
-    rendezvous address and port, the same on every node. A relaunch of the same command may get the
-    key of the launch before it (torchrun's restart count starts at 0 again):
-    :mod:`~lightning_resume.run_dir.handoff` never takes that launch's files for its own.
-    """
+    """A name shared by every rank of one launch, or ``None``: SLURM job, task, step and restart count,
+    TorchElastic run id and restart count, or the rendezvous address. A relaunch may reuse the previous
+    launch's key: :mod:`~lightning_resume.run_dir.handoff` guards against that."""
     job = slurm_key(environ)
     if job:
         step = environ.get(ENV["slurm_step"], "batch")

@@ -1,9 +1,5 @@
-"""Which cloud this machine runs on, from the firmware's (DMI) strings: files, no network.
-
-The metadata servers answer on a link-local address only on their own cloud; a poll from anywhere
-else waits for a time-out. A source polls only where these strings name its cloud (or where it was
-given an ``endpoint``).
-"""
+"""Which cloud this machine runs on, from the firmware's (DMI) strings: no network (a metadata server
+polled off its cloud waits for a time-out)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,8 @@ from collections.abc import Sequence
 
 
 def scontrol_requeue(job: str, timeout: float = 60) -> str:
-    """Run ``scontrol requeue JOB``; return what happened, in one line.
-
-    Raises:
-        RuntimeError: ``scontrol`` is missing or fails; the message says what to do.
-    """
+    """Run ``scontrol requeue JOB``; return what happened, in one line, or raise ``RuntimeError`` saying
+    what to do."""
     exe = shutil.which("scontrol")
     if exe is None:
         raise RuntimeError(
@@ -30,35 +27,16 @@ def scontrol_requeue(job: str, timeout: float = 60) -> str:
 
 def slurm_job_state(job: str, timeout: float = 30) -> str | None:
     """``JobState`` of a SLURM job from ``scontrol show job``, or ``None`` if it cannot be read."""
-    exe = shutil.which("scontrol")
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run(
-            [exe, "-o", "show", "job", job], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    for field in proc.stdout.split():
+    out = slurm_output(["scontrol", "-o", "show", "job", job], timeout=timeout) or ""
+    for field in out.split():
         if field.startswith("JobState="):
             return field.partition("=")[2]
     return None
 
 
 def slurm_output(command: Sequence[str], timeout: float = 5, path: str | None = None) -> str | None:
-    """The standard output of a SLURM client command, or ``None`` when it is missing, fails or hangs.
-
-    For checks that have a fallback: a slow or absent controller costs ``timeout`` seconds, no error.
-
-    Args:
-        command: The program (looked up on ``path``) and its arguments: ``["scontrol", "show", "config"]``.
-        timeout: Seconds to wait for it.
-        path: The ``PATH`` to look the program up on (default: this process's).
-
-    Example::
-
-        slurm_output(["sacct", "-X", "-j", "42", "-o", "SubmitLine%1000", "-P", "-n"])
-    """
+    """The standard output of ``command`` (looked up on ``path``), or ``None`` when it is missing, fails
+    or takes over ``timeout`` seconds: for checks that have a fallback."""
     exe = shutil.which(command[0], path=path)
     if exe is None:
         return None

@@ -1,9 +1,5 @@
-"""Atomic file writes, for every file the library writes: a reader sees the old file or the new one.
-
-Write a temporary sibling (named with the writing process id, so that leftovers of dead processes are
-recognised), fsync it, rename it onto the target, fsync the directory: :func:`atomic_open` is the
-whole rule, :func:`replace_durably` its last two steps. Pure standard library.
-"""
+"""Atomic file writes (a reader sees the old file or the new one): a temporary sibling named with the
+writer's pid (so leftovers of dead processes are recognised), fsynced, renamed, the folder fsynced."""
 
 from __future__ import annotations
 
@@ -26,9 +22,8 @@ def fsync_dir(path: str | Path) -> None:
     except OSError:  # some filesystems do not allow opening directories
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -61,10 +56,7 @@ def process_umask() -> int:
 
 
 def temp_sibling(path: str | Path, prefix: str = TEMP_PREFIX) -> tuple[int, Path]:
-    """Create ``<prefix><pid>-<random>-<name>.tmp`` beside ``path``; return its descriptor and name.
-
-    Its mode is ``0o666`` less the umask, as ``open()`` gives (``mkstemp`` alone gives ``0o600``).
-    """
+    """Create ``<prefix><pid>-<random>-<name>.tmp`` beside ``path``, mode as ``open()`` would give."""
     target = Path(path)
     fd, name = tempfile.mkstemp(
         prefix=f"{prefix}{os.getpid()}-", suffix=f"-{target.name}.tmp", dir=target.parent
@@ -82,14 +74,7 @@ def replace_durably(temporary: str | Path, path: str | Path) -> None:
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -> Iterator[IO[Any]]:
-    """Open a temporary sibling of ``path``, fsynced and renamed onto it on a clean exit (removed on an
-    exception: ``path`` is left as it was).
-
-    Example::
-
-        with atomic_open("run_meta.json", "w") as f:
-            f.write("{}")
-    """
+    """A temporary sibling of ``path``, fsynced and renamed onto it on a clean exit, else removed."""
     fd, temporary = temp_sibling(path, prefix)
     try:
         with os.fdopen(fd, mode) as handle:
@@ -105,8 +90,7 @@ def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -
 
 @contextlib.contextmanager
 def exclusive(path: str | Path) -> Iterator[None]:
-    """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, waiting for it
-    (unlocked where the filesystem has no locks): for work one process of a node does for all."""
+    """Hold an advisory lock on ``path`` (created if missing) for the block: processes take turns."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~process_umask())
     try:
         with contextlib.suppress(OSError):  # no locks here: each process does the work itself
@@ -117,21 +101,17 @@ def exclusive(path: str | Path) -> Iterator[None]:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
     with atomic_open(path, "w") as handle:
         handle.write(text)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def create_text_exclusive(path: str | Path, text: str) -> bool:
     """Atomically create ``path`` with ``text`` unless it exists; return whether this call created it.
-
-    Hard-linked into place, not renamed: a rename would replace what another writer created meanwhile.
-    """
+    Hard-linked into place: a rename would replace what another writer created meanwhile."""
     target = Path(path)
     fd, temporary = temp_sibling(target)
     try:

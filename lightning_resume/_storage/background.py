@@ -1,8 +1,5 @@
-"""One daemon thread that runs queued jobs in order: the mirror's copies and deletions.
-
-A daemon, so that a preempted job that stops waiting for its uploads can still exit (an executor's
-threads are joined at exit). A job queued while one with the same key waits is covered by it.
-"""
+"""One daemon thread running the mirror's queued jobs in order: a daemon, so that a preempted job that
+stops waiting for its uploads can still exit (an executor's threads are joined at exit)."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ class Background:
                 self._worker = threading.Thread(target=_run, args=(self._jobs,), name=self.name, daemon=True)
                 self._worker.start()
             future: Future[None] = Future()
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(future)
+            self._futures = [*(f for f in self._futures if not f.done()), future]
 
             def started() -> None:
                 with self._lock:
@@ -50,7 +46,6 @@ class Background:
 
     @property
     def pending(self) -> int:
-        """Jobs queued or running."""
         return sum(not f.done() for f in self._futures)
 
     def wait(self, timeout: float | None = None) -> int:

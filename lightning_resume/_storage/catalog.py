@@ -1,12 +1,7 @@
-"""Which checkpoints of a folder count, how one is verified, which a load falls back to, which go.
-
-One rule for every place that asks (the plugin, the sharded restart, the mirror, ``inspect``, ``gc``),
-for both kinds and any ``Store``: a checkpoint is **committed** when its manifest is readable and the
-files of one of its versions are there with their sizes (:func:`committed`); **verified** when their
-checksums match too (:func:`verify`); a load falls back to the other committed checkpoints **newest
-save first** (:func:`newest_first`); **retention** keeps the newest ``keep`` of each family and what
-the pointer names (:func:`retention`). Pure standard library (and ``xxhash``).
-"""
+"""Which checkpoints of a folder count, and in what order: one rule for every caller, both kinds, any
+``Store``. **Committed**: a readable manifest and the files of one version with their sizes;
+**verified**: their checksums match too; fallback: **newest save first**; **retention**: the newest
+``keep`` of each family, and what the pointer names."""
 
 from __future__ import annotations
 
@@ -20,14 +15,7 @@ from stat import S_ISDIR, S_ISREG
 from typing import Any, Generic
 
 from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, read_versions, resolve_pointer
-from lightning_resume._storage.manifest import (
-    DirectoryManifest,
-    Entry,
-    FileEntry,
-    NewerManifest,
-    R,
-    checksum_file,
-)
+from lightning_resume._storage.manifest import DirectoryManifest, Entry, NewerManifest, R, checksum_file
 from lightning_resume._storage.store import LocalStore, Store
 from lightning_resume._version import __version__
 
@@ -37,10 +25,11 @@ FALLBACK_RULE = (
     "newest save first; the first that verifies is loaded."
 )
 
+Checkpoints = Mapping[str, Entry | DirectoryManifest]  # name -> the version a checkpoint holds
+
 
 def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
-    """Checkpoints that pass the cheap check, each with its newest version whose files are all there
-    (``sizes``: ``store.sizes(kind.directory)``, when the caller has it)."""
+    """Committed checkpoints, each with its newest version whose files are all there with their sizes."""
     sizes = store.sizes(kind.directory) if sizes is None else sizes
     found: dict[str, R] = {}
     for name in kind.names(sizes):
@@ -56,30 +45,21 @@ def scan(folder: str | Path) -> dict[str, Entry]:
     return committed(LocalStore(Path(folder)), FILE)
 
 
-def newest_first(
-    checkpoints: Mapping[str, Entry | DirectoryManifest], exclude: Iterable[str] = ()
-) -> list[str]:
+def newest_first(checkpoints: Checkpoints, exclude: Iterable[str] = ()) -> list[str]:
     """Checkpoint names (files or directories) but ``exclude`` in fallback order: newest save first."""
     skipped = set(exclude)
-    ordered = sorted(
-        ((entry.saved_at, name) for name, entry in checkpoints.items() if name not in skipped),
-        key=lambda item: (-item[0], item[1]),
-    )
-    return [name for _, name in ordered]
+    return sorted((n for n in checkpoints if n not in skipped), key=lambda n: (-checkpoints[n].saved_at, n))
 
 
 def candidates(pointer: Path) -> list[Path]:
-    """Checkpoint directories a restart may resume from, in fallback order: the pointer's target first,
-    then the other committed directories, newest save first."""
+    """Checkpoint directories a restart may resume from: the pointer's target, then :func:`newest_first`."""
     target = resolve_pointer(pointer)
     found = committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))
     others = newest_first(found, exclude=[target.name] if target is not None else [])
     return ([] if target is None else [target]) + [pointer.parent / name for name in others]
 
 
-def beyond_keep(
-    checkpoints: Mapping[str, Entry | DirectoryManifest], keep: int, family: Callable[[str], str]
-) -> list[str]:
+def beyond_keep(checkpoints: Checkpoints, keep: int, family: Callable[[str], str]) -> list[str]:
     """Names beyond the newest ``keep`` of each family, in fallback order (raises ``ValueError`` below 1)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep!r}.")
@@ -90,9 +70,8 @@ def beyond_keep(
 
 
 def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None = None) -> list[str]:
-    """What retention deletes: committed checkpoints :func:`beyond_keep` (none for ``keep=None``) and
-    directories that no longer count (half deleted, unreadable manifest); never ``current`` (what the
-    pointer names). An uncommitted file stays: the next save of its name replaces it."""
+    """What retention deletes: committed checkpoints :func:`beyond_keep` and directories that no longer
+    count, never ``current`` (an uncommitted file stays: the next save of its name replaces it)."""
     sizes = store.sizes(kind.directory)
     found = committed(store, kind, sizes)
     doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
@@ -105,16 +84,13 @@ class Status(enum.Enum):
     """What checking a checkpoint against its manifest found."""
 
     VERIFIED = "verified"
-    #: No manifest: saved by plain Lightning; only loading it can tell.
-    NO_MANIFEST = "no manifest"
+    NO_MANIFEST = "no manifest"  #: saved by plain Lightning; only loading it can tell
     MISSING = "missing"
-    #: Something else than a regular file (a directory, a device) has the checkpoint file's name.
-    NOT_A_FILE = "not a file"
+    NOT_A_FILE = "not a file"  #: a directory, a device... has the checkpoint file's name
     UNVERIFIABLE = "unverifiable"
     TORN = "torn"
     CORRUPT = "corrupt"
-    #: A checkpoint directory lacks a file its manifest lists.
-    INCOMPLETE = "incomplete"
+    INCOMPLETE = "incomplete"  #: a checkpoint directory lacks a file its manifest lists
 
     @property
     def usable(self) -> bool:
@@ -124,9 +100,7 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict(Generic[R]):
-    """The outcome of checking one checkpoint: ``manifest`` is the version it matches when verified, else
-    its newest (if readable); ``detail`` which file is wrong and how; a file's ``size`` and ``checksum``;
-    ``newer``: a newer lightning-resume wrote its manifest (not damage)."""
+    """What checking one checkpoint found; ``manifest``: the version it matches, else its newest."""
 
     status: Status
     manifest: R | None = None
@@ -142,13 +116,9 @@ class Verdict(Generic[R]):
 
 
 def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, int] = (0, 1)) -> Verdict[R]:
-    """Check a checkpoint (a file, a directory, or a link to one) against its manifest.
-
-    ``checksums=False``: presence and sizes only. ``share=(rank, world size)``: hash only the files whose
-    index is ``rank`` modulo ``world size`` (the ranks of a job verify a directory together).
-    """
-    absent = _absent(path, kind.directory)
-    if absent is not None:
+    """Check a checkpoint (a file, a directory, or a link to one) against its manifest; ``checksums=False``:
+    sizes only; ``share=(rank, world size)``: hash only every world-size-th file (ranks share the work)."""
+    if (absent := _absent(path, kind.directory)) is not None:
         return absent
     folder, name = path.parent, path.name
     size = None if kind.directory else path.stat().st_size
@@ -166,7 +136,7 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     sized: list[R] = []
     problem = Verdict(Status.TORN, versions[0], f"{size} bytes, matching no entry of its manifest", size)
     for record in versions:
-        trouble = _sizes(folder, kind.files(name, record), record)
+        trouble = _sizes(folder, kind, name, record)
         if trouble is None:
             sized.append(record)
         elif kind.directory:
@@ -191,12 +161,9 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
 
 
 def newer_detail(error: NewerManifest) -> str:
-    """Who wrote a manifest of a newer format, and what to do: both versions, and to upgrade."""
-    writer = (
-        f"lightning-resume {error.writer}"
-        if error.writer
-        else f"a lightning-resume of format {error.version}"
-    )
+    """Who wrote a manifest of a newer format, and that upgrading fixes it."""
+    writer = f"lightning-resume {error.writer}" if error.writer else ""
+    writer = writer or f"a lightning-resume of format {error.version}"
     return (
         f"written by {writer}, newer than this lightning-resume {__version__}: upgrade lightning-resume "
         "(pip install -U lightning-resume) to load it"
@@ -227,9 +194,9 @@ def _absent(path: Path, directory: bool) -> Verdict[Any] | None:
     return Verdict(Status.MISSING, detail=detail)
 
 
-def _sizes(folder: Path, files: Iterable[FileEntry], record: R) -> Verdict[R] | None:
-    """``INCOMPLETE`` or ``TORN`` for the first file that is missing or of another size."""
-    for entry in files:
+def _sizes(folder: Path, kind: Kind[R], name: str, record: R) -> Verdict[R] | None:
+    """``INCOMPLETE`` or ``TORN`` for the first file of ``record`` that is missing or of another size."""
+    for entry in kind.files(name, record):
         short = entry.name.split("/", 1)[-1]
         try:
             size = (folder / entry.name).stat().st_size
@@ -241,5 +208,4 @@ def _sizes(folder: Path, files: Iterable[FileEntry], record: R) -> Verdict[R] | 
 
 
 def check_file(path: Path) -> Verdict[Entry]:
-    """:func:`verify` for a checkpoint file."""
     return verify(path, FILE)

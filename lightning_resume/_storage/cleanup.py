@@ -1,10 +1,6 @@
-"""Leftovers of interrupted saves, and removing them (pure standard library).
-
-Names written aside carry their process id (``.lr-tmp-<pid>-...``, ``.lr-save-<pid>-<hex>``): a later
-process removes those of processes that are gone; a restart, all (the earlier attempt may have run on
-another host). A manifest without its data file (a removal cut short) goes too, unless a live process
-is writing here: in a commit, the new manifest comes first.
-"""
+"""Leftovers of interrupted saves: names written aside carry their pid (``.lr-tmp-<pid>-...``,
+``.lr-save-<pid>-<hex>``), removed once that process is gone (by a restart, all: the earlier attempt may
+have run on another host)."""
 
 from __future__ import annotations
 
@@ -21,15 +17,12 @@ _LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (this one, or another this user may or may not signal)."""
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -39,19 +32,13 @@ def stale(folder: Path, restart: bool = False) -> list[str]:
         names = os.listdir(folder)
     except FileNotFoundError:
         return []
-    found = []
-    for name in names:
-        match = _LEFTOVER.match(name)
-        if match and (restart or not process_alive(int(match.group(1)))):
-            found.append(name)
-    return sorted(found)
+    matches = [(name, _LEFTOVER.match(name)) for name in names]
+    return sorted(n for n, m in matches if m and (restart or not process_alive(int(m.group(1)))))
 
 
 def clean_stale(folder: str | Path, restart: bool = False) -> list[str]:
-    """Delete the :func:`stale` leftovers, then manifests whose data file is gone; return the names.
-
-    Manifests are left alone while a live process has something written aside here.
-    """
+    """Delete the :func:`stale` leftovers, then manifests whose data file is gone (a removal cut short;
+    not while a live process writes here: a commit puts the new manifest first); return the names."""
     folder = Path(folder)
     removed = stale(folder, restart)
     for name in removed:

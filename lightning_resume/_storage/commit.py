@@ -1,10 +1,6 @@
-"""Changing a local folder of checkpoints, for both kinds: commit, remove, prune.
-
-A commit writes the new version aside (:func:`write_new`: past the page cache where allowed,
-checksummed as written), fsyncs it, puts its manifest in place, swaps it in with one atomic rename and
-fsyncs the folder: a kill at any instant leaves the old version or the new one, each matching its
-manifest. A removal first deletes what would let a half-deleted checkpoint count. Torch-free.
-"""
+"""Commit, remove and prune the checkpoints of a local folder (both kinds). A commit writes the new
+version aside, fsyncs it, puts its manifest in place and swaps it in with one rename: a kill at any
+instant leaves the old version or the new one, each matching its manifest."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ def save_error(err: int | None, strerror: str, filename: str | None, path: str |
     """An ``OSError`` (of the subclass ``err`` maps to) that says which save failed and what to do."""
     hint = _HINTS.get(err or 0, "check the checkpoint directory and the filesystem it is on")
     message = f"Could not save checkpoint {str(path)!r}: {strerror}. The previous checkpoint is intact; "
-    message += hint
-    return OSError(err, message, filename) if err is not None else OSError(message)
+    return OSError(err, message + hint, filename) if err is not None else OSError(message + hint)
 
 
 def commit(
@@ -59,12 +54,8 @@ def commit(
     name: str | None = None,
     on_step: Step = unobserved,
 ) -> Path:
-    """Make ``staged`` (from ``kind.stage``, written and fsynced) what ``target`` (the file, or the link)
-    names, with the manifest ``records`` (the first describes ``staged``); return where it is now.
-
-    ``name`` is a directory's committed name (default: from its step); ``on_step`` is called with each
-    of :data:`COMMIT_STEPS`. On an ``OSError``, ``staged`` is removed and ``target`` is as it was.
-    """
+    """Make ``staged`` (fsynced) what ``target`` names, with the manifest ``records``, as ``name`` (default:
+    from its step); return where it is now. On an ``OSError``, ``target`` is as it was."""
     try:
         on_step("before_manifest")
         write_text_atomic(kind.manifest_at(staged, target), kind.encode(records))
@@ -84,9 +75,7 @@ def write_new(
     buffer: mmap.mmap | None = None,
     pace: TimedPace | None = None,
 ) -> tuple[int, str]:
-    """Write ``path`` through ``write`` (given a checksumming file) and fsync it; return ``(size,
-    checksum)``. ``direct``: past the page cache where allowed; ``buffer``: a ``new_buffer()`` to reuse;
-    ``pace``: the duty cycle, which records the fsync time."""
+    """Write and fsync ``path`` through ``write`` (given a checksumming file); return its size, checksum."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     staging = buffer if buffer is not None else new_buffer()
     try:
@@ -116,11 +105,8 @@ def write_file(
     buffer: mmap.mmap | None = None,
     pace: TimedPace | None = None,
 ) -> Entry:
-    """Write a new version of the checkpoint file ``path`` (see :func:`write_new`) and commit it.
-
-    ``make_entry`` builds its entry from ``(size, checksum)``; ``known`` is the entry of the file now at
-    ``path``, when the caller committed it. On an ``OSError``, ``path`` and its manifest are as they were.
-    """
+    """Write (:func:`write_new`) and commit a new version of ``path``, its entry ``make_entry(size,
+    checksum)``; ``known``: the entry of the file now at ``path``, when the caller committed it."""
     path = Path(path)
     staged = FILE.stage(path)
     try:

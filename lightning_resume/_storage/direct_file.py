@@ -1,11 +1,8 @@
 """Sequential file writes that bypass the page cache (``O_DIRECT``), with a buffered fallback.
 
-Through the page cache a checkpoint costs twice: every byte is copied into fresh cache pages (kernel
-time taken from training), which then push the training data out of the cache. Direct writes go from
-a few reused, aligned buffers to the device (the last block padded, the file then truncated), one
-buffer written by an I/O thread while the caller fills the next. Filesystems that refuse them get
-buffered writes whose writeback starts block by block (``sync_file_range``): a short final fsync.
-"""
+Through the page cache a checkpoint costs twice: kernel time copying every byte, then training data
+pushed out of the cache. Filesystems that refuse direct writes get buffered ones whose writeback starts
+block by block (``sync_file_range``), so that the final fsync is short."""
 
 from __future__ import annotations
 
@@ -23,12 +20,9 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 
-#: Offsets and lengths of direct writes are multiples of this (covers 512- and 4096-byte devices).
-ALIGN = 4096
-#: Size of each aligned buffer, i.e. of each direct write.
-BLOCK = 8 << 20
-#: Buffers per file: one is filled while the others are written.
-DEPTH = 4
+ALIGN = 4096  #: offsets and lengths of direct writes are multiples of this (512- and 4096-byte devices)
+BLOCK = 8 << 20  #: bytes of each aligned buffer, i.e. of each direct write
+DEPTH = 4  #: buffers per file: one is filled while the others are written
 
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # sync_file_range flags
 
@@ -60,17 +54,10 @@ def set_direct(fd: int, on: bool) -> bool:
 
 
 class DirectFile:
-    """A write-only stream over an open file descriptor, written with ``O_DIRECT`` where possible.
-
-    :meth:`finish` writes the rest and sets the file's size; :meth:`close` stops the I/O thread (before
-    ``fd`` is closed, also after an error). Where direct I/O is refused, the page cache is used.
-
-    Args:
-        fd: A file descriptor of an empty file open for writing (not closed here).
-        buffer: From :func:`new_buffer`, used by one file at a time.
-        direct: Try ``O_DIRECT`` (``False``: write through the page cache).
-        pace: Called after each full buffer is handed over (the background writer's duty cycle).
-    """
+    """A write-only stream over ``fd`` (an empty file, not closed here), with ``O_DIRECT`` where ``direct``
+    and allowed: an I/O thread writes one block of ``buffer`` (a :func:`new_buffer`) while the caller
+    fills the next; ``pace`` hears of each. :meth:`finish` writes the rest and truncates the padding;
+    :meth:`close` stops the I/O thread (call it before closing ``fd``, also after an error)."""
 
     def __init__(self, fd: int, buffer: mmap.mmap, direct: bool = True, pace: Pace | None = None) -> None:
         self.fd = fd
@@ -111,7 +98,7 @@ class DirectFile:
         return self.size
 
     def flush(self) -> None:
-        """Nothing to do: the buffered tail is written by :meth:`finish`."""
+        """Nothing: :meth:`finish` writes the tail."""
 
     def finish(self) -> None:
         """Write what is still buffered and give the file its exact size (call before the fsync)."""

@@ -1,13 +1,7 @@
-"""The two kinds of checkpoint, and only what differs between them.
-
-A **file** (``last.ckpt``, whose ``last.ckpt.manifest.json`` keeps up to three versions of it) and a
-**directory** (``.lr-ckpt-<step>-<hex>/``, whose ``.lr-manifest.json`` lists its files, named by the
-link ``last.ckpt``) are listed, verified, committed, pruned and mirrored by the same functions
-(``catalog``, ``commit``, ``mirror``). The kind says how its manifest lists content, which names a
-listing holds, their retention family, and how a new version is staged and swapped in: locally, a
-temporary file renamed, or a save directory renamed and linked; remotely, a temporary key moved onto
-the name, or final keys that the pointer object ``last.ckpt.pointer.json`` then names.
-"""
+"""What differs between the two kinds of checkpoint: a **file** (``last.ckpt``, up to three versions in
+``last.ckpt.manifest.json``) and a **directory** (``.lr-ckpt-<step>-<hex>/`` with its ``.lr-manifest.json``,
+named by the link ``last.ckpt``; remotely by the object ``last.ckpt.pointer.json``). The rest of
+``_storage`` is written once for both."""
 
 from __future__ import annotations
 
@@ -23,25 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lightning_resume._storage import manifest
 from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, replace_durably, temp_sibling
-from lightning_resume._storage.manifest import (
-    MANIFEST_SUFFIX,
-    DirectoryManifest,
-    Entry,
-    FileEntry,
-    R,
-    decode,
-    encode,
-    manifest_path,
-    sized,
-)
+from lightning_resume._storage.manifest import MANIFEST_SUFFIX, DirectoryManifest, Entry, FileEntry, R
 from lightning_resume._storage.store import SAVE_PREFIX, UPLOAD_PREFIX, Store, put
 
-#: A committed checkpoint directory: ``.lr-ckpt-<step, 8 digits>-<hex>``.
-COMMITTED_PREFIX = ".lr-ckpt-"
+COMMITTED_PREFIX = ".lr-ckpt-"  #: a committed checkpoint directory: ``.lr-ckpt-<step, 8 digits>-<hex>``
 MANIFEST_NAME = ".lr-manifest.json"
-#: ``<url>/<pointer name><POINTER_SUFFIX>`` names the committed remote checkpoint directory.
-POINTER_SUFFIX = ".pointer.json"
+POINTER_SUFFIX = ".pointer.json"  #: ``<url>/last.ckpt.pointer.json`` names the remote directory
 POINTER_FORMAT = "lightning-resume/directory-pointer"
 _COMMITTED_NAME = re.compile(rf"^{re.escape(COMMITTED_PREFIX)}(\d+)-([0-9a-f]+)$")
 _SAVE_NAME = re.compile(rf"^{re.escape(SAVE_PREFIX)}(\d+)-([0-9a-f]+)")
@@ -57,11 +40,8 @@ def unobserved(step: str) -> None:
 
 
 class Kind(Protocol[R]):
-    """What a checkpoint file and a checkpoint directory do differently.
-
-    A directory that no longer counts is a leftover. ``slot(name)`` is what a newer save of ``name``
-    replaces; ``removal(name)``: ``(name, is a folder)`` to delete, first what lets a half-deleted one count.
-    """
+    """What a checkpoint file and a checkpoint directory do differently. ``slot(name)``: what a newer save
+    of ``name`` replaces; ``removal(name)``: ``(name, is a folder)`` to delete, in order."""
 
     @property
     def directory(self) -> bool: ...
@@ -96,10 +76,10 @@ class FileKind:
         return name + MANIFEST_SUFFIX
 
     def decode(self, raw: bytes) -> list[Entry]:
-        return decode(raw)
+        return manifest.decode(raw)
 
     def encode(self, records: Sequence[Entry]) -> str:
-        return encode(records)
+        return manifest.encode(records)
 
     def files(self, name: str, record: Entry) -> tuple[FileEntry, ...]:
         return (FileEntry(name, record.size, record.checksum),)
@@ -122,7 +102,7 @@ class FileKind:
 
     def manifest_at(self, staged: Path, target: Path) -> Path:
         # Replaced before the data file: whichever data file a kill leaves matches an entry.
-        return manifest_path(target)
+        return manifest.manifest_path(target)
 
     def swap(self, staged: Path, target: Path, record: Entry, name: str | None, on_step: Step) -> Path:
         replace_durably(staged, target)
@@ -130,7 +110,7 @@ class FileKind:
 
     def held(self, store: Store, name: str) -> list[Entry]:
         size = store.size(name)
-        return sized(read_versions(store, self, name), size) if size is not None else []
+        return manifest.sized(read_versions(store, self, name), size) if size is not None else []
 
     def upload_key(self, name: str) -> str:
         return f"{UPLOAD_PREFIX}{uuid.uuid4().hex}-{name}"
@@ -147,9 +127,8 @@ class DirectoryKind:
     directory: bool = True
 
     def names(self, sizes: Mapping[str, int]) -> list[str]:
-        return sorted(
-            {n.split("/", 1)[0] for n in sizes if "/" in n and _COMMITTED_NAME.match(n.split("/")[0])}
-        )
+        tops = {n.split("/", 1)[0] for n in sizes if "/" in n}
+        return sorted(top for top in tops if _COMMITTED_NAME.match(top))
 
     def manifest_name(self, name: str) -> str:
         return f"{name}/{MANIFEST_NAME}"
@@ -201,7 +180,6 @@ class DirectoryKind:
         put(store, self.pointer + POINTER_SUFFIX, json.dumps(pointer))
 
     def remote_target(self, store: Store) -> str | None:
-        """The remote directory the pointer object names, or ``None``."""
         with contextlib.suppress(ValueError):
             data = json.loads(store.read(self.pointer + POINTER_SUFFIX) or b"null")
             ours = isinstance(data, dict) and data.get("format") == POINTER_FORMAT
@@ -222,34 +200,28 @@ def read_versions(store: Store, kind: Kind[R], name: str) -> list[R]:
     return []
 
 
-# -- local names of directories, and the link -----------------------------------------------------
-
-
 def new_save_dir(parent: Path, create: bool = True) -> Path:
     """A fresh directory name beside the pointer (created unless ``create=False``); it names this process."""
     parent.mkdir(parents=True, exist_ok=True)
     while True:
         path = parent / f"{SAVE_PREFIX}{os.getpid()}-{secrets.token_hex(_TOKEN_BYTES)}"
-        if not create:
-            if not os.path.lexists(path):
-                return path
-            continue
-        with contextlib.suppress(FileExistsError):
-            path.mkdir()
+        if not create and not os.path.lexists(path):
             return path
+        if create:
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+                return path
 
 
 def final_name(save_dir: Path, step: int | None) -> str:
-    """``.lr-ckpt-<step>-<token>`` for a save directory: sorts by step; its token kept, so every rank can
-    tell the name."""
+    """``.lr-ckpt-<step>-<token>`` for a save directory (its token kept: every rank can tell the name)."""
     found = _SAVE_NAME.match(save_dir.name)
     token = found.group(2) if found else secrets.token_hex(_TOKEN_BYTES)
     return f"{COMMITTED_PREFIX}{max(step or 0, 0):08d}-{token}"
 
 
 def resolve_pointer(pointer: Path) -> Path | None:
-    """The directory ``pointer`` names: a symlink's target (even a dangling one), a real directory
-    itself, otherwise ``None``."""
+    """What ``pointer`` names: a link's (even dangling) target, a real directory itself, or ``None``."""
     if pointer.is_symlink():
         return pointer.parent / os.readlink(pointer)
     if pointer.is_dir():
@@ -258,14 +230,8 @@ def resolve_pointer(pointer: Path) -> Path | None:
 
 
 def swap_pointer(pointer: Path, target_name: str) -> None:
-    """Point ``pointer`` at its sibling ``target_name`` in one atomic rename, then fsync the folder.
-
-    A real directory at ``pointer`` (a checkpoint written by plain Lightning) is moved aside and
-    deleted once the pointer is in place.
-
-    Raises:
-        OSError: the filesystem has no symbolic links (the message says so).
-    """
+    """Point ``pointer`` at its sibling ``target_name`` in one atomic rename, then fsync the folder; a
+    real directory there (plain Lightning's) is moved aside and deleted after. ``OSError``: no symlinks."""
     parent = pointer.parent
     link = parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(_TOKEN_BYTES)}-{pointer.name}.link"
     try:

@@ -1,11 +1,7 @@
-"""Checkpoint manifests: what a checkpoint must be to count as committed and verified.
-
-Two formats share one header (``format``, ``version``, checksum ``algorithm``; :func:`read_header`).
-A checkpoint file's sibling ``<name>.manifest.json`` lists one to three :class:`Entry`, newest first
-(a save replaces the manifest *before* the data file, so whichever data file a kill leaves matches an
-entry); a checkpoint directory's ``.lr-manifest.json``, written last, is a :class:`DirectoryManifest`.
-Standard library and ``xxhash``: XXH3 hashes at memory speed (about 10 GB/s here, CRC-32 manages 3).
-"""
+"""Checkpoint manifests. A file's ``<name>.manifest.json`` lists up to three :class:`Entry`, newest first
+(it is replaced *before* the data file, so whichever data file a kill leaves matches an entry); a
+directory's ``.lr-manifest.json``, written last, is a :class:`DirectoryManifest`. Checksums are XXH3
+(about 10 GB/s here; CRC-32 manages 3)."""
 
 from __future__ import annotations
 
@@ -30,12 +26,7 @@ PIECE = 2 << 20  # bytes hashed and written at a time by ChecksumWriter
 
 
 class NewerManifest(ValueError):
-    """A manifest of a format version newer than this library reads.
-
-    Attributes:
-        version: The manifest's format version.
-        writer: The ``lightning_resume`` version that wrote it, when the manifest says.
-    """
+    """A manifest of a format ``version`` newer than this library reads, written by ``writer``."""
 
     def __init__(self, version: int, writer: str | None) -> None:
         super().__init__(f"manifest version {version!r} is newer than this library reads")
@@ -44,8 +35,7 @@ class NewerManifest(ValueError):
 
 
 def read_header(text: str | bytes, format: str) -> dict[str, Any]:
-    """The JSON object of a manifest of ``format``, its header checked (raises ``NewerManifest``,
-    ``ValueError``)."""
+    """The JSON object of a manifest of ``format``, its header checked (``NewerManifest``, ``ValueError``)."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -64,9 +54,7 @@ def read_header(text: str | bytes, format: str) -> dict[str, Any]:
 
 def _writer_version(data: dict[str, Any]) -> str | None:
     """``versions.lightning_resume`` of a manifest (a directory's, or a file's newest entry)."""
-    holder: Any = data
-    if isinstance(data.get("entries"), list) and data["entries"]:
-        holder = data["entries"][0]
+    holder: Any = data["entries"][0] if isinstance(data.get("entries"), list) and data["entries"] else data
     versions = holder.get("versions") if isinstance(holder, dict) else None
     found = versions.get("lightning_resume") if isinstance(versions, dict) else None
     return found if isinstance(found, str) else None
@@ -116,9 +104,7 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class Entry:
-    """One saved version of a checkpoint file: its size, XXH3-64 (16 hex digits), ``global_step`` and
-    ``epoch`` if any, save time (seconds since the epoch), the saving process's library versions and
-    user metadata (JSON values)."""
+    """One saved version of a checkpoint file: size, checksum, step, epoch, save time, versions, metadata."""
 
     size: int
     checksum: str
@@ -129,7 +115,6 @@ class Entry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def same_data(self, other: Entry) -> bool:
-        """Whether both describe the same bytes."""
         return self.size == other.size and self.checksum == other.checksum
 
     def with_metadata(self, metadata: Mapping[str, Any]) -> Entry:
@@ -145,19 +130,15 @@ class Entry:
         try:
             if data.get("algorithm", ALGORITHM) != ALGORITHM:
                 raise ValueError(f"unknown checksum algorithm {data.get('algorithm')!r}")
-            size = whole_number(data["size"], "size")
-            return cls(size=size, checksum=_checksum(data["checksum"]), **_common(data))
+            return cls(whole_number(data["size"], "size"), _checksum(data["checksum"]), **_common(data))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"invalid manifest entry: {e}") from e
 
 
 def encode(entries: Sequence[Entry]) -> str:
     """The manifest of a checkpoint file."""
-    return json.dumps(
-        {"format": FORMAT, "version": VERSION, "entries": [e.to_json() for e in entries]},
-        indent=1,
-        sort_keys=True,
-    )
+    data = {"format": FORMAT, "version": VERSION, "entries": [e.to_json() for e in entries]}
+    return json.dumps(data, indent=1, sort_keys=True)
 
 
 def decode(text: str | bytes) -> list[Entry]:
@@ -170,9 +151,7 @@ def decode(text: str | bytes) -> list[Entry]:
 
 @dataclass(frozen=True)
 class DirectoryManifest:
-    """What a committed checkpoint directory holds (``.lr-manifest.json``, written last): every other
-    file with size and checksum, the fields of an :class:`Entry` (``saved_at``: the commit), the ranks
-    that wrote it, how (``layout``: strategy, mesh, writer) and the files a load needs (``required``)."""
+    """A committed checkpoint directory: its files, the fields of an :class:`Entry`, its ranks and layout."""
 
     files: tuple[FileEntry, ...]
     global_step: int | None = None
@@ -186,11 +165,9 @@ class DirectoryManifest:
 
     @property
     def size(self) -> int:
-        """Total bytes of the files."""
         return sum(f.size for f in self.files)
 
     def same_data(self, other: DirectoryManifest) -> bool:
-        """Whether both describe the same bytes."""
         return self.files == other.files
 
     def to_json(self) -> str:
@@ -216,8 +193,7 @@ class DirectoryManifest:
             raise ValueError(f"invalid directory manifest: {e}") from e
 
 
-#: A version a manifest describes: a file's entry, a directory's manifest.
-R = TypeVar("R", Entry, DirectoryManifest)
+R = TypeVar("R", Entry, DirectoryManifest)  #: what a manifest describes: a file's entry, a directory's
 
 
 def _name(value: Any) -> str:
@@ -255,11 +231,7 @@ class Writable(Protocol):
 
 
 class ChecksumWriter:
-    """A write-only, non-seekable file wrapper that checksums every byte passing through.
-
-    Non-seekable on purpose: ``zipfile`` then streams (data descriptors, no seeking back), so the
-    checksum covers the file exactly as written.
-    """
+    """A write-only file that checksums every byte; not seekable, so that ``zipfile`` streams."""
 
     def __init__(self, raw: Writable) -> None:
         self.raw = raw
@@ -267,8 +239,7 @@ class ChecksumWriter:
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
-        # In pieces: each is still in the CPU cache when it is copied out, and a large write (a whole
-        # storage from torch.save) reaches the file while it is being hashed, not after.
+        # In pieces: each is still in the CPU cache when copied out, and reaches the file while hashing.
         for offset in range(0, view.nbytes, PIECE):
             piece = view[offset : offset + PIECE]
             self.checksum.update(piece)
@@ -312,10 +283,8 @@ def read_entries(path: str | Path) -> list[Entry] | None:
 def next_entries(new: R, current: Iterable[R]) -> list[R]:
     """The manifest written before ``new`` replaces what matches one of ``current``."""
     kept = [new]
-    for entry in current:
-        if len(kept) < MAX_ENTRIES and not entry.same_data(new):
-            kept.append(entry)
-    return kept
+    kept += [entry for entry in current if not entry.same_data(new)]
+    return kept[:MAX_ENTRIES]
 
 
 def sized(entries: Iterable[Entry], size: int) -> list[Entry]:

@@ -1,12 +1,6 @@
-"""A remote copy of a checkpoint folder on any fsspec filesystem (S3, GCS, a mounted directory...).
-
-The remote layout is the local one (a pointer object ``last.ckpt.pointer.json`` stands for the link).
-One upload path for both kinds (:meth:`Mirroring.upload`): files streamed to their upload keys and
-checksummed, then the manifest, the kind's remote swap, retention; cut short, the previous remote
-copy still counts. One restore path (:meth:`Mirroring.restore`): files streamed into a local place
-written aside, checksummed, committed as a save is; read again when an upload replaced them meanwhile.
-Uploads and deletions run in order in one background thread. One writer per mirror URL.
-"""
+"""A remote copy of a checkpoint folder on any fsspec filesystem, laid out as the local one (an object
+``last.ckpt.pointer.json`` stands for the link). An upload cut short leaves the previous remote copy
+counting; a restore is checksummed and committed as a save is. One writer per mirror URL."""
 
 from __future__ import annotations
 
@@ -50,7 +44,7 @@ class _NotCommitted(Exception):
 
 
 def copy(source: IO[bytes], out: Writable) -> None:
-    """Stream ``source`` into ``out``: the one copy loop of uploads and downloads (raises ``ReadError``)."""
+    """Stream ``source`` into ``out`` (uploads and downloads; raises ``ReadError``)."""
     while True:
         try:
             chunk = source.read(_CHUNK)
@@ -64,10 +58,7 @@ def copy(source: IO[bytes], out: Writable) -> None:
 
 
 class Mirroring:
-    """Upload, restore and delete checkpoints under the fsspec ``url``, keeping ``keep`` copies per
-    retention family (``None``: all); ``warn`` tells of a failed background upload (:meth:`wait` raises
-    it). Raises ``ImportError``/``ValueError`` when the URL's fsspec backend is missing or it is no URL.
-    """
+    """Upload, restore and delete checkpoints at ``url``, keeping ``keep`` per retention family."""
 
     def __init__(
         self,
@@ -93,16 +84,12 @@ class Mirroring:
             self.store.clear_uploads()
 
     def committed(self, kind: Kind[R]) -> dict[str, R]:
-        """Remote checkpoints of ``kind`` that pass the cheap check (see ``catalog.committed``)."""
+        """The remote ``catalog.committed`` checkpoints of ``kind``."""
         self._start()
         return committed(self.store, kind)
 
-    # -- upload ----------------------------------------------------------------------------------
-
     def upload(self, kind: Kind[R], path: Path, record: R | None = None) -> bool:
-        """Upload the committed local checkpoint ``path``, version ``record`` (default: its manifest's);
-        return whether the mirror holds it now (not when a newer save or retention replaced it meanwhile:
-        its own upload follows). Raises ``RuntimeError`` for a committed directory that does not verify."""
+        """Upload ``record`` (default: the manifest's) of the checkpoint ``path``; whether it is mirrored."""
         self._start()
         folder, name = path.parent, path.name
         record = record if record is not None else committed(LocalStore(folder), kind).get(name)
@@ -128,8 +115,7 @@ class Mirroring:
             log.debug("mirrored %s to %s", path, self.store.key(name))
         self._known[(kind.directory, name)] = record
         if self.keep is not None or kind.directory:
-            current_name = name if kind.directory else None
-            for gone in prune(self.store, kind, self.keep, current_name):
+            for gone in prune(self.store, kind, self.keep, name if kind.directory else None):
                 self._known.pop((kind.directory, gone), None)
         return True
 
@@ -154,22 +140,16 @@ class Mirroring:
         return True
 
     def delete(self, kind: Kind[R], name: str) -> None:
-        """Delete the remote copy of ``name`` (see ``commit.remove``)."""
         self._known.pop((kind.directory, name), None)
         self._failed.pop((kind.directory, kind.slot(name)), None)
         remove(self.store, kind, name)
 
-    # -- restore ---------------------------------------------------------------------------------
-
     def restore(self, kind: Kind[R], folder: Path, name: str, attempts: int = 3) -> Path | None:
-        """Download the remote checkpoint ``name`` into ``folder`` and commit it there (a directory is
-        linked as ``kind.pointer``); return its path, or ``None`` when no remote copy verifies. Raises
-        ``OSError`` when reading failed ``attempts`` times, or writing locally failed."""
+        """Download the remote checkpoint ``name`` into ``folder``, commit it; ``None`` if none verifies."""
         self._start()
-        target = folder / (kind.slot(name))
+        target = folder / kind.slot(name)
         for attempt in range(1, attempts + 1):
-            versions = read_versions(self.store, kind, name)
-            if not versions:
+            if not (versions := read_versions(self.store, kind, name)):
                 return None
             staged = kind.stage(target)
             try:
@@ -209,8 +189,7 @@ class Mirroring:
         raise _NotCommitted(f"the mirror copy of {name!r} matches no version of its manifest")
 
     def restore_all(self, folder: Path) -> list[Path]:
-        """Download what ``folder`` lacks, return it: each committed remote file it lacks or holds only an
-        older version of (a local file without a manifest is never replaced), and the newest directory."""
+        """Download the remote files ``folder`` lacks or holds older versions of, and the newest directory."""
         restored = []
         local = scan(folder)
         for name, entry in sorted(self.committed(FILE).items(), key=lambda item: -item[1].saved_at):
@@ -219,15 +198,13 @@ class Mirroring:
                 continue
             if have is None and (folder / name).exists() and read_entries(folder / name) is None:
                 continue  # a file we did not write
-            path = self.restore(FILE, folder, name)
-            if path is not None:
+            if (path := self.restore(FILE, folder, name)) is not None:
                 restored.append(path)
         path = self.restore_directory(folder)
         return restored if path is None else [*restored, path]
 
     def restore_directory(self, folder: Path, pointer: str = DIRECTORY.pointer) -> Path | None:
-        """Restore the newest remote directory that verifies (the pointer object's first) into ``folder``
-        and link ``pointer`` to it, unless the one ``pointer`` names is as new; return it, or ``None``."""
+        """Restore the newest remote directory that verifies and link ``pointer`` to it, unless as new."""
         kind = DirectoryKind(pointer)
         remote = self.committed(kind)
         pointed = kind.remote_target(self.store)
@@ -244,32 +221,27 @@ class Mirroring:
             if name in local and verify(folder / name, kind).status is Status.VERIFIED:
                 swap_pointer(folder / kind.pointer, name)
                 return folder / name
-            path = self.restore(kind, folder, name)
-            if path is not None:
+            if (path := self.restore(kind, folder, name)) is not None:
                 return path
         return None
 
-    # -- background ------------------------------------------------------------------------------
-
     def submit(self, kind: Kind[R], path: Path, latest: Callable[[], R | None]) -> None:
-        """Queue :meth:`upload` of ``path``'s version ``latest()`` when it starts (an upload of it queued and
-        not started covers this one); a failure is warned about and raised by :meth:`wait`."""
+        """Queue :meth:`upload` of ``path``'s version ``latest()`` (unless one is queued already); a failure
+        is warned about and raised by :meth:`wait`."""
         failure = (kind.directory, kind.slot(path.name))
 
         def job() -> None:
-            record = latest()
-            if record is None:
+            if (record := latest()) is None:
                 return
             try:
                 self.upload(kind, path, record)
+                self._failed.pop(failure, None)
             except Exception as e:
                 self._failed[failure] = e
                 self._warn(
                     f"Mirroring {str(path)!r} to {self.url!r} failed ({type(e).__name__}: {e}); the local "
                     "checkpoint is intact and the next save tries again."
                 )
-                return
-            self._failed.pop(failure, None)
 
         self._queue.submit(job, (kind.directory, path.name))
 
@@ -278,14 +250,11 @@ class Mirroring:
 
     @property
     def pending(self) -> int:
-        """Uploads and deletions queued or running."""
         return self._queue.pending
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait for queued uploads and deletions; raise ``TimeoutError`` when some still run after
-        ``timeout`` seconds, ``RuntimeError`` when the latest upload of some checkpoint failed."""
-        running = self._queue.wait(timeout)  # deletions raise here; uploads record their errors
-        if running:
+        """Wait for queued uploads and deletions (``TimeoutError``; ``RuntimeError``: an upload failed)."""
+        if running := self._queue.wait(timeout):  # deletions raise here; uploads record their errors
             raise TimeoutError(
                 f"{running} mirror operation(s) to {self.url!r} still running after {timeout} s; the "
                 "remote copies they were writing are not committed (the local checkpoints are)."
@@ -298,9 +267,7 @@ class Mirroring:
             ) from error
 
     def close(self, timeout: float | None = None) -> None:
-        """Wait for queued work and stop the background thread; what :meth:`wait` would raise is warned
-        about instead: the local checkpoints are committed, and an exception here would replace the one
-        a preempted fit is exiting with."""
+        """:meth:`wait`, warning instead of raising (not to mask a preempted fit's error); stop the thread."""
         try:
             self.wait(timeout)
         except (TimeoutError, RuntimeError) as e:

@@ -1,10 +1,5 @@
-"""Where checkpoints are kept: one small protocol, implemented by a local folder and an fsspec URL.
-
-Names are relative to the root and ``/``-separated (``last.ckpt.manifest.json``,
-``.lr-ckpt-00000040-3f2a9c1e/__0_0.distcp``). The catalog lists and reads through it, the mirror
-copies through it; both are written once for a local folder and a remote one. Writes through it are
-not durable: local checkpoints are committed by ``commit``.
-"""
+"""Where checkpoints are kept: a local folder or an fsspec URL behind one protocol, names relative and
+``/``-separated. Writes through it are not durable (``commit`` makes local checkpoints so)."""
 
 from __future__ import annotations
 
@@ -19,18 +14,13 @@ from typing import IO, Any, Protocol
 
 from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir
 
-#: Temporary keys of uploads in flight (a remote store has no process ids to tell them apart).
-UPLOAD_PREFIX = ".lr-upload-"
-#: A save directory in flight (``.lr-save-<pid>-<hex>``): never part of a listing.
-SAVE_PREFIX = ".lr-save-"
+UPLOAD_PREFIX = ".lr-upload-"  #: temporary keys of uploads in flight (remotely: no process ids)
+SAVE_PREFIX = ".lr-save-"  #: a save directory in flight (``.lr-save-<pid>-<hex>``), never listed
 INSTALL_HINT = 'pip install "lightning-resume[remote]"'
 
 
 class Store(Protocol):
-    """A folder of checkpoints: ``sizes`` of the files at its top (``deep``: every file under it),
-    temporary ones left out; the ``size`` of one file and ``read`` a small one (``None`` when missing);
-    ``open`` a stream (``"wb"`` creates the folders above it); ``move`` a file onto another name;
-    ``remove`` a file or a ``tree``."""
+    """A folder of checkpoints; ``sizes(deep=True)`` lists subfolders too, never temporary files."""
 
     def sizes(self, deep: bool = False) -> dict[str, int]: ...
     def size(self, name: str) -> int | None: ...
@@ -63,7 +53,7 @@ class LocalStore:
                 if entry.is_file():
                     found[entry.name] = entry.stat().st_size
                 elif deep and entry.is_dir(follow_symlinks=False):
-                    # An empty folder is listed as ``<name>/``: a half-deleted checkpoint directory is found.
+                    # An empty folder is listed as ``<name>/``: a half-deleted directory is found.
                     inside = walk_files(Path(entry.path)).items()
                     found.update({f"{entry.name}/{n}": size for n, size in inside} or {f"{entry.name}/": 0})
             except FileNotFoundError:
@@ -115,8 +105,7 @@ def walk_files(folder: Path) -> dict[str, int]:
 
 
 class RemoteStore:
-    """A folder on any fsspec filesystem (``s3://bucket/run-42``, a mounted directory...), ``options``
-    for the filesystem; an ``ImportError`` with the install hint when fsspec or the backend is missing."""
+    """A folder at an fsspec URL (``ImportError`` with the install hint without fsspec or its backend)."""
 
     def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
         self.url = url
@@ -168,8 +157,7 @@ class RemoteStore:
         if "w" in mode and "/" in name:
             with contextlib.suppress(OSError, NotImplementedError):  # object stores have no folders
                 self.fs.makedirs(self.key(name).rsplit("/", 1)[0], exist_ok=True)
-        handle: IO[bytes] = self.fs.open(self.key(name), mode)
-        return handle
+        return self.fs.open(self.key(name), mode)
 
     def move(self, source: str, target: str) -> None:
         self.fs.mv(self.key(source), self.key(target))

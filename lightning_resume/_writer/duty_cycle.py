@@ -1,12 +1,8 @@
 """Two speeds for the checkpoint writer: gentle in the background, full speed once the trainer waits.
 
-A background write works for about 50 ms, waits for the disk, then rests ``(1 - share) / share`` times
-as long: at ``share`` 0.5 it takes twice as long and half the CPU, memory and disk bandwidth per
-second. The pacing is ours, not a nice value (one cannot be lowered again without privileges, and a
-niced writer starves on a busy node just when a preemption needs it), so the trainer lifts it at once
-by writing the write's sequence number to a pipe (:func:`hurry`) that the writer checks after every
-buffer and sleeps on while resting; end-of-file (the trainer died) also means full speed.
-"""
+A gentle write works for about 50 ms, waits for the disk, then rests ``(1 - share) / share`` times as
+long. Not a nice value: a niced process cannot be un-niced without privileges, and it starves on a busy
+node just when a preemption needs it. The trainer lifts the pacing through a pipe (:func:`hurry`)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: Seconds of work between two rests of a gentle write.
-QUANTUM = 0.05
+QUANTUM = 0.05  #: seconds of work between two rests of a gentle write
 _MESSAGE = 8  # bytes per hurry message: a little-endian sequence number
 
 
@@ -30,12 +25,10 @@ class WriteStats:
 
     Attributes:
         nbytes: Size of the file.
-        seconds: From the start of the write until the file and its manifest were committed
-            (directory fsync included).
+        seconds: From the start of the write until the file and its manifest were committed.
         fsync_seconds: Of which the fsync of the data file.
-        share: The background share the write started with (1.0: full speed from the start).
-        hurried_after: Bytes written gently before a wait switched the write to full speed;
-            ``None`` when it was never switched.
+        share: The background share the write started with (1.0: full speed).
+        hurried_after: Bytes written gently before a wait switched it to full speed (``None``: never).
         rested_seconds: Time spent resting in the duty cycle.
     """
 
@@ -48,7 +41,6 @@ class WriteStats:
 
     @property
     def bytes_per_second(self) -> float:
-        """The write's speed from start to commit."""
         return self.nbytes / self.seconds if self.seconds > 0 else math.inf
 
     def describe(self) -> str:
@@ -65,17 +57,13 @@ class WriteStats:
 
 
 def hurry(fd: int, seq: int) -> None:
-    """Ask the writer reading the pipe ``fd`` to finish write number ``seq`` at full speed.
-
-    Never blocks: a full pipe already holds messages enough, and a closed one has no reader.
-    """
+    """Ask the writer reading the pipe ``fd`` to finish write ``seq`` at full speed; never blocks."""
     with contextlib.suppress(BlockingIOError, BrokenPipeError):
         os.write(fd, seq.to_bytes(_MESSAGE, "little"))
 
 
 class DutyCycle:
-    """Paces one write (``share`` of the time, within (0, 1], in periods of ``quantum`` seconds) and
-    records how it went; a hurry message on ``hurry_fd`` for write ``seq`` or later lifts the pacing."""
+    """Paces one write (working ``share`` of the time) until a hurry message or the trainer's exit."""
 
     def __init__(
         self, share: float = 1.0, hurry_fd: int | None = None, seq: int = 0, quantum: float = QUANTUM
@@ -96,9 +84,7 @@ class DutyCycle:
     def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
         """``nbytes`` more were handed to the disk; rest if this work period is over."""
         self._handed += nbytes
-        if not self.gentle or self._hurried(0.0):
-            return
-        if time.monotonic() - self._period < self._quantum:
+        if not self.gentle or self._hurried(0.0) or time.monotonic() - self._period < self._quantum:
             return
         drain()  # the rest must be a rest of the disk too
         worked = time.monotonic() - self._period
@@ -106,15 +92,8 @@ class DutyCycle:
         self._period = time.monotonic()
 
     def stats(self, nbytes: int) -> WriteStats:
-        """The record of the write, ``nbytes`` long, finished now."""
-        return WriteStats(
-            nbytes=nbytes,
-            seconds=time.monotonic() - self._start,
-            fsync_seconds=self.fsync_seconds,
-            share=self.share,
-            hurried_after=self.hurried_after,
-            rested_seconds=self.rested,
-        )
+        seconds = time.monotonic() - self._start
+        return WriteStats(nbytes, seconds, self.fsync_seconds, self.share, self.hurried_after, self.rested)
 
     def _rest(self, seconds: float) -> None:
         start = time.monotonic()
@@ -124,13 +103,12 @@ class DutyCycle:
         self.rested += time.monotonic() - start
 
     def _hurried(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a hurry message for this write; whether it is at full speed."""
+        """Wait up to ``timeout`` seconds for a hurry message; whether the write is at full speed now."""
         if self._hurry_fd is None:
             if timeout > 0:
                 time.sleep(timeout)
             return not self.gentle
-        ready, _, _ = select.select([self._hurry_fd], [], [], timeout)
-        if ready:
+        if select.select([self._hurry_fd], [], [], timeout)[0]:
             try:
                 data = os.read(self._hurry_fd, 512 * _MESSAGE)
             except BlockingIOError:

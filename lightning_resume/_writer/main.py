@@ -1,9 +1,5 @@
-"""Entry point of the checkpoint writer process: ``python .../_writer/main.py SOCKET_FD BUFFER_FD HURRY_FD``.
-
-Run as a script rather than with ``-m`` so that the package ``__init__`` (and with it lightning and
-torch) is not imported: a bare package object stands in for ``lightning_resume``, enough to import
-this torch-free subpackage.
-"""
+"""The writer process: ``python .../_writer/main.py SOCKET_FD BUFFER_FD HURRY_FD``. A script, not ``-m``:
+a bare package object stands in for ``lightning_resume``, whose ``__init__`` would import torch."""
 
 import os
 import sys

@@ -1,12 +1,8 @@
 """The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
 
-Started as ``python _writer/main.py SOCKET_FD BUFFER_FD HURRY_FD`` (see ``main``). Pickled tuples over
-a socket pair: ``("hello", {})`` -> ``("ready", pid)``; ``("write", request)`` ->
-``("done", {"entry": ..., "stats": ...})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye",
-None)``. A write carries its sequence number and ``share`` (``duty_cycle``; the hurry pipe lifts it).
-The writer ignores the preemption signals (the trainer still has a last checkpoint to hand over) and,
-when the trainer dies, finishes the write in hand at full speed, then exits.
-"""
+Pickled tuples over a socket pair: ``("hello", {})`` -> ``("ready", pid)``; ``("write", request)`` ->
+``("done", {"entry", "stats"})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
+It ignores the preemption signals (the trainer still has a last checkpoint to hand over)."""
 
 from __future__ import annotations
 
@@ -65,32 +61,22 @@ def carried_error(details: dict[str, Any], path: str | Path) -> BaseException:
     return error
 
 
-#: Seconds a new writer process has to report ready (it starts in milliseconds: only a stuck machine).
-START_TIMEOUT = 120.0
-#: Seconds the writer has to exit when asked, before it is killed.
-SHUTDOWN_TIMEOUT = 60.0
+START_TIMEOUT = 120.0  #: seconds a new writer has to report ready (it starts in milliseconds)
+SHUTDOWN_TIMEOUT = 60.0  #: seconds the writer has to exit when asked, before it is killed
 
 
 class WriterProcess:
-    """A handle on one writer process (inheriting the staging buffer ``buffer_fd``): start with a
-    readiness ping (``start_timeout`` seconds), send requests, stop (``shutdown_timeout``, then a kill)."""
+    """A writer process inheriting the staging buffer ``buffer_fd``, started with a readiness ping."""
 
-    def __init__(
-        self, buffer_fd: int, start_timeout: float = START_TIMEOUT, shutdown_timeout: float = SHUTDOWN_TIMEOUT
-    ) -> None:
-        self.buffer_fd = buffer_fd
-        self.start_timeout = start_timeout
-        self.shutdown_timeout = shutdown_timeout
+    def __init__(self, buffer_fd: int) -> None:
         parent, child = socket.socketpair()
         hurry_read, self._hurry_write = os.pipe()
         os.set_blocking(self._hurry_write, False)
         self._hurry_lock = threading.Lock()  # hurry() runs in the trainer's thread, kill() in the saver's
         try:
+            fds = (child.fileno(), buffer_fd, hurry_read)
             self.process = subprocess.Popen(
-                [sys.executable, str(_MAIN), str(child.fileno()), str(buffer_fd), str(hurry_read)],
-                pass_fds=(child.fileno(), buffer_fd, hurry_read),
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
+                [sys.executable, str(_MAIN), *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL
             )
         except BaseException:
             os.close(self._hurry_write)
@@ -101,13 +87,12 @@ class WriterProcess:
         self.conn = Connection(parent.detach())
         log.debug("started checkpoint writer process %s", self.process.pid)
         try:
-            kind, _ = self.request(("hello", {}), timeout=start_timeout)
+            kind, _ = self.request(("hello", {}), timeout=START_TIMEOUT)
+            if kind != "ready":
+                raise WriterDied(f"the checkpoint writer process answered {kind!r} to its readiness ping")
         except BaseException:
             self.kill()
             raise
-        if kind != "ready":
-            self.kill()
-            raise WriterDied(f"the checkpoint writer process answered {kind!r} to its readiness ping")
 
     @property
     def pid(self) -> int:
@@ -123,8 +108,7 @@ class WriterProcess:
                 hurry(self._hurry_write, seq)
 
     def request(self, message: tuple[str, Any], timeout: float | None = None) -> tuple[str, Any]:
-        """Send ``message`` and wait for the reply; ``WriterDied`` when the process exits or the connection
-        breaks first, ``TimeoutError`` after ``timeout`` seconds (the process is left running)."""
+        """Send ``message`` and wait for the reply (``WriterDied``; ``TimeoutError``, leaving it running)."""
         try:
             self.conn.send(message)
         except OSError as e:
@@ -133,8 +117,7 @@ class WriterProcess:
         while True:
             try:
                 if self.conn.poll(_POLL):
-                    reply: tuple[str, Any] = self.conn.recv()
-                    return reply
+                    return self.conn.recv()
             except (EOFError, OSError) as e:
                 raise self._died() from e
             if not self.alive():
@@ -153,30 +136,25 @@ class WriterProcess:
         return WriterDied(f"the checkpoint writer process {self.pid} exited (status {code})")
 
     def close(self) -> None:
-        """Ask the writer to exit; kill it if it has not after ``shutdown_timeout`` seconds."""
+        """Ask the writer to exit; kill it if it has not after ``SHUTDOWN_TIMEOUT`` seconds."""
         if self.alive():
             try:
-                self.request(("exit", None), timeout=self.shutdown_timeout)
-                self.process.wait(timeout=self.shutdown_timeout)
+                self.request(("exit", None), timeout=SHUTDOWN_TIMEOUT)
+                self.process.wait(timeout=SHUTDOWN_TIMEOUT)
             except (WriterDied, TimeoutError, subprocess.TimeoutExpired):
                 if self.alive():
                     log.warning(
                         "checkpoint writer process %s did not exit within %s s; killing it",
                         self.pid,
-                        self.shutdown_timeout,
+                        SHUTDOWN_TIMEOUT,
                     )
-                self.kill()
-        self.conn.close()
-        self._close_hurry()
+        self.kill()
 
     def kill(self) -> None:
         if self.alive():
             self.process.kill()
         self.process.wait()
         self.conn.close()
-        self._close_hurry()
-
-    def _close_hurry(self) -> None:
         with self._hurry_lock:
             if self._hurry_write >= 0:
                 os.close(self._hurry_write)
@@ -186,23 +164,17 @@ class WriterProcess:
 def write_request(
     request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None, hurry_fd: int | None = None
 ) -> tuple[Entry, WriteStats]:
-    """Write and commit one staged checkpoint whose records point into ``view`` (in the writer process);
-    return its entry and how the write went."""
+    """Write and commit a staged checkpoint whose records point into ``view``; return its entry and stats."""
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
         for name, source in request["records"]
     ]
-    known = request.get("known")
-
-    def make_entry(size: int, checksum: str) -> Entry:
-        return Entry.from_json({**request["entry"], "size": size, "checksum": checksum})
-
     pace = DutyCycle(request.get("share", 1.0), hurry_fd, request.get("seq", 0))
     entry = write_file(
         request["path"],
         lambda out: write_archive(out, records, request["alignment"], request["version"]),
-        make_entry,
-        Entry.from_json(known) if known else None,
+        lambda size, checksum: Entry.from_json({**request["entry"], "size": size, "checksum": checksum}),
+        Entry.from_json(request["known"]) if request.get("known") else None,
         direct=request.get("direct", True),
         buffer=buffer,
         pace=pace,
@@ -211,18 +183,12 @@ def write_request(
 
 
 def _describe(error: BaseException) -> dict[str, Any]:
-    return {
-        "type": type(error).__name__,
-        "message": str(error),
-        "errno": getattr(error, "errno", None),
-        "strerror": getattr(error, "strerror", None),
-        "filename": getattr(error, "filename", None),
-        "traceback": traceback.format_exc(),
-    }
+    details = {name: getattr(error, name, None) for name in ("errno", "strerror", "filename")}
+    details.update(type=type(error).__name__, message=str(error), traceback=traceback.format_exc())
+    return details
 
 
 def serve(sock_fd: int, buffer_fd: int, hurry_fd: int | None = None) -> None:
-    """The writer's main loop."""
     for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -246,12 +212,9 @@ def serve(sock_fd: int, buffer_fd: int, hurry_fd: int | None = None) -> None:
                     if mapping is not None:
                         mapping.close()
                     mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
-                view = memoryview(mapping)
-                try:
+                with memoryview(mapping) as view:
                     entry, stats = write_request(payload, view, file_buffer, hurry_fd)
-                    reply = ("done", {"entry": entry.to_json(), "stats": stats.to_json()})
-                finally:
-                    view.release()
+                reply = ("done", {"entry": entry.to_json(), "stats": stats.to_json()})
             except Exception as e:
                 reply = ("error", _describe(e))
         else:

@@ -1,8 +1,5 @@
-"""How fast a directory takes durable writes: the speed a checkpoint reaches disk there.
-
-A temporary file is written as checkpoints are (``direct_file``), fsynced and removed; its name carries
-this process id, so the next save there removes what a kill in between leaves. Pure standard library.
-"""
+"""How fast a directory takes durable writes: a temporary file written as checkpoints are, fsynced and
+removed (named with this pid, so that a kill's leftover is cleaned up by the next save there)."""
 
 from __future__ import annotations
 
@@ -14,26 +11,12 @@ from pathlib import Path
 from lightning_resume._storage.atomic import fsync_dir, temp_sibling
 from lightning_resume._storage.direct_file import BLOCK, DirectFile, new_buffer
 
-#: Bytes written by default: long enough for a steady speed, short enough for a command line check.
-DEFAULT_BYTES = 64 << 20
+DEFAULT_BYTES = 64 << 20  #: long enough for a steady speed, short enough for a command line check
 
 
 def measure_write_speed(directory: str | Path, nbytes: int = DEFAULT_BYTES, direct: bool = True) -> float:
-    """Write ``nbytes`` of random data into ``directory``, fsync, remove it; return bytes per second.
-
-    Args:
-        directory: An existing directory (the checkpoint directory, or the run root).
-        nbytes: Bytes to write (> 0).
-        direct: Write past the page cache where the filesystem allows it, as checkpoints are.
-
-    Raises:
-        ValueError: ``nbytes`` is not positive.
-        OSError: the directory cannot be written to.
-
-    Example::
-
-        seconds_to_durable = checkpoint_size / measure_write_speed("runs")
-    """
+    """Write ``nbytes`` of random data into ``directory`` (past the page cache where ``direct`` and
+    allowed), fsync, remove it; return bytes per second (``ValueError`` for ``nbytes`` <= 0, ``OSError``)."""
     if nbytes <= 0:
         raise ValueError(f"nbytes must be > 0, got {nbytes!r}.")
     block = os.urandom(min(nbytes, BLOCK))  # incompressible, so compressing filesystems show their disk

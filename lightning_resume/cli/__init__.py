@@ -34,20 +34,12 @@ class _Parser(argparse.ArgumentParser):
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand.
-
-    Attributes:
-        help: One line for ``lightning-resume --help``.
-        description: The subcommand's ``--help`` text.
-        add_arguments: Declares the subcommand's arguments on its parser.
-        run: Runs the subcommand with the parsed arguments and returns the exit status; raises
-            :class:`UsageError` for input it rejects.
-    """
+    """A subcommand: its line in ``lightning-resume --help``, its own ``--help`` text, and its functions."""
 
     help: str
     description: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    add_arguments: Callable[[argparse.ArgumentParser], None]  # declares its arguments on its parser
+    run: Callable[[argparse.Namespace], int]  # returns the exit status; raises UsageError for bad input
 
 
 def _non_negative_int(text: str) -> int:
@@ -69,36 +61,25 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="how many times to kill the run (default: 3)",
     )
     parser.add_argument(
-        "--seed",
-        type=_non_negative_int,
-        default=None,
-        help="seed for choosing the kill steps (default: random)",
+        "--seed", type=_non_negative_int, help="seed for choosing the kill steps (default: random)"
     )
     parser.add_argument(
         "--workdir",
         type=Path,
-        default=None,
         metavar="DIR",
         help="empty or new directory for runs, weights and logs, kept afterwards (default: a temporary "
         "directory, deleted at the end)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    parser.add_argument(
-        "--trackers", action="store_true", help="also log to trackio (offline) and show the run continued"
-    )
+    trackers_help = "also log to trackio (offline) and show the run continued"
+    parser.add_argument("--trackers", action="store_true", help=trackers_help)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from lightning_resume.cli.demo import DemoError, run_demo
 
     try:
-        return run_demo(
-            preemptions=args.preemptions,
-            seed=args.seed,
-            workdir=args.workdir,
-            keep=args.keep,
-            trackers=args.trackers,
-        )
+        return run_demo(args.preemptions, args.seed, args.workdir, args.keep, trackers=args.trackers)
     except DemoError as e:
         raise UsageError(f"{PROG} demo: {e}") from None
 
@@ -190,11 +171,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if not path.exists():
         raise UsageError(f"{PROG} inspect: {str(args.path)!r} does not exist")
     if layout.is_run_dir(path):
-        report = inspect.describe_run(path)
-        kind = "run"
+        kind, report = "run", inspect.describe_run(path)
     elif layout.is_root(path):
-        report = inspect.describe_root(path)
-        kind = "root"
+        kind, report = "root", inspect.describe_root(path)
     else:
         raise UsageError(
             f"{PROG} inspect: {str(args.path)!r} is neither a run dir (run_meta.json) nor a runs root"
@@ -208,18 +187,24 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- report (goodput) -----------------------------------------------------------------------------------
+def _add_run_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir (it holds run_meta.json)")
+
+
+def _run_dir(args: argparse.Namespace, command: str) -> Path:
+    """``args.run_dir``, resolved; :class:`UsageError` when it is not a run dir."""
+    from lightning_resume.run_dir import layout
+
+    run_dir = args.run_dir.expanduser().resolve()
+    if not layout.is_run_dir(run_dir):
+        raise UsageError(f"{PROG} {command}: {str(args.run_dir)!r} is not a run dir (no run_meta.json)")
+    return run_dir
 
 
 def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir (it holds run_meta.json)")
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="FILE.png",
-        help="also draw the timeline as a PNG at this path (needs matplotlib)",
-    )
+    _add_run_dir(parser)
+    plot_help = "also draw the timeline as a PNG at this path (needs matplotlib)"
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help=plot_help)
     _add_json(parser)
 
 
@@ -227,11 +212,8 @@ def _run_report(args: argparse.Namespace) -> int:
     import json
 
     from lightning_resume.cli import render, report
-    from lightning_resume.run_dir import layout
 
-    run_dir = args.run_dir.expanduser().resolve()
-    if not layout.is_run_dir(run_dir):
-        raise UsageError(f"{PROG} report: {str(args.run_dir)!r} is not a run dir (no run_meta.json)")
+    run_dir = _run_dir(args, "report")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         what = f"--plot writes a PNG: give a path ending in .png, got {str(args.plot)!r}"
         raise UsageError(f"{PROG} report: {what}")
@@ -252,21 +234,11 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- reset-crash-loop (ProgressWatchdog) ----------------------------------------------------------------
-
-
-def _add_reset_crash_loop_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir (it holds run_meta.json)")
-
-
 def _run_reset_crash_loop(args: argparse.Namespace) -> int:
     from lightning_resume.run_dir import attempts, layout
     from lightning_resume.watchdog import crash_loop
 
-    run_dir = args.run_dir.expanduser().resolve()
-    if not layout.is_run_dir(run_dir):
-        what = f"{str(args.run_dir)!r} is not a run dir (no run_meta.json)"
-        raise UsageError(f"{PROG} reset-crash-loop: {what}")
+    run_dir = _run_dir(args, "reset-crash-loop")
     history = attempts.read(run_dir)
     streak = crash_loop.without_progress(history)
     try:
@@ -283,76 +255,64 @@ def _run_reset_crash_loop(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Command] = {
     "demo": Command(
-        help="preempt a small training job a few times and check it resumes exactly",
-        description=(
-            "Train a small job without interruption, then again while SIGKILLing it at random steps and "
-            "restarting it like a SLURM requeue; show where each attempt resumed and whether the final "
-            "weights are bitwise equal. Exit status 0 if they are, 1 if not."
-        ),
-        add_arguments=_add_demo_arguments,
-        run=_run_demo,
+        "preempt a small training job a few times and check it resumes exactly",
+        "Train a small job without interruption, then again while SIGKILLing it at random steps and "
+        "restarting it like a SLURM requeue; show where each attempt resumed and whether the final "
+        "weights are bitwise equal. Exit status 0 if they are, 1 if not.",
+        _add_demo_arguments,
+        _run_demo,
     ),
     "inspect": Command(
-        help="show a runs root or one run: what the next restart will load, and why",
-        description=(
-            "For a runs root: its runs (session key, status, last step, age), the session index entries "
-            "(stale ones marked), orphans and handoff files. For one run dir: which checkpoint the next "
-            "restart loads and why, every checkpoint with its verification (size, checksum, step), the "
-            "sharded checkpoint directories (step, ranks, strategy, verification) and leftovers of "
-            "interrupted saves, the index entries pointing at it and the tracker sidecars with the runs "
-            "they will resume."
-        ),
-        add_arguments=_add_inspect_arguments,
-        run=_run_inspect,
+        "show a runs root or one run: what the next restart will load, and why",
+        "For a runs root: its runs (session key, status, last step, age), the session index entries "
+        "(stale ones marked), orphans and handoff files. For one run dir: which checkpoint the next "
+        "restart loads and why, every checkpoint with its verification (size, checksum, step), the "
+        "sharded checkpoint directories (step, ranks, strategy, verification) and leftovers of "
+        "interrupted saves, the index entries pointing at it and the tracker sidecars with the runs "
+        "they will resume.",
+        _add_inspect_arguments,
+        _run_inspect,
     ),
     "doctor": Command(
-        help="check this environment the way a failed requeue would be debugged",
-        description=(
-            "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
-            "handlers, $TMPDIR and free space against the run root, the durable write speed of the run "
-            "root (and how long the largest checkpoint takes to write), whether a save of the newest "
-            "checkpoint fits in each grace window (stop signal to SIGKILL) of SLURM, torchrun or Kubernetes "
-            "or in $LIGHTNING_RESUME_GRACE_SECONDS, and tracker settings that would send data somewhere "
-            "unexpected. Each finding is ok, warn or error with what to do; exit status 1 if any is an "
-            "error."
-        ),
-        add_arguments=_add_doctor_arguments,
-        run=_run_doctor,
+        "check this environment the way a failed requeue would be debugged",
+        "Check the scheduler and its ids, the session key, submitit's preempt signal, scontrol, signal "
+        "handlers, $TMPDIR and free space against the run root, the durable write speed of the run "
+        "root (and how long the largest checkpoint takes to write), whether a save of the newest "
+        "checkpoint fits in each grace window (stop signal to SIGKILL) of SLURM, torchrun or Kubernetes "
+        "or in $LIGHTNING_RESUME_GRACE_SECONDS, and tracker settings that would send data somewhere "
+        "unexpected. Each finding is ok, warn or error with what to do; exit status 1 if any is an "
+        "error.",
+        _add_doctor_arguments,
+        _run_doctor,
     ),
     "report": Command(
-        help="show a run's attempts on a timeline, what each interruption cost, and its goodput",
-        description=(
-            "From the run dir's attempts.json: each attempt's start, the step it resumed from, how it ended "
-            "(preempted by a signal or a notice, killed, hung, crashed, finished), the steps it lost, its "
-            "restart overhead (start to first step) and save overhead, and the run's goodput: the time of "
-            "the steps that are part of the final result over the wall time. --plot FILE.png also draws the "
-            "timeline (matplotlib)."
-        ),
-        add_arguments=_add_report_arguments,
-        run=_run_report,
+        "show a run's attempts on a timeline, what each interruption cost, and its goodput",
+        "From the run dir's attempts.json: each attempt's start, the step it resumed from, how it ended "
+        "(preempted by a signal or a notice, killed, hung, crashed, finished), the steps it lost, its "
+        "restart overhead (start to first step) and save overhead, and the run's goodput: the time of "
+        "the steps that are part of the final result over the wall time. --plot FILE.png also draws the "
+        "timeline (matplotlib).",
+        _add_report_arguments,
+        _run_report,
     ),
     "reset-crash-loop": Command(
-        help="let the next attempt of a run stopped by ProgressWatchdog's crash-loop rule train again",
-        description=(
-            "ProgressWatchdog stops an attempt before training when the run's last attempts all ended "
-            "failed, hung or killed without a new durable checkpoint (exit status 93). Once the cause is "
-            "fixed, this resets the count in the run dir's attempts.json, so that the next attempt trains; "
-            "the attempts stay in the history."
-        ),
-        add_arguments=_add_reset_crash_loop_arguments,
-        run=_run_reset_crash_loop,
+        "let the next attempt of a run stopped by ProgressWatchdog's crash-loop rule train again",
+        "ProgressWatchdog stops an attempt before training when the run's last attempts all ended "
+        "failed, hung or killed without a new durable checkpoint (exit status 93). Once the cause is "
+        "fixed, this resets the count in the run dir's attempts.json, so that the next attempt trains; "
+        "the attempts stay in the history.",
+        _add_run_dir,
+        _run_reset_crash_loop,
     ),
     "gc": Command(
-        help="remove index entries of long-finished runs, stale handoff files and save leftovers",
-        description=(
-            "List (or with --apply remove) session index entries of runs that finished longer ago than "
-            "--older-than, entries pointing at deleted run dirs, old rank handoff files, and leftovers of "
-            "interrupted sharded saves that old (save directories, checkpoint directories without a "
-            "readable manifest that last.ckpt does not name). Runs that are running, preempted, failed or "
-            "of unknown status keep their entries. Run dirs and committed checkpoints are never deleted."
-        ),
-        add_arguments=_add_gc_arguments,
-        run=_run_gc,
+        "remove index entries of long-finished runs, stale handoff files and save leftovers",
+        "List (or with --apply remove) session index entries of runs that finished longer ago than "
+        "--older-than, entries pointing at deleted run dirs, old rank handoff files, and leftovers of "
+        "interrupted sharded saves that old (save directories, checkpoint directories without a "
+        "readable manifest that last.ckpt does not name). Runs that are running, preempted, failed or "
+        "of unknown status keep their entries. Run dirs and committed checkpoints are never deleted.",
+        _add_gc_arguments,
+        _run_gc,
     ),
 }
 

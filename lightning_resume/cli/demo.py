@@ -1,11 +1,8 @@
 """``lightning-resume demo``: preempt a small training job and show that it resumes exactly.
 
-The demo trains :mod:`lightning_resume.cli.demo_job` twice in subprocesses: once without interruption
-(the baseline), and once the way a scheduler runs a preempted job: each attempt is SIGKILLed at a
-random global step and relaunched with the same ``SLURM_JOB_ID`` and an incremented
-``SLURM_RESTART_COUNT``, until the last attempt runs to completion. It then reports, per attempt, where
-it resumed from and how many steps were lost, and checks that the final weights are bitwise equal
-to the baseline's.
+Trains :mod:`lightning_resume.cli.demo_job` in subprocesses once uninterrupted, then SIGKILLed at random
+steps and relaunched like a SLURM requeue (same ``SLURM_JOB_ID``, incremented ``SLURM_RESTART_COUNT``),
+reports where each attempt resumed and checks the final weights are bitwise equal to the baseline's.
 """
 
 from __future__ import annotations
@@ -25,16 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich import progress
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from lightning_resume._scheduler.environment import ENV
 from lightning_resume.cli import render
@@ -46,8 +35,7 @@ EPOCHS = 3
 STEPS_PER_EPOCH = 12  # 96 samples, batch size 8
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 SAVE_EVERY = 2
-# The first save is at step SAVE_EVERY at the latest. A kill before it leaves nothing to resume (the
-# restart starts over, which shows nothing); killing at the last step would leave nothing to resume.
+# Kill after the first save (at step SAVE_EVERY at the latest) and before the last step: a resume to show.
 FIRST_KILL_STEP = SAVE_EVERY + 1
 LAST_KILL_STEP = TOTAL_STEPS - 1
 MAX_PREEMPTIONS = LAST_KILL_STEP - FIRST_KILL_STEP + 1
@@ -76,28 +64,18 @@ class JobFailed(Exception):
 
 @dataclass(frozen=True)
 class Attempt:
-    """One launch of the preempted run.
+    """One launch of the preempted run (``None`` steps: not killed, or the fresh first attempt)."""
 
-    Attributes:
-        number: 1-based attempt number (``SLURM_RESTART_COUNT`` is ``number - 1``).
-        kill_at: The global step the attempt was killed at (``None``: it ran to completion).
-        resumed_from: The global step it resumed from (``None``: the fresh first attempt).
-        saved_step: The global step in ``last.ckpt`` after it was killed (``None`` if not killed).
-        wall_time: Seconds from launch to exit.
-    """
-
-    number: int
-    kill_at: int | None
+    number: int  # 1-based; SLURM_RESTART_COUNT is number - 1
+    kill_at: int | None  # the global step it was killed at
     resumed_from: int | None
-    saved_step: int | None
-    wall_time: float
+    saved_step: int | None  # the global step in last.ckpt after the kill
+    wall_time: float  # seconds from launch to exit
 
     @property
     def steps_lost(self) -> int | None:
         """Steps trained after the last save and redone by the next attempt (``None`` if not killed)."""
-        if self.kill_at is None or self.saved_step is None:
-            return None
-        return self.kill_at - self.saved_step
+        return None if self.kill_at is None or self.saved_step is None else self.kill_at - self.saved_step
 
 
 @dataclass(frozen=True)
@@ -124,9 +102,8 @@ class Outcome:
     @property
     def restart_overhead(self) -> float | None:
         """Mean extra wall time per preemption compared with the baseline (``None`` without preemptions)."""
-        if not self.kill_steps:
-            return None
-        return (sum(a.wall_time for a in self.attempts) - self.baseline_time) / len(self.kill_steps)
+        extra = sum(a.wall_time for a in self.attempts) - self.baseline_time
+        return extra / len(self.kill_steps) if self.kill_steps else None
 
 
 def choose_kill_steps(preemptions: int, rng: random.Random) -> list[int]:
@@ -143,13 +120,16 @@ def choose_kill_steps(preemptions: int, rng: random.Random) -> list[int]:
     return sorted(rng.sample(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1), preemptions))
 
 
-def child_env(base: Mapping[str, str], job_id: str | None, restart_count: int) -> dict[str, str]:
+def child_env(
+    base: Mapping[str, str], job_id: str | None, restart_count: int, trackio_dir: Path | None = None
+) -> dict[str, str]:
     """The environment of one job: ``base`` without launcher variables, plus a simulated SLURM job.
 
     Args:
         base: The environment to start from (normally ``os.environ``).
         job_id: ``SLURM_JOB_ID`` to set (``None``: no SLURM variables, as for the baseline).
         restart_count: ``SLURM_RESTART_COUNT``; left unset when 0, as SLURM does on a first attempt.
+        trackio_dir: Where trackio writes, kept offline (``None``: no trackio).
     """
     env = {
         name: value
@@ -163,12 +143,7 @@ def child_env(base: Mapping[str, str], job_id: str | None, restart_count: int) -
         env.update({ENV["slurm_job"]: job_id, ENV["slurm_ntasks"]: "1", ENV["slurm_job_name"]: "bash"})
         if restart_count:
             env[ENV["slurm_restart"]] = str(restart_count)
-    return env
-
-
-def _tracker_env(env: dict[str, str], trackio_dir: Path, trackers: bool) -> dict[str, str]:
-    """Keep trackio offline and in the work dir."""
-    if trackers:
+    if trackio_dir is not None:
         env.update({"TRACKIO_DIR": str(trackio_dir), "HF_HUB_OFFLINE": "1"})
     return env
 
@@ -244,15 +219,10 @@ def checkpoint_step(path: Path) -> int:
 
 def bitwise_equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
     """Whether two state dicts hold the same tensors, bit for bit (so ``NaN`` equals ``NaN``)."""
-    if a.keys() != b.keys():
-        return False
-    for name, x in a.items():
-        y = b[name]
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return False
-        if not torch.equal(_as_bytes(x), _as_bytes(y)):
-            return False
-    return True
+    return a.keys() == b.keys() and all(
+        x.dtype == b[n].dtype and x.shape == b[n].shape and torch.equal(_as_bytes(x), _as_bytes(b[n]))
+        for n, x in a.items()
+    )
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -265,10 +235,9 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _tail(path: Path, lines: int) -> str:
     try:
-        text = path.read_text(errors="replace")
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as e:
         return f"(cannot read {path}: {e})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _dash(value: object) -> str:
@@ -333,29 +302,22 @@ def _prepare_workdir(workdir: Path | None) -> tuple[Path, bool]:
     return workdir, False
 
 
-class _Display:
+class _Display(progress.Progress):
     """A transient progress bar over the demo's launches, with a line printed above it per finished launch."""
 
     def __init__(self, console: Console, launches: int) -> None:
-        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-        self._progress = Progress(*columns, TimeElapsedColumn(), console=console, transient=True)
-        self._task: TaskID = self._progress.add_task("starting", total=launches)
+        columns = [progress.SpinnerColumn(), progress.TextColumn("{task.description}"), progress.BarColumn()]
+        columns += [progress.MofNCompleteColumn(), progress.TimeElapsedColumn()]
+        super().__init__(*columns, console=console, transient=True)
+        self._task = self.add_task("starting", total=launches)
 
-    def __enter__(self) -> _Display:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._progress.stop()
-
-    def start(self, description: str) -> None:
-        """Show what runs now."""
-        self._progress.update(self._task, description=description)
+    def show(self, description: str) -> None:
+        self.update(self._task, description=description)
 
     def done(self, line: str) -> None:
-        """Print what just finished and advance the bar."""
-        self._progress.console.print(f"[green]✓[/green] {line}", highlight=False)
-        self._progress.advance(self._task)
+        """Prints what just finished and advances the bar."""
+        self.console.print(f"[green]✓[/green] {line}", highlight=False)
+        self.advance(self._task)
 
 
 def _saved_run_dir_and_step(root: Path, job_id: str, log: Path) -> tuple[Path, int]:
@@ -390,21 +352,21 @@ def _run(
     attempts: list[Attempt] = []
     run_dirs: list[Path] = []
     baseline_out, out = workdir / "baseline.pt", workdir / "preempted.pt"
-    with _Display(console, launches + 1) as display:
-        display.start(f"baseline: training {TOTAL_STEPS} steps without interruption")
+    display = _Display(console, launches + 1)
+    with display:
+        display.show(f"baseline: training {TOTAL_STEPS} steps without interruption")
         command = job_command(workdir / "baseline", baseline_out, None, trackers)
-        env = _tracker_env(child_env(os.environ, None, 0), workdir / "trackio-baseline", trackers)
+        env = child_env(os.environ, None, 0, workdir / "trackio-baseline" if trackers else None)
         baseline_time = run_job(command, env, logs / "baseline.log", expect_kill=False)
         display.done(f"baseline: {TOTAL_STEPS} steps without interruption, {baseline_time:.1f} s")
 
         resumed_from: int | None = None
-        for number in range(1, launches + 1):
-            kill_at = kill_steps[number - 1] if number <= len(kill_steps) else None
+        for number, kill_at in enumerate([*kill_steps, None], start=1):
             start = "fresh" if resumed_from is None else f"from step {resumed_from}"
             plan = "training to the end" if kill_at is None else f"training, to be killed at step {kill_at}"
-            display.start(f"attempt {number}/{launches} ({start}): {plan}")
+            display.show(f"attempt {number}/{launches} ({start}): {plan}")
             log = logs / f"attempt-{number}.log"
-            env = _tracker_env(child_env(os.environ, job_id, number - 1), workdir / "trackio", trackers)
+            env = child_env(os.environ, job_id, number - 1, workdir / "trackio" if trackers else None)
             command = job_command(root, out, kill_at, trackers)
             wall = run_job(command, env, log, expect_kill=kill_at is not None)
             saved_step = None
@@ -419,14 +381,8 @@ def _run(
     final = json.loads(out.with_name(out.name + ".json").read_text())
     run_dirs.append(Path(final["run_dir"]))
     run_dirs.extend(layout.run_dirs(root))
-    return Outcome(
-        kill_steps=kill_steps,
-        seed=seed,
-        baseline_time=baseline_time,
-        attempts=attempts,
-        run_dirs=run_dirs,
-        weights_equal=bitwise_equal(_load_weights(baseline_out), _load_weights(out)),
-    )
+    weights_equal = bitwise_equal(_load_weights(baseline_out), _load_weights(out))
+    return Outcome(kill_steps, seed, baseline_time, attempts, run_dirs, weights_equal)
 
 
 def run_demo(
@@ -442,17 +398,16 @@ def run_demo(
     Args:
         preemptions: How many times the run is SIGKILLed before it may finish.
         seed: Seed for choosing the kill steps (``None``: a random seed, printed for reuse).
-        workdir: Where runs, weights and job logs go; must be empty or missing. ``None``: a fresh
-            temporary directory, deleted at the end unless ``keep`` (or a job failed). A given
-            directory is never deleted.
+        workdir: Where runs, weights and job logs go; must be empty or missing, and is never deleted.
+            ``None``: a temporary directory, deleted at the end unless ``keep`` or a job failed.
         keep: Keep the temporary directory.
         console: Where to print (default: standard output).
         trackers: Also log to trackio (offline, in the work dir) through ``TrackioResume`` and show that
             every attempt continued the same trackio run.
 
     Returns:
-        0 when the final weights are bitwise equal to the uninterrupted run's and every attempt
-        used the same run dir, 1 otherwise (also when a job failed).
+        0 when the final weights are bitwise equal to the uninterrupted run's and every attempt used
+        the same run dir, 1 otherwise (also when a job failed).
 
     Raises:
         DemoError: for arguments out of range, a non-empty ``workdir``, or ``trackers`` without trackio.

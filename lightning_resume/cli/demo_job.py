@@ -21,7 +21,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resume import PreemptionHandler, RequeueCheckpoint, RunDir, SignalDiagnostics
+from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
+from lightning_resume.preemption.preemption_handler import PreemptionHandler
+from lightning_resume.preemption.signal_diagnostics import SignalDiagnostics
+from lightning_resume.run_dir.run_dir import RunDir
 
 
 class Noisy(Dataset):
@@ -73,8 +76,7 @@ class KillAt(pl.Callback):
         if trainer.global_step != self.step or trainer.global_rank != 0:
             return
         if trainer.world_size > 1:
-            # The whole process group (the launcher runs the job in a session of its own): the
-            # other ranks die too, instead of waiting in a collective for a dead peer.
+            # The whole process group (the job's own session): no rank waits in a collective for a dead peer.
             os.killpg(os.getpgrp(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -90,10 +92,6 @@ class SignalAt(pl.Callback):
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def loader(ds: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,8 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.insert(0, SignalAt(args.signal_at))
     logger: Any = False
     if args.tracker == "trackio":
-        from lightning_resume import TrackioResume
-        from lightning_resume.loggers import TrackioLogger
+        from lightning_resume.trackers.loggers.trackio_logger import TrackioLogger
+        from lightning_resume.trackers.trackio_resume import TrackioResume
 
         logger = TrackioLogger(project="lightning-resume-demo", auto_log_cpu=False, auto_log_gpu=False)
         callbacks.append(TrackioResume())
@@ -140,11 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         deterministic=True,
         default_root_dir=args.root,
     )
-    trainer.fit(
-        Model(),
-        train_dataloaders=loader(Noisy(96), 8, shuffle=True),
-        val_dataloaders=loader(Noisy(32), 16, shuffle=False),
-    )
+    train, val = DataLoader(Noisy(96), batch_size=8, shuffle=True), DataLoader(Noisy(32), batch_size=16)
+    trainer.fit(Model(), train_dataloaders=train, val_dataloaders=val)
     torch.save(trainer.lightning_module.state_dict(), args.out)
     with open(args.out + ".json", "w") as f:
         json.dump({"run_dir": str(run_dir.path), "resumed": run_dir.is_resumed}, f)

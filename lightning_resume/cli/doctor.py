@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,7 @@ class Level(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """One check's result.
-
-    Attributes:
-        level: ``ok``, ``warn`` or ``error``.
-        check: What was checked.
-        detail: What was found.
-        hint: What to do (empty when nothing is needed).
-    """
+    """One check's result: what was ``check``ed, what was found (``detail``) and what to do (``hint``)."""
 
     level: Level
     check: str
@@ -56,58 +50,32 @@ def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
     except RunDirError as e:
         return [Finding(Level.ERROR, "scheduler", str(e), "fix the variable in the job script")]
     ids = ", ".join(f"{k}={v}" for k, v in session.ids.items()) or "no scheduler ids"
-    found = [
-        Finding(
-            Level.OK,
-            "scheduler",
-            f"{'explicit key' if session.source is KeySource.EXPLICIT else session.source.value}: {ids}",
-        )
-    ]
+    source = "explicit key" if session.source is KeySource.EXPLICIT else session.source.value
+    found = [Finding(Level.OK, "scheduler", f"{source}: {ids}")]
     if session.key is None:
-        found.append(
-            Finding(
-                Level.WARN,
-                "session key",
-                "none: nothing identifies this job across a restart, so a restart starts a new run dir",
-                "under Kubernetes or for reruns by hand, set LIGHTNING_RESUME_KEY (or RunDir(key=...))",
-            )
-        )
+        what = "none: nothing identifies this job across a restart, so a restart starts a new run dir"
+        hint = "under Kubernetes or for reruns by hand, set LIGHTNING_RESUME_KEY (or RunDir(key=...))"
+        found.append(Finding(Level.WARN, "session key", what, hint))
     else:
         restart = "restart" if session.scheduler_restart else "first attempt (or unknown)"
-        found.append(
-            Finding(
-                Level.OK,
-                "session key",
-                f"{session.key!r} from {session.source.value}; scheduler says: {restart}",
-            )
-        )
+        what = f"{session.key!r} from {session.source.value}; scheduler says: {restart}"
+        found.append(Finding(Level.OK, "session key", what))
     found += _submitit_checks(environ)
-    if environ.get(ENV["handoff"]):
-        owner = environ[ENV["handoff"]].partition(":")[0]
-        found.append(
-            Finding(
-                Level.WARN,
-                "inherited run dir",
-                f"{ENV['handoff']} is set (by process {owner}); ranks > 0 spawned by it adopt that run dir",
-                f"unset {ENV['handoff']} unless this process was started by a RunDir job's DDP launcher",
-            )
-        )
+    if environ.get(handoff := ENV["handoff"]):
+        owner = environ[handoff].partition(":")[0]
+        what = f"{handoff} is set (by process {owner}); ranks > 0 spawned by it adopt that run dir"
+        hint = f"unset {handoff} unless this process was started by a RunDir job's DDP launcher"
+        found.append(Finding(Level.WARN, "inherited run dir", what, hint))
     return found
 
 
 def _submitit_checks(environ: Mapping[str, str]) -> list[Finding]:
     variable = ENV["submitit_signal"]
     if not under_submitit(environ):
-        if variable in environ:
-            return [
-                Finding(
-                    Level.WARN,
-                    "submitit",
-                    f"{variable}={environ[variable]!r} is set, but this is not a submitit job: ignored",
-                    f"unset {variable} if it was inherited by mistake",
-                )
-            ]
-        return []
+        if variable not in environ:
+            return []
+        what = f"{variable}={environ[variable]!r} is set, but this is not a submitit job: ignored"
+        return [Finding(Level.WARN, "submitit", what, f"unset {variable} if it was inherited by mistake")]
     try:
         return [Finding(Level.OK, "submitit", f"preempt signal {signals.submitit_signal(environ)}")]
     except ValueError as e:
@@ -117,54 +85,50 @@ def _submitit_checks(environ: Mapping[str, str]) -> list[Finding]:
 def signal_checks(environ: Mapping[str, str]) -> list[Finding]:
     found = []
     if on_slurm(environ):
-        scontrol = shutil.which("scontrol", path=environ.get("PATH"))
-        found.append(
-            Finding(Level.OK, "scontrol", scontrol)
-            if scontrol
-            else Finding(
-                Level.ERROR,
-                "scontrol",
-                "not on PATH: no requeue can be issued",
-                "add SLURM's bin directory to PATH",
-            )
-        )
+        if scontrol := shutil.which("scontrol", path=environ.get("PATH")):
+            found.append(Finding(Level.OK, "scontrol", scontrol))
+        else:
+            what, hint = "not on PATH: no requeue can be issued", "add SLURM's bin directory to PATH"
+            found.append(Finding(Level.ERROR, "scontrol", what, hint))
     problems = signals.known_problems(signals.handler_table(), environ, preemption_handler=True)
-    found += [
-        Finding(Level.WARN, "signal handlers", problem) for problem in problems if "scontrol" not in problem
-    ]
-    return found
+    return found + [Finding(Level.WARN, "signal handlers", p) for p in problems if "scontrol" not in p]
 
 
 def _device(path: Path) -> int | None:
     for candidate in (path, *path.parents):
-        try:
+        with contextlib.suppress(OSError):
             return os.stat(candidate).st_dev
-        except OSError:
-            continue
     return None
 
 
+_CHECKPOINTS = f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"
+
+
+def _run_files(root: Path, pattern: str) -> list[Path]:
+    """The files matching ``pattern`` in every run dir under the runs root ``root``."""
+    return layout.run_files(root, pattern) if root.is_dir() else []
+
+
 def _checkpoint_sizes(root: Path) -> list[int]:
-    """Sizes of the checkpoint files of every run dir under the runs root ``root``."""
-    if not root.is_dir():
-        return []
-    return [p.stat().st_size for p in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}")]
+    return [p.stat().st_size for p in _run_files(root, _CHECKPOINTS)]
+
+
+def _newest_first(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` by modification time, newest first, without those removed while we looked."""
+    found = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            found.append((path.stat().st_mtime, path))
+    return [path for _, path in sorted(found, reverse=True)]
 
 
 @dataclass(frozen=True)
 class WriteSpeed:
-    """One timed durable write to the runs root, shared by the checks that need the speed.
+    """One timed durable write to the runs root, shared by the checks that need the speed."""
 
-    Attributes:
-        directory: Where the probe file was written (the root, or its nearest existing parent).
-        nbytes: Bytes written.
-        bytes_per_second: The speed, ``None`` when the write failed.
-        error: Why the write failed.
-    """
-
-    directory: Path
+    directory: Path  # where the probe was written: the root, or its nearest existing parent
     nbytes: int
-    bytes_per_second: float | None
+    bytes_per_second: float | None  # None: the write failed, for the reason in error
     error: str = ""
 
 
@@ -180,28 +144,19 @@ def measure_root(root: Path, nbytes: int = DEFAULT_BYTES) -> WriteSpeed | None:
 
 
 def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
-    """The durable write speed of the run root (a timed write + fsync of a temporary file).
-
-    With checkpoints under the root, also the seconds the largest one needs to become durable, the
-    floor of what a preemption's grace period must allow for the last save.
-    """
+    """The durable write speed of the run root and how long its largest checkpoint takes to become durable
+    (the floor of what a preemption's grace period must allow for the last save)."""
     if speed is None:
         return []
-    if speed.bytes_per_second is None:
-        return [
-            Finding(
-                Level.ERROR,
-                "write speed",
-                f"cannot write to {speed.directory}: {speed.error}",
-                "make the run root writable by the user running training",
-            )
-        ]
     rate = speed.bytes_per_second
-    detail = (
-        f"{rate / 1e6:,.0f} MB/s durable writes to {speed.directory} ({speed.nbytes / 2**20:.0f} MiB + fsync)"
-    )
-    sizes = _checkpoint_sizes(root)
-    if sizes:
+    if rate is None:
+        hint = "make the run root writable by the user running training"
+        return [
+            Finding(Level.ERROR, "write speed", f"cannot write to {speed.directory}: {speed.error}", hint)
+        ]
+    mib = speed.nbytes / 2**20
+    detail = f"{rate / 1e6:,.0f} MB/s durable writes to {speed.directory} ({mib:.0f} MiB + fsync)"
+    if sizes := _checkpoint_sizes(root):
         largest = max(sizes)
         detail += f"; the largest checkpoint ({largest / 1e9:.2f} GB) takes ~{largest / rate:.1f} s to write"
     return [Finding(Level.OK, "write speed", detail)]
@@ -209,25 +164,19 @@ def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
 
 def _newest_checkpoint(root: Path) -> tuple[Path, int] | None:
     """The most recently written checkpoint under the runs root ``root`` and its size in bytes."""
-    if not root.is_dir():
-        return None
-    found = []
-    for path in layout.run_files(root, f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"):
-        try:
+    for path in _newest_first(_run_files(root, _CHECKPOINTS)):
+        with contextlib.suppress(OSError):  # removed while we looked
             # A sharded checkpoint is a folder of files.
             files = [path] if not path.is_dir() else [p for p in path.rglob("*") if p.is_file()]
-            found.append((path.stat().st_mtime, path, sum(f.stat().st_size for f in files)))
-        except OSError:  # removed while we looked
-            continue
-    if not found:
-        return None
-    _, path, size = max(found)
-    return path, size
+            return path, sum(f.stat().st_size for f in files)
+    return None
 
 
-def _slurm_texts(
-    environ: Mapping[str, str], run: Callable[[Sequence[str]], str | None]
-) -> dict[str, str | None]:
+#: Runs a SLURM client command and returns its output, or ``None`` when it fails.
+_SlurmRun = Callable[[Sequence[str]], str | None]
+
+
+def _slurm_texts(environ: Mapping[str, str], run: _SlurmRun) -> dict[str, str | None]:
     """What SLURM says about this job's grace windows (each ``None`` when it cannot be read)."""
     job = environ.get(ENV["slurm_job"], "")
     partition = environ.get(ENV["slurm_partition"], "")
@@ -249,6 +198,10 @@ def _mib(nbytes: float) -> str:
     return f"{grace.number_text(nbytes / 2**20)} MiB"
 
 
+def _grace(level: Level, detail: str, hint: str = "") -> Finding:
+    return Finding(level, "grace window", detail, hint)
+
+
 def _window_finding(
     window: grace.Window, checkpoint: tuple[Path, int] | None, speed: WriteSpeed | None
 ) -> Finding:
@@ -256,51 +209,30 @@ def _window_finding(
     rate = speed.bytes_per_second if speed else None
     if checkpoint is None:
         if rate is None:
-            return Finding(Level.OK, "grace window", f"{head}; no checkpoint and no write test: no estimate")
-        fitting = grace.largest_fitting_bytes(window.seconds, rate)
-        return Finding(
-            Level.OK,
-            "grace window",
-            f"{head}; no checkpoint under the root yet, so no estimate: at {_mib(rate)}/s durable, "
-            f"a checkpoint of up to {_mib(fitting)} fits",
-        )
+            return _grace(Level.OK, f"{head}; no checkpoint and no write test: no estimate")
+        fitting = _mib(grace.largest_fitting_bytes(window.seconds, rate))
+        at = f"at {_mib(rate)}/s durable, a checkpoint of up to {fitting} fits"
+        return _grace(Level.OK, f"{head}; no checkpoint under the root yet, so no estimate: {at}")
     path, size = checkpoint
     if rate is None:
-        return Finding(
-            Level.OK,
-            "grace window",
-            f"{head}; {path.name} {_mib(size)}, write speed not measured: no estimate",
-            "run without --write-test 0 to compare the save time with the window",
-        )
+        what = f"{head}; {path.name} {_mib(size)}, write speed not measured: no estimate"
+        return _grace(Level.OK, what, "run without --write-test 0 to compare the save time with the window")
     need = grace.save_seconds(size, rate)
-    detail = (
-        f"{head}; {path.name} {_mib(size)} at {_mib(rate)}/s durable: "
-        f"a save needs ~{grace.number_text(need)} s"
-    )
+    needs = f"a save needs ~{grace.number_text(need)} s"
+    detail = f"{head}; {path.name} {_mib(size)} at {_mib(rate)}/s durable: {needs}"
     if grace.fits(need, window.seconds):
-        return Finding(Level.OK, "grace window", detail)
-    return Finding(
-        Level.WARN,
-        "grace window",
-        f"{detail}, more than {grace.FIT_SHARE:.0%} of the window",
-        grace.advice(window, need),
-    )
+        return _grace(Level.OK, detail)
+    more = f"{detail}, more than {grace.FIT_SHARE:.0%} of the window"
+    return _grace(Level.WARN, more, grace.advice(window, need))
 
 
 def grace_checks(
-    root: Path,
-    environ: Mapping[str, str],
-    speed: WriteSpeed | None,
-    run: Callable[[Sequence[str]], str | None] | None = None,
+    root: Path, environ: Mapping[str, str], speed: WriteSpeed | None, run: _SlurmRun | None = None
 ) -> list[Finding]:
     """Each window between a stop signal and SIGKILL against the time the newest checkpoint's save needs.
 
-    Args:
-        root: The runs root (its newest checkpoint is the size of the next save).
-        environ: The environment (scheduler variables, ``$LIGHTNING_RESUME_GRACE_SECONDS``).
-        speed: The durable write speed measured for :func:`write_speed_checks`.
-        run: Runs a SLURM client command and returns its output or ``None``; called only in a SLURM job
-            (default: :func:`~lightning_resume._scheduler.slurm.slurm_output` on ``environ``'s ``PATH``).
+    ``root``'s newest checkpoint is the size of the next save; ``speed`` is the measured write speed;
+    ``run`` is called only in a SLURM job (default: ``slurm_output`` on ``environ``'s ``PATH``).
     """
     if run is None:
         run = functools.partial(slurm_output, path=environ.get("PATH"))
@@ -308,81 +240,53 @@ def grace_checks(
     try:
         found = grace.windows(environ, **texts)
     except ValueError as e:
-        return [Finding(Level.ERROR, "grace window", str(e), "fix or unset the variable")]
+        return [_grace(Level.ERROR, str(e), "fix or unset the variable")]
+    variable = ENV["grace_seconds"]
     findings = []
-    if texts and texts["show_config"] is None and not environ.get(ENV["grace_seconds"], "").strip():
-        findings.append(
-            Finding(
-                Level.WARN,
-                "grace window",
-                "slurm: `scontrol show config` gave nothing, so KillWait is unknown",
-                f"put SLURM's bin directory on PATH, or set {ENV['grace_seconds']} to the seconds from the "
-                "stop signal to SIGKILL",
-            )
-        )
+    if texts and texts["show_config"] is None and not environ.get(variable, "").strip():
+        what = "slurm: `scontrol show config` gave nothing, so KillWait is unknown"
+        hint = f"put SLURM's bin directory on PATH, or set {variable} to the seconds from the stop signal"
+        findings.append(_grace(Level.WARN, what, f"{hint} to SIGKILL"))
     if not found and not findings:
-        return [
-            Finding(
-                Level.OK,
-                "grace window",
-                "no scheduler window found (not in a SLURM job, torchrun or Kubernetes): nothing to check "
-                "the save time against",
-                f"set {ENV['grace_seconds']}=N to check a save against N seconds from stop signal to SIGKILL",
-            )
-        ]
+        what = (
+            "no scheduler window found (not in a SLURM job, torchrun or Kubernetes): nothing to check "
+            "the save time against"
+        )
+        hint = f"set {variable}=N to check a save against N seconds from stop signal to SIGKILL"
+        return [_grace(Level.OK, what, hint)]
     checkpoint = _newest_checkpoint(root)
     findings += [_window_finding(window, checkpoint, speed) for window in found]
     option = grace.slurm_signal(environ, texts["submit_line"], texts["batch_script"]) if texts else None
     if option is not None and grace.torchrun_kills(environ, option):
         name, forwarded = option.name, ",".join(grace.torchrun_forwards(environ))
-        findings.append(
-            Finding(
-                Level.WARN,
-                "grace window",
-                f"SLURM's --signal sends {name}, which torchrun does not forward ({forwarded}): "
-                "it kills the torchrun agent and its workers without a save",
-                f"torchrun --signals-to-handle={forwarded},{name}",
-            )
+        what = (
+            f"SLURM's --signal sends {name}, which torchrun does not forward ({forwarded}): "
+            "it kills the torchrun agent and its workers without a save"
         )
+        findings.append(_grace(Level.WARN, what, f"torchrun --signals-to-handle={forwarded},{name}"))
     return findings
 
 
 def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
     tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
-    found = []
     if _device(tmp) != _device(root):
-        found.append(
-            Finding(
-                Level.WARN,
-                "TMPDIR",
-                f"{tmp} is on another filesystem than the run root {root}",
-                "Lightning's own checkpoint writer stages in $TMPDIR and copies across: not atomic. "
-                "RequeueCheckpoint and DurableCheckpointIO write atomically in place",
-            )
+        hint = (
+            "Lightning's own checkpoint writer stages in $TMPDIR and copies across: not atomic. "
+            "RequeueCheckpoint and DurableCheckpointIO write atomically in place"
         )
+        what = f"{tmp} is on another filesystem than the run root {root}"
+        found = [Finding(Level.WARN, "TMPDIR", what, hint)]
     else:
-        found.append(Finding(Level.OK, "TMPDIR", f"{tmp} shares a filesystem with {root}"))
+        found = [Finding(Level.OK, "TMPDIR", f"{tmp} shares a filesystem with {root}")]
     existing = next((p for p in (root, *root.parents) if p.exists()), None)
     if existing is None:
         return found
     free = shutil.disk_usage(existing).free
-    sizes = _checkpoint_sizes(root)
-    if sizes:
-        need = 2 * max(sizes)  # the new checkpoint is written beside the old one
-        level = Level.ERROR if free < need else Level.OK
-        hint = (
-            "free space or move the run root: a save needs room for a second copy"
-            if level == Level.ERROR
-            else ""
-        )
-        found.append(
-            Finding(
-                level,
-                "free space",
-                f"{free / 2**30:.1f} GiB free, largest checkpoint {max(sizes) / 2**30:.2f} GiB",
-                hint,
-            )
-        )
+    if sizes := _checkpoint_sizes(root):
+        short = free < 2 * max(sizes)  # the new checkpoint is written beside the old one
+        hint = "free space or move the run root: a save needs room for a second copy" if short else ""
+        what = f"{free / 2**30:.1f} GiB free, largest checkpoint {max(sizes) / 2**30:.2f} GiB"
+        found.append(Finding(Level.ERROR if short else Level.OK, "free space", what, hint))
     else:
         found.append(Finding(Level.OK, "free space", f"{free / 2**30:.1f} GiB free under {existing}"))
     return found
@@ -394,37 +298,22 @@ def _upload_mode(
     """Whether ``tracker``'s mode variable leaves it uploading (its default)."""
     mode = environ.get(variable)
     if mode in (None, "", *uploading):
-        return Finding(
-            Level.WARN,
-            tracker,
-            f"{variable} is {uploading[0]} (the default): runs are uploaded",
-            f"set {variable}=offline if this machine must not upload",
-        )
+        what = f"{variable} is {uploading[0]} (the default): runs are uploaded"
+        return Finding(Level.WARN, tracker, what, f"set {variable}=offline if this machine must not upload")
     return Finding(Level.OK, tracker, f"{variable}={mode}")
 
 
 def tracker_checks(environ: Mapping[str, str]) -> list[Finding]:
     found = [_upload_mode(environ, "wandb", "WANDB_MODE", ("online", "run"))]
-    if environ.get("WANDB_RUN_ID"):
-        found.append(
-            Finding(
-                Level.WARN,
-                "wandb",
-                f"WANDB_RUN_ID={environ['WANDB_RUN_ID']!r} is set: every run started here continues that run",
-                "unset it; WandbResume sets it only on a restart",
-            )
-        )
+    if run_id := environ.get("WANDB_RUN_ID"):
+        what = f"WANDB_RUN_ID={run_id!r} is set: every run started here continues that run"
+        found.append(Finding(Level.WARN, "wandb", what, "unset it; WandbResume sets it only on a restart"))
     found.append(_upload_mode(environ, "swanlab", "SWANLAB_MODE", ("cloud", "online")))
     if environ.get("TRACKIO_DIR"):
         found.append(Finding(Level.OK, "trackio", f"TRACKIO_DIR={environ['TRACKIO_DIR']}"))
-    if not environ.get("HF_HUB_OFFLINE") and environ.get("TRACKIO_SPACE_ID"):
-        found.append(
-            Finding(
-                Level.WARN,
-                "trackio",
-                f"TRACKIO_SPACE_ID={environ['TRACKIO_SPACE_ID']!r}: runs sync to a Hugging Face Space",
-            )
-        )
+    if not environ.get("HF_HUB_OFFLINE") and (space := environ.get("TRACKIO_SPACE_ID")):
+        what = f"TRACKIO_SPACE_ID={space!r}: runs sync to a Hugging Face Space"
+        found.append(Finding(Level.WARN, "trackio", what))
     return found
 
 
@@ -437,18 +326,8 @@ FAR_LONGER = 4.0
 
 def _newest_watchdog(root: Path) -> tuple[Path, dict[str, Any]] | None:
     """The run dir under ``root`` whose ``watchdog.json`` was written last, and its content."""
-    if not root.is_dir():
-        return None
-    found = []
-    for path in layout.run_files(root, layout.WATCHDOG):
-        try:
-            found.append((path.stat().st_mtime, path.parent))
-        except OSError:
-            continue
-    if not found:
-        return None
-    run_dir = max(found)[1]
-    return run_dir, watchdog_timeouts.read(run_dir)
+    newest = _newest_first(_run_files(root, layout.WATCHDOG))
+    return (newest[0].parent, watchdog_timeouts.read(newest[0].parent)) if newest else None
 
 
 def _collective_timeout(environ: Mapping[str, str]) -> tuple[float, str]:
@@ -461,11 +340,8 @@ def _collective_timeout(environ: Mapping[str, str]) -> tuple[float, str]:
 
 
 def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
-    """How long a rank stuck in a collective holds the others, against ``ProgressWatchdog``'s timeouts.
-
-    The watchdog's step timeout is the one its newest ``watchdog.json`` under ``root`` holds, or its
-    default floor when no run under the root used it.
-    """
+    """How long a rank stuck in a collective holds the others, against ``ProgressWatchdog``'s step timeout
+    (from the newest ``watchdog.json`` under ``root``, else its default floor)."""
     collective, origin = _collective_timeout(environ)
     seconds = "never" if collective == float("inf") else f"{collective:.0f} s"
     newest = _newest_watchdog(root)
@@ -473,53 +349,37 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
         floor = watchdog_timeouts.WatchdogTimeouts().minimum
         if collective < FAR_LONGER * floor:
             return [Finding(Level.OK, "hang detection", f"collectives fail after {seconds} ({origin})")]
-        return [
-            Finding(
-                Level.WARN,
-                "hang detection",
-                f"a rank stuck in a collective holds every rank for {seconds} ({origin}), far longer than "
-                f"ProgressWatchdog's {floor:.0f} s, and no run under {root} used ProgressWatchdog",
-                "add ProgressWatchdog() to the callbacks: a hung rank then exits with its stacks and the job "
-                "restarts (or lower DDPStrategy(timeout=...))",
-            )
-        ]
+        what = (
+            f"a rank stuck in a collective holds every rank for {seconds} ({origin}), far longer than "
+            f"ProgressWatchdog's {floor:.0f} s, and no run under {root} used ProgressWatchdog"
+        )
+        hint = (
+            "add ProgressWatchdog() to the callbacks: a hung rank then exits with its stacks and the job "
+            "restarts (or lower DDPStrategy(timeout=...))"
+        )
+        return [Finding(Level.WARN, "hang detection", what, hint)]
     run_dir, data = newest
     try:
         step = float((data.get("timeouts") or {})["step"])
     except (KeyError, TypeError, ValueError):
         return [Finding(Level.WARN, "hang detection", f"{run_dir / layout.WATCHDOG} cannot be read")]
     if collective < step:
-        return [
-            Finding(
-                Level.WARN,
-                "hang detection",
-                f"collectives fail after {seconds} ({origin}), before ProgressWatchdog's step timeout "
-                f"({step:.0f} s in {run_dir.name}): a hang ends as a collective error, without the stacks",
-                "lower ProgressWatchdog(step_timeout=...) or raise DDPStrategy(timeout=...)",
-            )
-        ]
-    return [
-        Finding(
-            Level.OK,
-            "hang detection",
-            f"ProgressWatchdog ends a hang after ~{step:.0f} s (step timeout in {run_dir.name}); collectives "
-            f"fail after {seconds} ({origin})",
+        what = (
+            f"collectives fail after {seconds} ({origin}), before ProgressWatchdog's step timeout "
+            f"({step:.0f} s in {run_dir.name}): a hang ends as a collective error, without the stacks"
         )
-    ]
+        hint = "lower ProgressWatchdog(step_timeout=...) or raise DDPStrategy(timeout=...)"
+        return [Finding(Level.WARN, "hang detection", what, hint)]
+    what = (
+        f"ProgressWatchdog ends a hang after ~{step:.0f} s (step timeout in {run_dir.name}); collectives "
+        f"fail after {seconds} ({origin})"
+    )
+    return [Finding(Level.OK, "hang detection", what)]
 
 
 def cadence_checks(root: Path) -> list[Finding]:
-    """The interval ``RequeueCheckpoint(every_n_train_steps="auto")`` chose last, in the newest run under
-    ``root`` that used it, and why (nothing when no run did)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.glob(f"{layout.RUN_GLOB}/{layout.ATTEMPTS}"):
-        try:
-            found.append((path.stat().st_mtime, path.parent))
-        except OSError:
-            continue
-    for _, run_dir in sorted(found, reverse=True):
+    """The interval ``every_n_train_steps="auto"`` chose last, in the newest run under ``root`` using it."""
+    for run_dir in (path.parent for path in _newest_first(_run_files(root, layout.ATTEMPTS))):
         record = cadence.last_cadence(attempts.read(run_dir))
         chosen = cadence.choice_from_dict(record) if record is not None else None
         if chosen is not None:

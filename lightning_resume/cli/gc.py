@@ -22,11 +22,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_age(text: str) -> float:
-    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"`` -> seconds.
-
-    Raises:
-        ValueError: for anything else.
-    """
+    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"`` -> seconds; ``ValueError`` for anything else."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
     if not match:
         raise ValueError(f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {text!r}")
@@ -67,22 +63,20 @@ def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Re
     """Leftovers of sharded saves in a checkpoint folder, older than ``older_than`` seconds.
 
     Save directories (``.lr-save-*``) and temporary links of interrupted saves, and checkpoint
-    directories that no longer count (half deleted, or an unreadable manifest) unless ``last.ckpt``
-    names them. Committed checkpoint directories are left to the run's own retention (``keep``).
+    directories that no longer count (half deleted, unreadable manifest) unless ``last.ckpt`` names
+    them. Committed checkpoint directories are left to the run's own retention (``keep``).
     """
-    removals = []
-    # Not the leftovers of a process that runs on this machine (a writer outliving its trainer).
-    for name in stale(folder):
-        if _age(folder / name, now) > older_than:
-            removals.append(Removal(str(folder / name), "leftover", "an interrupted save"))
+    # stale() spares the leftovers of a process running on this machine (a writer outliving its trainer).
+    leftovers = [(name, "leftover", "an interrupted save") for name in stale(folder)]
     target = resolve_pointer(folder / layout.LAST_CKPT)
     # What retention would remove without a count limit: directories that no longer count.
-    for name in retention(LocalStore(folder), DIRECTORY, None, target.name if target else None):
-        if _age(folder / name, now) > older_than:
-            removals.append(
-                Removal(str(folder / name), "checkpoint directory", "no readable manifest: never loaded")
-            )
-    return removals
+    unreadable = retention(LocalStore(folder), DIRECTORY, None, target.name if target else None)
+    leftovers += [(name, "checkpoint directory", "no readable manifest: never loaded") for name in unreadable]
+    return [
+        Removal(str(folder / n), kind, why)
+        for n, kind, why in leftovers
+        if _age(folder / n, now) > older_than
+    ]
 
 
 #: A handoff file whose writer may still live (on another host, say) is kept at least this long.
@@ -90,13 +84,11 @@ HANDOFF_LIFETIME = 86400.0
 
 
 def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
-    """What ``gc`` removes: index entries of runs finished longer ago than ``older_than`` seconds,
-    entries whose run dir is gone and that are that old, handoff files that old whose writer is gone
-    (else a day old), and leftovers of interrupted sharded saves that old (:func:`checkpoint_leftovers`).
+    """What ``gc`` removes, all older than ``older_than`` seconds: index entries of finished runs and of
+    missing run dirs, handoff files whose writer is gone (else a day old), and save leftovers.
 
     A run that is running, preempted, failed or of unknown status keeps its entry: a restart needs it.
-    Nothing of a run dir that a live attempt may be using is removed (:func:`~.owner.in_use`), whatever
-    its age: its save in flight, its entry.
+    Nothing of a run dir a live attempt may be using (:func:`~.owner.in_use`) is removed.
     """
     now = time.time() if now is None else now
     removals = []
@@ -110,11 +102,8 @@ def plan(root: Path, older_than: float, now: float | None = None) -> list[Remova
             continue
         finished = _status_age(target, now)
         if finished is not None and finished > older_than and not in_use(target):
-            removals.append(
-                Removal(
-                    str(entry.path), "index", f"run {target.name} finished {finished / 86400:.1f} days ago"
-                )
-            )
+            why = f"run {target.name} finished {finished / 86400:.1f} days ago"
+            removals.append(Removal(str(entry.path), "index", why))
     folder = root / layout.HANDOFF_DIR
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if not path.is_file() or path.is_symlink():
@@ -142,6 +131,6 @@ def apply(removals: list[Removal]) -> tuple[list[Removal], list[tuple[Removal, s
             continue
         except OSError as e:
             failed.append((removal, e.strerror or str(e)))
-            continue
-        done.append(removal)
+        else:
+            done.append(removal)
     return done, failed

@@ -1,8 +1,7 @@
 """``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will do.
 
-What the next restart loads is worked out with the same rules the callbacks and the plugin apply:
-the restart rule of ``lightning_resume.last_ckpt.restart`` and the verification and fallback order of
-``lightning_resume._storage.catalog``, for checkpoint files and for sharded checkpoints (directories).
+The next load is worked out with the rules the callbacks apply: ``last_ckpt.restart``'s restart rule
+and ``_storage.catalog``'s verification and fallback order, for files and checkpoint directories.
 """
 
 from __future__ import annotations
@@ -46,10 +45,7 @@ _RESULTS = {
 
 
 def _world_size_from_file(path: Path) -> int | None:
-    """How many ranks wrote a checkpoint file: the rank states ``RequeueCheckpoint`` stores (one per rank).
-
-    ``None`` for a checkpoint without them (written without ``RequeueCheckpoint``) or one that does not load.
-    """
+    """How many ranks wrote a checkpoint file, from ``RequeueCheckpoint``'s per-rank states, or ``None``."""
     import torch
 
     try:
@@ -64,35 +60,26 @@ def _world_size_from_file(path: Path) -> int | None:
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """Size, checksum and step of one checkpoint file, and whether it can be trusted.
+    """Size, checksum, step and world size of one checkpoint file, and whether it can be trusted.
 
-    ``result`` is ``verified`` (matches its manifest), ``corrupt`` (torn or corrupt: a manifest exists
-    and nothing in it matches), ``unverifiable`` (its manifest cannot be read), ``loads`` (no
-    manifest, but the file loads), ``unreadable``, ``missing`` (a link to nothing) or ``not a file``;
-    ``world_size``: the ranks that wrote it, where its ``RequeueCheckpoint`` states say (else ``None``).
-    A checkpoint directory (a sharded checkpoint, or a link to one) is checked by
-    :func:`verify_directory`.
+    ``result`` is ``verified``, ``corrupt`` (torn: nothing in its manifest matches), ``unverifiable``
+    (unreadable manifest), ``loads`` (no manifest, but it loads), ``unreadable``, ``missing`` (a link
+    to nothing) or ``not a file``. Checkpoint directories go to :func:`verify_directory`.
     """
     if path.is_dir() and _is_checkpoint_directory(path):
         return verify_directory(path)
     verdict = check_file(path)
-    info: dict[str, Any] = {
-        "name": path.name,
-        "size": verdict.size,
-        "checksum": verdict.checksum,
-        "step": None,
-    }
+    info: dict[str, Any] = {"name": path.name, "size": verdict.size, "checksum": verdict.checksum}
     if verdict.status is not Status.NO_MANIFEST:
-        step = (
-            verdict.manifest.global_step if verdict.status is Status.VERIFIED and verdict.manifest else None
-        )
-        ranks = _world_size_from_file(path) if verdict.status is Status.VERIFIED else None
+        verified = verdict.status is Status.VERIFIED
+        step = verdict.manifest.global_step if verified and verdict.manifest else None
+        ranks = _world_size_from_file(path) if verified else None
         result = _RESULTS[verdict.status]
         return {**info, "step": step, "world_size": ranks, "result": result, "reason": verdict.detail}
     try:
         info["step"] = step_from_file(path)
     except Exception as e:  # any load failure means the file cannot be resumed from
-        return {**info, "result": "unreadable", "error": f"{type(e).__name__}: {e}"}
+        return {**info, "step": None, "result": "unreadable", "error": f"{type(e).__name__}: {e}"}
     return {**info, "world_size": _world_size_from_file(path), "result": "loads"}
 
 
@@ -102,25 +89,23 @@ def _is_checkpoint_directory(path: Path) -> bool:
 
 
 def verify_directory(path: Path) -> dict[str, Any]:
-    """A checkpoint directory (or ``last.ckpt`` linking to one) checked against its manifest, checksums
-    included.
+    """A checkpoint directory (or ``last.ckpt`` linking to one) checked against its manifest and checksums.
 
     ``result`` is ``verified``, ``corrupt`` (a file of the wrong size or checksum: torn, or mixed from
-    two saves), ``incomplete`` (a file is missing), ``unverifiable`` (the manifest cannot be read),
-    ``unverified`` (no manifest: written by plain Lightning) or ``missing`` (a link to nothing).
+    two saves), ``incomplete`` (a file is missing), ``unverifiable`` (unreadable manifest),
+    ``unverified`` (no manifest: plain Lightning) or ``missing`` (a link to nothing).
     """
     verdict = check(path, DIRECTORY)
     manifest = verdict.manifest
-    layout_info = dict(manifest.layout) if manifest is not None else {}
     return {
         "name": path.name,
         "kind": "directory",
         "target": os.readlink(path) if path.is_symlink() else None,
-        "size": manifest.size if manifest is not None else None,
+        "size": manifest.size if manifest else None,
         "checksum": None,
-        "step": manifest.global_step if manifest is not None else None,
-        "world_size": manifest.world_size if manifest is not None else None,
-        "strategy": layout_info.get("strategy"),
+        "step": manifest.global_step if manifest else None,
+        "world_size": manifest.world_size if manifest else None,
+        "strategy": dict(manifest.layout).get("strategy") if manifest else None,
         "result": _RESULTS[verdict.status],
         "reason": verdict.detail,
     }
@@ -128,23 +113,20 @@ def verify_directory(path: Path) -> dict[str, Any]:
 
 def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
     """The committed checkpoint directories of a folder (newest save first) and leftovers of saves."""
-    last = folder / LAST
-    target = resolve_pointer(last)
-    found = []
-    for name in sorted(DIRECTORY.names(LocalStore(folder).sizes(deep=True)), reverse=True):
-        info = verify_directory(folder / name)
-        found.append({**info, "current": target is not None and target.name == name})
+    target = resolve_pointer(folder / LAST)
+    current = target.name if target is not None else None
+    found = [
+        {**verify_directory(folder / name), "current": current == name}
+        for name in sorted(DIRECTORY.names(LocalStore(folder).sizes(deep=True)), reverse=True)
+    ]
     for name in stale(folder, restart=True):
         found.append({"name": name, "kind": "leftover", "result": "leftover of an interrupted save"})
     return found
 
 
 def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
-    """Which checkpoint a restart of ``run_dir`` loads, and why.
-
-    ``RequeueCheckpoint`` applies the restart rule; ``DurableCheckpointIO`` loads ``last.ckpt`` or,
-    when it does not verify, the newest committed checkpoint that does.
-    """
+    """Which checkpoint a restart of ``run_dir`` loads, and why: after ``RequeueCheckpoint``'s restart rule,
+    ``last.ckpt`` or, when it does not verify, the newest committed checkpoint that does."""
     rule = decide(run_dir)
     if rule is not Restart.RESUME:
         return {"checkpoint": None, "why": rule.rule}
@@ -156,8 +138,7 @@ def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any
     if last["result"] in USABLE:
         return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
     if last.get("kind") == "directory":
-        folder = layout.checkpoint_dir(run_dir)
-        for path in candidates(folder / LAST)[1:]:
+        for path in candidates(layout.checkpoint_dir(run_dir) / LAST)[1:]:
             if check(path, DIRECTORY).status is Status.VERIFIED:
                 return {
                     "checkpoint": path.name,
@@ -211,11 +192,7 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
     checkpoints = [verify(p) for p in sorted(folder.glob(f"*{layout.CKPT_SUFFIX}"))]
     directories = checkpoint_directories(folder)
     root = root or _root_of(run_dir)
-    pointing = (
-        [e["key"] for e in index_entries(root) if e["target"] and Path(e["target"]) == run_dir]
-        if root
-        else []
-    )
+    entries = index_entries(root) if root else []
     return {
         "path": str(run_dir),
         "run_id": meta.get("run_id", run_dir.name),
@@ -225,17 +202,17 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
         "checkpoints": checkpoints,
         "checkpoint_directories": directories,
         "next_restart_loads": next_load(run_dir, checkpoints),
-        "index_entries": pointing,
+        "index_entries": [e["key"] for e in entries if e["target"] and Path(e["target"]) == run_dir],
         "sidecars": _sidecars(run_dir),
         "attempts": attempts_report(run_dir),
     }
 
 
 def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
-    """The run's attempts (``attempts.json`` with the hang notes), its last hangs and its crash-loop count.
+    """The run's attempts (with the hang notes), its last hangs and its crash-loop count.
 
-    ``crash_loop.attempts_without_progress`` counts the latest closed attempts in a row that ended
-    without a new durable checkpoint; ``ProgressWatchdog`` stops the next attempt at ``limit``.
+    ``attempts_without_progress``: the latest closed attempts in a row without a new durable checkpoint;
+    ``ProgressWatchdog`` stops the next attempt at ``limit``.
     """
     history = attempts.with_notes(attempts.read(run_dir), hangs.read_notes(run_dir))
     last = history.last
@@ -289,6 +266,7 @@ def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
         step = saved_step(last) if last.exists() else None
         stamp = last if last.exists() else run_dir / layout.RUN_META
         key = meta.get("session_key")
+        orphan = key is not None and run_dir not in indexed and not any(e["key"] == key for e in entries)
         runs.append(
             {
                 "path": str(run_dir),
@@ -298,9 +276,7 @@ def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
                 "last_step": step,
                 "age_seconds": round(now - stamp.stat().st_mtime, 1),
                 "indexed": run_dir in indexed,
-                "orphan": key is not None
-                and run_dir not in indexed
-                and not any(e["key"] == key for e in entries),
+                "orphan": orphan,
             }
         )
     handoff = root / layout.HANDOFF_DIR

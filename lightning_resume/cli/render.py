@@ -45,11 +45,12 @@ def removals(items: list[Removal], applied: bool) -> None:
         Console().print("lightning-resume gc: nothing to remove")
         return
     verb = "removed" if applied else "would remove (dry run; --apply to remove)"
-    table(
-        f"lightning-resume gc: {len(items)} file(s) {verb}",
-        ("kind", "path", "why"),
-        ((r.kind, r.path, r.reason) for r in items),
-    )
+    rows = ((r.kind, r.path, r.reason) for r in items)
+    table(f"lightning-resume gc: {len(items)} file(s) {verb}", ("kind", "path", "why"), rows)
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 def _age(seconds: float) -> str:
@@ -65,16 +66,15 @@ def root(report: dict[str, Any]) -> None:
             r["run_id"],
             str(r["session_key"] or ""),
             str(r["status"]),
-            "" if r["last_step"] is None else str(r["last_step"]),
+            _text(r["last_step"]),
             _age(r["age_seconds"]),
             "orphan" if r["orphan"] else ("indexed" if r["indexed"] else ""),
             r["path"],
         )
         for r in report["runs"]
     ]
-    table(
-        f"runs under {report['root']}", ("run", "session key", "status", "step", "age", "index", "path"), rows
-    )
+    columns = ("run", "session key", "status", "step", "age", "index", "path")
+    table(f"runs under {report['root']}", columns, rows)
     index = [(e["key"], str(e["target"]), e["state"]) for e in report["index"]]
     table("session index", ("key", "run dir", "state"), index)
     if report["handoff_files"]:
@@ -85,9 +85,8 @@ def run(report: dict[str, Any]) -> None:
     console = Console()
     status = report["status"]
     console.print(f"run {report['run_id']}  ({report['path']})")
-    console.print(
-        f"session key: {report['session_key']}  index entries: {', '.join(report['index_entries']) or 'none'}"
-    )
+    entries = ", ".join(report["index_entries"]) or "none"
+    console.print(f"session key: {report['session_key']}  index entries: {entries}")
     recorded = f"recorded at step {status.get('step')}, {status.get('time', '?')}"
     console.print(f"status: {status.get('status')} ({recorded})")
     load = report["next_restart_loads"]
@@ -97,8 +96,8 @@ def run(report: dict[str, Any]) -> None:
             c["name"] + (f" -> {c['target']}" if c.get("target") else ""),
             "" if c["size"] is None else f"{c['size']:,}",
             str(c["checksum"] or ""),
-            "" if c["step"] is None else str(c["step"]),
-            "" if c.get("world_size") is None else str(c["world_size"]),
+            _text(c["step"]),
+            _text(c.get("world_size")),
             c["result"],
         )
         for c in report["checkpoints"]
@@ -108,8 +107,8 @@ def run(report: dict[str, Any]) -> None:
         (
             ("-> " if d.get("current") else "") + d["name"],
             "" if d.get("size") is None else f"{d['size']:,}",
-            "" if d.get("step") is None else str(d["step"]),
-            "" if d.get("world_size") is None else str(d["world_size"]),
+            _text(d.get("step")),
+            _text(d.get("world_size")),
             str(d.get("strategy") or ""),
             d["result"] + (f" ({d['reason']})" if d.get("reason") else ""),
         )
@@ -122,12 +121,9 @@ def run(report: dict[str, Any]) -> None:
             directories,
         )
     sidecars = [
-        (
-            s["tracker"],
-            ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None)
-            if s["readable"]
-            else s.get("error", ""),
-        )
+        (s["tracker"], ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None))
+        if s["readable"]
+        else (s["tracker"], s.get("error", ""))
         for s in report["sidecars"]
     ]
     if sidecars:
@@ -149,7 +145,7 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
         (
             str(h["attempt"]),
             h["section"],
-            "" if h["step"] is None else str(h["step"]),
+            _text(h["step"]),
             "" if h["seconds"] is None else f"{h['seconds']:.0f} s (timeout {h['timeout']:.0f} s)",
             "\n".join(f"{layout.HANGS}/{Path(p).name}" for p in h["stacks"]),
         )
@@ -165,9 +161,7 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
 def _seconds(value: float | None) -> str:
     if value is None:
         return ""
-    if value >= 90:
-        return _age(value)
-    return f"{value:.1f}s"
+    return _age(value) if value >= 90 else f"{value:.1f}s"
 
 
 def goodput(found: GoodputReport) -> None:
@@ -183,11 +177,11 @@ def goodput(found: GoodputReport) -> None:
             _seconds(r.wait_before),
             "fresh" if r.resumed_from is None else str(r.resumed_from),
             _seconds(r.restart_overhead),
-            "" if r.last_step is None else str(r.last_step),
+            _text(r.last_step),
             r.how if r.cause in ("preempted", "failed", "running") else r.cause,
             (">=" if r.lost_at_least else "") + str(r.steps_lost),
             f"{_seconds(r.save_seconds)} ({r.saves})" if r.saves else "",
-            "" if r.cadence_steps is None else str(r.cadence_steps),
+            _text(r.cadence_steps),
         )
         for r in found.attempts
     ]
@@ -213,5 +207,6 @@ def goodput(found: GoodputReport) -> None:
             f"{found.cadence.get('between_detail', '')}"
         )
     if found.earlier.get("attempts"):
-        earlier = found.earlier["attempts"]
-        console.print(f"{earlier} earlier attempt(s) are summed up in attempts.json and left out")
+        console.print(
+            f"{found.earlier['attempts']} earlier attempt(s) are summed up in attempts.json and left out"
+        )

@@ -1,29 +1,9 @@
 """``lightning-resume report``: a run's attempts on a timeline, what each interruption cost, and its goodput.
 
-Everything is read from the run's ``attempts.json`` (``lightning_resume.run_dir.attempts``); nothing is
-measured here. The definitions (also on the command-line docs page):
-
-- an attempt **trained** the steps from the one it resumed from (0 for a fresh start) to the last one
-  it reached;
-- of those, it **kept** the steps that are part of the final result: up to the step every later
-  attempt resumed from (a later resume from an earlier step discards the rest) and, for the last
-  attempt of a run that did not finish, up to its newest durable checkpoint (a running one keeps what
-  it trained so far);
-- **steps lost** are the ones trained and not kept;
-- **useful time** is the kept steps times the attempt's training time per step (from the end of its
-  first step to its last step, its save stalls left out);
-- **goodput** is the useful time over the wall time, from the first attempt's start to the last one's
-  end (requeue waits, restarts, saves and lost steps included);
-- **restart overhead** is an attempt's process start to the end of its first step (imports, the
-  checkpoint load, the sanity check, the first step);
-- **save overhead** is the stall of its checkpoint saves (all of them when ``ProgressWatchdog`` timed
-  them, else ``RequeueCheckpoint``'s saves of ``last.ckpt``).
-
-A killed attempt's last step comes from its step beat (``attempts.BEAT``, overwritten at every step);
-without one (a node lost with its page cache) it is the last one its record holds, written every 30
-s, and its steps lost are a lower bound (marked ``>=``). A launch killed during its imports, before
-``RunDir`` could record it, leaves no attempt; under SLURM and TorchElastic it shows as a gap in the
-restart count, and the attempt after it says how many (``unrecorded_before``).
+Everything is read from the run's ``attempts.json``; nothing is measured here. Steps kept and lost,
+useful time, goodput and the overheads are defined on the command-line docs page (``docs/src/cli.md``).
+A killed attempt without a step beat (a node lost with its page cache) has a lower bound of steps lost
+(``>=``); launches killed before ``RunDir`` recorded them show as gaps in the restart count.
 """
 
 from __future__ import annotations
@@ -37,103 +17,60 @@ from lightning_resume.last_ckpt.cadence import last_cadence
 from lightning_resume.run_dir import attempts
 from lightning_resume.run_dir.attempts import Attempt, Cause, History
 
-#: What ``--plot`` needs, and how to get it.
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
-
-
 #: The ``interruptions`` key of launches killed while starting, which left no attempt record.
 UNRECORDED = "killed while starting (unrecorded)"
 
 
 @dataclass(frozen=True)
 class AttemptRow:
-    """One attempt in the report (times in seconds; ``at`` values from the run's start).
-
-    Attributes:
-        attempt: Its number.
-        started: Wall-clock start (seconds since the epoch).
-        at: Its start, from the run's start.
-        wait_before: From the previous attempt's end (its last sign of life, when it was killed).
-        resumed_from: The step it resumed from (``None``: a fresh start).
-        restart_overhead: From its start to the end of its first step (``None``: it never trained).
-        first_step_at: When its first step ended, from the run's start.
-        last_step: The last step it reached.
-        last_step_at: When, from the run's start.
-        end_at: When it ended, from the run's start (``None``: running, or killed unrecorded).
-        cause: ``finished``, ``preempted``, ``failed``, ``hung``, ``killed``, ``crash-loop-stop``, or
-            ``running``.
-        how: The ending in words (``"SIGTERM"``, ``"file notice"``, the error).
-        steps_trained: Steps it trained.
-        steps_kept: Of which part of the final result.
-        steps_lost: Trained and not kept.
-        lost_at_least: ``steps_lost`` is a lower bound (killed: its last steps were not recorded).
-        step_seconds: Its training time per step.
-        useful_seconds: ``steps_kept`` x ``step_seconds``.
-        save_seconds: Its save stall.
-        saves: How many saves that is.
-        cadence_steps: The interval ``every_n_train_steps="auto"`` chose last in it.
-        unrecorded_before: Launches between the previous attempt and this one that were killed while
-            starting, before they could record themselves (gaps in the scheduler's restart count).
-    """
+    """One attempt in the report (seconds; ``*_at`` values count from the run's start)."""
 
     attempt: int
-    started: float
+    started: float  # wall-clock start (seconds since the epoch)
     at: float
-    wait_before: float | None
-    resumed_from: int | None
-    restart_overhead: float | None
+    wait_before: float | None  # from the previous attempt's end (its last sign of life, when killed)
+    resumed_from: int | None  # None: a fresh start
+    restart_overhead: float | None  # start to the end of its first step (None: it never trained)
     first_step_at: float | None
     last_step: int | None
     last_step_at: float | None
-    end_at: float | None
-    cause: str
-    how: str
+    end_at: float | None  # None: running, or killed unrecorded
+    cause: str  # finished, preempted, failed, hung, killed, crash-loop-stop or running
+    how: str  # the ending in words ("SIGTERM", "file notice", the error)
     steps_trained: int
-    steps_kept: int
+    steps_kept: int  # of which part of the final result
     steps_lost: int
-    lost_at_least: bool
-    step_seconds: float | None
-    useful_seconds: float
+    lost_at_least: bool  # steps_lost is a lower bound (killed: its last steps were not recorded)
+    step_seconds: float | None  # training time per step
+    useful_seconds: float  # steps_kept x step_seconds
     save_seconds: float
     saves: int
-    cadence_steps: int | None
-    unrecorded_before: int = 0
+    cadence_steps: int | None  # the interval every_n_train_steps="auto" chose last in it
+    unrecorded_before: int = 0  # launches since the previous attempt killed before they recorded themselves
 
 
 @dataclass(frozen=True)
 class GoodputReport:
-    """A run's attempts and what its interruptions cost.
+    """A run's attempts (oldest first) and what its interruptions cost; totals summed over the attempts.
 
-    Attributes:
-        run_dir: The run dir.
-        attempts: One row per attempt kept in ``attempts.json``, oldest first.
-        wall_seconds: From the first attempt's start to the last one's end.
-        useful_seconds: Time of the steps that are part of the final result.
-        goodput: ``useful_seconds / wall_seconds`` (``None`` with no wall time).
-        final_step: The step the run stands at (the last attempt's kept end).
-        steps_lost: Steps trained and not kept, over all attempts.
-        restart_seconds: Restart overheads, summed.
-        save_seconds: Save stalls, summed.
-        wait_seconds: Time between attempts, summed.
-        interruptions: Attempts per ending, for those that did not finish; launches killed while
-            starting, which left no record, under :data:`UNRECORDED`.
-        earlier: The attempts ``attempts.json`` summed up (beyond its last 100), left out above.
-        cadence: The interval ``every_n_train_steps="auto"`` chose last in the run, if any.
+    ``interruptions`` counts attempts per ending that did not finish (launches killed while starting
+    under :data:`UNRECORDED`); ``earlier`` sums up the attempts ``attempts.json`` no longer lists.
     """
 
     run_dir: str
     attempts: list[AttemptRow]
-    wall_seconds: float
+    wall_seconds: float  # the first attempt's start to the last one's end
     useful_seconds: float
-    goodput: float | None
-    final_step: int
+    goodput: float | None  # useful_seconds / wall_seconds (None with no wall time)
+    final_step: int  # the last attempt's kept end
     steps_lost: int
     restart_seconds: float
     save_seconds: float
     wait_seconds: float
     interruptions: dict[str, int] = field(default_factory=dict)
     earlier: dict[str, Any] = field(default_factory=dict)
-    cadence: dict[str, Any] | None = None
+    cadence: dict[str, Any] | None = None  # the interval every_n_train_steps="auto" chose last
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,16 +113,14 @@ def _step_seconds(attempt: Attempt, start: int) -> float | None:
 
 
 def build(history: History, run_dir: Path | str = "") -> GoodputReport:
-    """The report of a run's attempt history (see the module docstring for the definitions)."""
-    rows: list[AttemptRow] = []
+    """The report of a run's attempt history (definitions: the ``report`` section of ``docs/src/cli.md``)."""
     found = list(history.attempts)
     if not found:
         return GoodputReport(str(run_dir), [], 0.0, 0.0, None, 0, 0, 0.0, 0.0, 0.0, earlier=_earlier(history))
     origin = found[0].started
     trained = {a.number for a in found if a.last_step is not None and a.first_step is not None}
     last = found[-1]
-    finished = last.end is not None and last.end.cause is Cause.FINISHED
-    if last.end is None or finished:
+    if last.end is None or last.end.cause is Cause.FINISHED:
         final = last.last_step if last.last_step is not None else 0
     else:
         final = last.checkpoint.step if last.checkpoint is not None else 0
@@ -193,9 +128,10 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         s for a in found if a.number in trained and (s := _step_seconds(a, a.resumed_from or 0)) is not None
     ]
     typical = statistics.median(per_step) if per_step else None
+    rows: list[AttemptRow] = []
     previous_end: float | None = None
     for index, attempt in enumerate(found):
-        start = attempt.resumed_from or 0
+        start, end = attempt.resumed_from or 0, attempt.end
         reached = attempt.last_step if attempt.number in trained else None
         later = [a.resumed_from or 0 for a in found[index + 1 :] if a.number in trained]
         cap = min([*later, final])  # a later resume from an earlier step discards the rest
@@ -205,7 +141,8 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         step = step if step is not None else typical
         cause, how = _how(attempt)
         saved, saves = _save_seconds(attempt)
-        end_time = attempt.end.time if attempt.end is not None else None
+        end_time = end.time if end is not None else None
+        first, last_time = attempt.first_step, attempt.last_step_time
         rows.append(
             AttemptRow(
                 attempt=attempt.number,
@@ -213,19 +150,17 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
                 at=attempt.started - origin,
                 wait_before=None if previous_end is None else max(attempt.started - previous_end, 0.0),
                 resumed_from=attempt.resumed_from,
-                restart_overhead=None if attempt.first_step is None else attempt.first_step - attempt.started,
-                first_step_at=None if attempt.first_step is None else attempt.first_step - origin,
+                restart_overhead=None if first is None else first - attempt.started,
+                first_step_at=None if first is None else first - origin,
                 last_step=attempt.last_step,
-                last_step_at=None if attempt.last_step_time is None else attempt.last_step_time - origin,
+                last_step_at=None if last_time is None else last_time - origin,
                 end_at=None if end_time is None else end_time - origin,
                 cause=cause,
                 how=how,
                 steps_trained=steps_trained,
                 steps_kept=kept,
                 steps_lost=steps_trained - kept,
-                lost_at_least=cause == Cause.KILLED.value
-                and attempt.end is not None
-                and attempt.end.step is None,
+                lost_at_least=cause == Cause.KILLED.value and end is not None and end.step is None,
                 step_seconds=step,
                 useful_seconds=kept * (step or 0.0),
                 save_seconds=saved,
@@ -240,8 +175,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
     interruptions: dict[str, int] = {}
     for row in rows:
         if row.unrecorded_before:
-            key = UNRECORDED
-            interruptions[key] = interruptions.get(key, 0) + row.unrecorded_before
+            interruptions[UNRECORDED] = interruptions.get(UNRECORDED, 0) + row.unrecorded_before
         if row.cause not in (Cause.FINISHED.value, "running"):
             key = f"{row.cause} ({row.how})" if row.cause == Cause.PREEMPTED.value else row.cause
             interruptions[key] = interruptions.get(key, 0) + 1
@@ -271,8 +205,6 @@ def report(run_dir: Path) -> GoodputReport:
     """The report of the run dir ``run_dir`` (an empty one when it has no ``attempts.json``)."""
     return build(attempts.read(run_dir), run_dir)
 
-
-# -- the picture ------------------------------------------------------------------------------------
 
 #: Colours of the endings in the picture.
 COLOURS = {
@@ -304,50 +236,36 @@ def plot(found: GoodputReport, path: Path) -> Path:
         raise ImportError(PLOT_HINT) from e
     rows = found.attempts
     scale, unit = (60.0, "min") if found.wall_seconds > 600 else (1.0, "s")
-    figure, (bars, steps) = plt.subplots(
-        2, 1, figsize=(10, 2.2 + 0.35 * max(len(rows), 1) + 2.5), sharex=True, height_ratios=(1, 1)
-    )
+    height = 2.2 + 0.35 * max(len(rows), 1) + 2.5
+    figure, (bars, steps) = plt.subplots(2, 1, figsize=(10, height), sharex=True, height_ratios=(1, 1))
     for index, row in enumerate(rows):
         y = len(rows) - index
+        lane = (y - 0.3, 0.6)
         if row.first_step_at is not None:
-            bars.broken_barh(
-                [(row.at / scale, (row.first_step_at - row.at) / scale)], (y - 0.3, 0.6), color="#bdbdbd"
-            )
-            end = row.last_step_at if row.last_step_at is not None else row.first_step_at
-            span = max(end - row.first_step_at, 0.0)
-            kept_share = row.steps_kept / row.steps_trained if row.steps_trained else 1.0
-            kept = span * kept_share
-            bars.broken_barh([(row.first_step_at / scale, kept / scale)], (y - 0.3, 0.6), color="#66bb6a")
+            first, start = row.first_step_at, row.resumed_from or 0
+            bars.broken_barh([(row.at / scale, (first - row.at) / scale)], lane, color="#bdbdbd")
+            end = row.last_step_at if row.last_step_at is not None else first
+            span = max(end - first, 0.0)
+            kept = span * (row.steps_kept / row.steps_trained if row.steps_trained else 1.0)
+            bars.broken_barh([(first / scale, kept / scale)], lane, color="#66bb6a")
             if span - kept > 0:
-                bars.broken_barh(
-                    [((row.first_step_at + kept) / scale, (span - kept) / scale)],
-                    (y - 0.3, 0.6),
-                    color="#ef5350",
-                )
+                bars.broken_barh([((first + kept) / scale, (span - kept) / scale)], lane, color="#ef5350")
             steps.plot(
-                [row.first_step_at / scale, (row.first_step_at + kept) / scale],
-                [(row.resumed_from or 0) + 1, (row.resumed_from or 0) + row.steps_kept],
-                color="#2e7d32",
+                [first / scale, (first + kept) / scale], [start + 1, start + row.steps_kept], color="#2e7d32"
             )
             if row.steps_lost:
-                steps.plot(
-                    [(row.first_step_at + kept) / scale, end / scale],
-                    [(row.resumed_from or 0) + row.steps_kept, row.last_step or 0],
-                    color="#c62828",
-                    linestyle="--",
-                )
-        end_at = row.end_at if row.end_at is not None else (row.last_step_at or row.at)
-        bars.plot([end_at / scale], [y], marker="|", markersize=14, color=COLOURS.get(row.cause, "black"))
-        bars.annotate(
-            row.how if row.cause == "preempted" else row.cause, (end_at / scale, y + 0.35), fontsize=7
-        )
+                lost = [(first + kept) / scale, end / scale], [start + row.steps_kept, row.last_step or 0]
+                steps.plot(*lost, color="#c62828", linestyle="--")
+        end_at = (row.end_at if row.end_at is not None else (row.last_step_at or row.at)) / scale
+        bars.plot([end_at], [y], marker="|", markersize=14, color=COLOURS.get(row.cause, "black"))
+        bars.annotate(row.how if row.cause == "preempted" else row.cause, (end_at, y + 0.35), fontsize=7)
     bars.set_yticks(range(1, len(rows) + 1), [f"attempt {r.attempt}" for r in reversed(rows)])
     bars.set_ylim(0.4, len(rows) + 0.9)  # room for the names of the endings
     goodput = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
     bars.set_title(
         f"goodput {goodput}: {found.useful_seconds / scale:.1f} {unit} useful of "
-        f"{found.wall_seconds / scale:.1f} "
-        f"{unit}; {found.steps_lost} steps lost; grey: start to first step, green: kept, red: lost",
+        f"{found.wall_seconds / scale:.1f} {unit}; {found.steps_lost} steps lost; grey: start to first "
+        "step, green: kept, red: lost",
         fontsize=9,
     )
     steps.set_ylabel("global step")

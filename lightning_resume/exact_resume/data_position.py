@@ -1,14 +1,10 @@
 """Exact mid-epoch resume for plain ``DataLoader``s, without changing what an uninterrupted run draws.
 
-A plain loader's epoch is fixed by two draws from the random state: the workers' base seed, drawn
-when the epoch's iterator is created, and ``RandomSampler``'s permutation, drawn when the sampler
-starts (at once with workers, at the first batch without; ``DistributedSampler`` uses its seed and
-epoch instead). Every training loader is watched from the moment Lightning prepares it
-(:func:`watch`): the random state at both moments is recorded, and nothing else changes, so a run
-draws exactly what it draws without ``lightning_resume``. A resume makes the interrupted epoch's
-iterator again with both draws done from the recorded states (:func:`replay`), the sampler skipping
-the consumed batches' *indices*, never loading them; :mod:`.worker_streams` continues the workers'
-random streams.
+A plain loader's epoch comes from two draws: the workers' base seed, as its iterator is made, and
+``RandomSampler``'s permutation, as the sampler starts (``DistributedSampler`` uses its seed and epoch).
+:func:`watch` records the random state at both moments and changes nothing else; :func:`replay` makes
+the interrupted epoch's iterator again from them, the sampler skipping the consumed batches' *indices*
+without loading them; :mod:`.worker_streams` continues the workers' random streams.
 """
 
 from __future__ import annotations
@@ -69,11 +65,8 @@ def _capture(generator: torch.Generator | None) -> dict[str, Any]:
 
 
 class EpochSampler(Sampler[Any]):
-    """Wraps a loader's sampler: records the random state each epoch's order is drawn from.
-
-    On a resume (:meth:`resume`) the next epoch is that order again, drawn from a recorded state,
-    ``skip`` indices in. Later epochs pass through.
-    """
+    """Wraps a loader's sampler: records the random state each epoch's order is drawn from; after
+    :meth:`resume`, the next epoch is a recorded one again."""
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
@@ -81,11 +74,8 @@ class EpochSampler(Sampler[Any]):
         self._pending: Iterator[Any] | None = None
 
     def resume(self, start: dict[str, Any], skip: int) -> list[Any]:
-        """Draw the epoch that started from ``start`` again and skip ``skip`` indices; return those.
-
-        The order is drawn now, inside :func:`rng.scoped` (the global stream moves on as if it had
-        not happened); the sampler's own generator ends where the interrupted run's did.
-        """
+        """Draw the epoch that started from ``start`` again (in :func:`rng.scoped`; the sampler's own
+        generator ends where the interrupted run's did) and skip ``skip`` indices; return those."""
         _set(getattr(self.sampler, "generator", None), start["generator"])
         with rng.scoped(start["rng"]):
             iterator = iter(self.sampler)
@@ -164,11 +154,8 @@ def draws(loader: DataLoader) -> EpochDraws | None:
 
 
 def replay(loader: DataLoader, recorded: EpochDraws, batches: int) -> list[list[Any]]:
-    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in.
-
-    Returns the skipped batches' indices (their workers replay them to continue their random
-    streams). The caller then has Lightning make the iterator.
-    """
+    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in; return the skipped
+    batches' indices (for :mod:`.worker_streams`). The caller then has Lightning make the iterator."""
     batch_sampler: Any = loader.batch_sampler
     if not _watched(loader) or recorded.get("sampler") is None:
         raise ValueError("replay needs a loader watched since its epoch started")

@@ -1,17 +1,10 @@
 """What is logged at an epoch's end, and what callbacks read, saved with a checkpoint and put back.
 
-Three things accumulate outside any ``state_dict`` Lightning saves:
-
-- the states of the ``torchmetrics.Metric`` objects of the ``LightningModule`` (registered with
-  ``persistent=False`` by default, so not in the module's ``state_dict``);
-- what ``self.log(..., on_epoch=True)`` summed up so far in the training epoch (Lightning's result
-  collection);
-- ``trainer.callback_metrics``, which ``EarlyStopping``, ``ModelCheckpoint(monitor=...)``,
-  ``ReduceLROnPlateau`` and user callbacks read.
-
-Without them, an epoch interrupted and resumed logs the mean of its resumed batches only, and a
-callback that reads a validation metric before the next validation finds none. :func:`capture` takes
-them on one rank; :func:`restore` puts them back (each rank its own) before the first resumed batch.
+Three things accumulate outside any ``state_dict`` Lightning saves: the module's ``torchmetrics.Metric``
+states (``persistent=False`` by default), what ``self.log(..., on_epoch=True)`` summed so far, and
+``trainer.callback_metrics`` (read by ``EarlyStopping``, ``ModelCheckpoint(monitor=...)``,
+``ReduceLROnPlateau``). Without them a resumed epoch logs the mean of its resumed batches only, and a
+callback finds no validation metric before the next validation.
 """
 
 from __future__ import annotations
@@ -98,8 +91,8 @@ def capture(trainer: pl.Trainer, module_states: dict[str, dict[str, Any]] | None
 
 
 def restore(trainer: pl.Trainer, saved: EpochMetrics | None, mid_epoch: bool) -> None:
-    """Put back what :func:`capture` returned; the epoch's accumulators only for a ``mid_epoch`` resume
-    (between epochs, Lightning has logged and reset them already)."""
+    """Put back what :func:`capture` returned; the epoch's accumulators only ``mid_epoch`` (between
+    epochs Lightning has logged and reset them)."""
     if not saved:
         return
     device = trainer.strategy.root_device

@@ -1,25 +1,12 @@
 """``ExactResume``: the random and data state of a run, saved in every checkpoint and put back exactly.
 
-A private callback: ``RequeueCheckpoint`` puts it in the Trainer's callbacks, just before itself, for
-each ``fit`` (:meth:`ExactResume.attach`), as it puts ``EpochBoundary`` first. Its hooks are the
-moments of ``fit``; between them the state is one
-:class:`~lightning_resume.exact_resume.resume_state.ResumeState`. What goes back when:
-
-- the epoch's metric states, logged accumulators and callback metrics, at train start
-  (:mod:`.epoch_metrics`);
-- the data position, at train start: a plain loader's interrupted epoch is drawn again from the
-  recorded random states and skips the consumed batches (:mod:`.data_position`), its workers'
-  streams continued (:mod:`.worker_streams`); stateful loaders under DDP get their own rank's state,
-  the epoch and an order Lightning does not hide (:mod:`.stateful_loaders`). A run that does not
-  resume draws exactly what it draws without ``lightning_resume``;
-- the random state: as the next epoch starts, before any of its hooks (a checkpoint between
-  epochs, which also makes Lightning start that epoch as an uninterrupted run does), just before
-  the first resumed batch (mid-epoch), or as the validation to redo starts;
-- a validation the checkpoint interrupted, or that followed the saved step (recorded in
-  ``checkpoints/.validated-after``), runs again.
-- under DDP, each rank's learning-rate scheduler and callback states, which Lightning writes for
-  rank 0 only, as Lightning loads them (:mod:`.per_rank_states`);
-- a stop asked for before ``min_steps``/``min_epochs`` were met, at train start (:mod:`.stop_request`).
+A private callback that ``RequeueCheckpoint`` puts just before itself for each ``fit`` (its state
+between hooks: :class:`~.resume_state.ResumeState`); a run that does not resume draws exactly what it
+draws without it. At train start go back the epoch's metrics (:mod:`.epoch_metrics`), the data position
+(plain loaders: :mod:`.data_position`, :mod:`.worker_streams`; stateful ones under DDP:
+:mod:`.stateful_loaders`) and a deferred stop (:mod:`.stop_request`); the random state as the next epoch
+starts (a checkpoint between epochs), before the first resumed batch, or as a validation to redo starts;
+under DDP, each rank's scheduler and callback states as Lightning loads them (:mod:`.per_rank_states`).
 """
 
 from __future__ import annotations
@@ -81,12 +68,8 @@ def _plain(trainer: pl.Trainer | None) -> list[DataLoader]:
 
 
 class ExactResume(Callback):
-    """Save and restore the random and data state of a run (private: ``RequeueCheckpoint`` inserts it).
-
-    Args:
-        keep_global_batch: See :class:`~lightning_resume.exact_resume.world_change.WorldChange`.
-        last_save_step: The step ``RequeueCheckpoint`` saved last (``-1``: none yet).
-    """
+    """Save and restore the random and data state of a run (private: ``RequeueCheckpoint`` inserts it);
+    ``last_save_step``: the step ``RequeueCheckpoint`` saved last (``-1``: none yet)."""
 
     def __init__(self, keep_global_batch: bool, last_save_step: Callable[[], int]) -> None:
         self._world = WorldChange(keep_global_batch)  # another number of ranks (issue 25)
@@ -124,17 +107,8 @@ class ExactResume(Callback):
         saves_mid_epoch: bool,
         restart: bool,
     ) -> None:
-        """In ``setup`` of ``fit``: join the Trainer's callbacks just before ``before``; record the draws of
-        every training epoch from the first one on.
-
-        Args:
-            trainer: The trainer.
-            before: The callback whose hooks follow these (``RequeueCheckpoint``).
-            validated_after: The file that records the step of the last save a validation followed.
-            saves_mid_epoch: Whether checkpoints are saved inside epochs (else a warning about loaders
-                that cannot be positioned would be noise).
-            restart: Whether this fit continues the run that saved what it loads.
-        """
+        """In ``setup`` of ``fit``: join the callbacks just before ``before``; record every epoch's draws.
+        ``validated_after`` records the step of the last save a validation followed."""
         put_callback(trainer, self, before=before)
         self._trainer, self._validated_after = trainer, validated_after
         self._saves_mid_epoch, self._restart = saves_mid_epoch, restart
@@ -162,13 +136,12 @@ class ExactResume(Callback):
         if trainer is not None and trainer.lightning_module is not None:
             states = self._validation_metrics if in_validation else None
             mine["metrics"] = dict(epoch_metrics.capture(trainer, states))
-        # Batches of the current epoch whose step has run (what a mid-epoch resume must skip).
+        # Batches of the epoch whose step has run (what a mid-epoch resume skips).
         batches = (
             getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0) if trainer else 0
         )
-        # Between epochs: the last epoch's end has run in full (validation, epoch-end hooks, logging)
-        # and nothing of the next one; a save in validation resumes inside the epoch (the validation,
-        # then the epoch-end hooks, run again).
+        # Between epochs: the last epoch's end has run in full and nothing of the next; a save in
+        # validation resumes inside the epoch (the validation and epoch-end hooks run again).
         between = trainer is not None and not in_validation and between_epochs(trainer)
         return {
             "ranks": [mine],  # every rank's, with its loader states, are gathered in at_save
@@ -203,8 +176,7 @@ class ExactResume(Callback):
             mark_between_epochs(checkpoint)
         if trainer.world_size > 1:
             mine = dict(state["ranks"][0])
-            # Lightning keeps only the saving rank's loader, scheduler and callback states; each rank
-            # needs its own back.
+            # Lightning keeps the saving rank's loader, scheduler and callback states only.
             mine["loaders"] = train_loader_states(checkpoint)
             mine["owned"] = per_rank_states.capture(checkpoint, self.state_key)
             state["ranks"] = gather_objects(trainer.strategy, mine)
@@ -217,8 +189,8 @@ class ExactResume(Callback):
     ) -> None:
         """Mark a validation to redo; give each rank its own loader, scheduler and callback states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
-        # Saved at the end of a step that a validation followed: redo that validation, from the
-        # random state the checkpoint holds (nothing draws between the step's end and validation).
+        # Saved at the end of a step a validation followed: redo it from the checkpoint's random state
+        # (nothing draws between the step's end and validation).
         followed = state.get("mid_epoch", True) and self._validation_followed(checkpoint.get("global_step"))
         if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
             state["before_validation"] = True
@@ -229,12 +201,10 @@ class ExactResume(Callback):
             per_rank_states.put_back(checkpoint, ranks[trainer.global_rank].get("owned"))
         if state and WorldChange.resplits(state, trainer):  # issue 25: the epoch's rest is split anew
             replace_train_loader_states(checkpoint, [])
-            return
-        if not same_ranks:
-            return
-        loaders = ranks[trainer.global_rank].get("loaders")
-        if loaders is not None and replace_train_loader_states(checkpoint, loaders):
-            self._loader_states = loaders if state.get("mid_epoch", True) else None
+        elif same_ranks:
+            loaders = ranks[trainer.global_rank].get("loaders")
+            if loaders is not None and replace_train_loader_states(checkpoint, loaders):
+                self._loader_states = loaders if state.get("mid_epoch", True) else None
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -250,7 +220,7 @@ class ExactResume(Callback):
         """The epoch's metrics, the data back at its batch, the random state; a deferred stop again."""
         loaded = self.state.loaded
         redo_first = loaded is not None and loaded.before_validation
-        loaders = self._inspect_loaders(trainer, self._saves_mid_epoch)
+        loaders = self._inspect_loaders(trainer)
         if loaded is not None:
             epoch_metrics.restore(trainer, self._mine(trainer).get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
             self._settle_restart = loaded.mid_epoch
@@ -260,14 +230,12 @@ class ExactResume(Callback):
             self._resplit(trainer)
         elif loaded is not None and loaded.mid_epoch and self._positioned:
             self._position_plain_loaders(trainer, loaders)
-            self._unquiet()
-            self._quiet = QuietLightning(self, NOT_RESUMABLE)  # until the first batch: the position is exact
-            self._continue(trainer, at_batch=False)
+            self._continue_quietly(trainer)
         elif self._stateful and (trainer.world_size > 1 or positioned is Positioned.SAMPLER):
             self._position_stateful_loaders(trainer, changed=positioned is Positioned.SAMPLER)
         if redo_first:
-            # The validation that followed the saved step runs first: it must draw from the state the
-            # step ended with, as it did in the interrupted run (plain loaders restored it above).
+            # The validation that followed the saved step runs first, from the state the step ended
+            # with (plain loaders restored it above).
             if self.state.stage is Stage.LOADED:
                 rng.restore(self._mine(trainer)["rng"])
             self.state = self.state.redo_validation_now()
@@ -279,11 +247,8 @@ class ExactResume(Callback):
             )
 
     def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
-        """As an epoch starts, before any of its hooks: a checkpoint saved at this moment goes back.
-
-        The random state is the one the interrupted run had here, and Lightning starts the epoch as
-        an uninterrupted run does (its iterator made from that state, its loops not "restarting").
-        """
+        """As an epoch starts, before its hooks: a checkpoint saved at this moment goes back, and Lightning
+        starts the epoch as an uninterrupted run does (not "restarting")."""
         loaded = self.state.loaded
         if loaded is None or not loaded.between_epochs or self.state.stage is not Stage.LOADED:
             return
@@ -295,8 +260,7 @@ class ExactResume(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Mid-epoch, the random state goes back now. A stateful loader's resumed iterator is rebuilt
-        before this hook, drawing from the global generator."""
+        """Mid-epoch, the random state goes back now (after a stateful loader's iterator drew from it)."""
         self._unquiet()
         self._settle(trainer)
         self._continue(trainer, at_batch=True)
@@ -308,11 +272,8 @@ class ExactResume(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A validation to redo starts from its saved random state.
-
-        When ``last.ckpt`` was saved at this step, before this validation, a restart from it must run
-        the validation again (Lightning would skip it and its random draws): recorded here.
-        """
+        """A validation to redo starts from its saved random state; one that follows a save of this step
+        is recorded, for a restart from that save to run it again (Lightning would skip it)."""
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         saved_at_this_step = trainer.global_step == self._last_save_step()
@@ -347,9 +308,15 @@ class ExactResume(Callback):
         if unwatch is not None:
             unwatch()
 
+    def _continue_quietly(self, trainer: pl.Trainer) -> None:
+        """:meth:`_continue`, Lightning's "not resumable" warning silenced until the first batch (exact)."""
+        self._unquiet()
+        self._quiet = QuietLightning(self, NOT_RESUMABLE)
+        self._continue(trainer, at_batch=False)
+
     def _continue(self, trainer: pl.Trainer, at_batch: bool) -> None:
         """Where the interrupted run was after its saved step: its random state, or the validation to
-        redo. A checkpoint between epochs waits for the next epoch's start (:meth:`at_epoch_boundary`)."""
+        redo (a checkpoint between epochs waits for :meth:`at_epoch_boundary`)."""
         loaded = self.state.loaded
         if loaded is None or loaded.between_epochs:
             return
@@ -361,17 +328,16 @@ class ExactResume(Callback):
             rng.restore(saved)
         self.state = self.state.applied()
 
-    def _inspect_loaders(self, trainer: pl.Trainer, saves_mid_epoch: bool) -> list[DataLoader]:
+    def _inspect_loaders(self, trainer: pl.Trainer) -> list[DataLoader]:
         """The plain train loaders; who positions them; a warning for those nobody can position."""
         sources = _train_loaders(trainer)
         loaders = [dl for dl in sources if isinstance(dl, DataLoader)]
         stateful = [hasattr(dl, "state_dict") for dl in loaders]
-        # Lightning restores a stateful loader only when resuming mid-epoch, so for those the epoch
-        # boundary is saved as the first batch of the next epoch instead.
+        # Lightning restores a stateful loader only mid-epoch: their boundary is saved after a batch.
         self._stateful = bool(loaders) and all(stateful)
         problems = sorted({p for p in map(data_position.loader_problem, sources) if p})
         self._positioned = bool(loaders) and not problems and not any(stateful)
-        if problems and saves_mid_epoch:
+        if problems and self._saves_mid_epoch:
             warn(
                 "RequeueCheckpoint saves mid-epoch, but the train data cannot be put back at the same batch ("
                 + "; ".join(problems)
@@ -382,13 +348,12 @@ class ExactResume(Callback):
         return loaders
 
     def _position_plain_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
-        """Make the interrupted epoch's iterator again from its recorded draws, skipping what the
-        interrupted run consumed; its workers continue their random streams."""
+        """Make the interrupted epoch's iterator again from its recorded draws, skipping what it consumed."""
         loaded = self.state.loaded
         assert loaded is not None
         skip = loaded.batches
-        # A save during the epoch-end validation has consumed the whole epoch: nothing to skip (a skip
-        # of everything would leave an exhausted iterator for the next epoch to pick up).
+        # A save in the epoch-end validation consumed the whole epoch: skipping it all would leave an
+        # exhausted iterator for the next epoch.
         if not 0 < skip < min((len(dl) for dl in loaders), default=0):
             return
         records = list(self._mine(trainer).get("draws") or [None] * len(loaders))
@@ -415,22 +380,15 @@ class ExactResume(Callback):
                 loader.worker_init_fn = user_fn
 
     def _resplit(self, trainer: pl.Trainer) -> None:
-        """The epoch's rest was split over the ranks (issue 25): a new iterator, from this rank's
-        random state (the rule of ``rank_states``)."""
+        """The epoch's rest was split over the ranks (issue 25): a new iterator, this rank's random state."""
         self._loader_states = None
         restart_train_iterator(trainer)
         if self._positioned:
-            self._unquiet()
-            self._quiet = QuietLightning(self, NOT_RESUMABLE)
-            self._continue(trainer, at_batch=False)
+            self._continue_quietly(trainer)
 
     def _position_stateful_loaders(self, trainer: pl.Trainer, changed: bool = False) -> None:
-        """Under DDP: an order that depends on seed and epoch only, this rank's state, a new iterator.
-
-        Lightning made the first iterator in ``FitLoop.setup_data``, before ``set_epoch`` and with the
-        sampler it wrapped (see :mod:`.stateful_loaders`); fresh runs go through this too, so both
-        runs draw alike.
-        """
+        """Under DDP: an order of seed and epoch only, this rank's state, a new iterator (see
+        :mod:`.stateful_loaders`); fresh runs go through this too, so both draw alike."""
         loaders = _plain(trainer)
         for loader in loaders:
             changed |= stateful_loaders.unwrap_random_sampler(loader)
@@ -461,7 +419,7 @@ class ExactResume(Callback):
             quiet.remove()
 
     def _validation_followed(self, step: Any) -> bool:
-        """Whether a validation ran after the save of ``step`` (recorded by :meth:`before_validation`)."""
+        """Whether a validation ran after the save of ``step`` (recorded by :meth:`on_validation_start`)."""
         if self._validated_after is None:
             return False
         try:

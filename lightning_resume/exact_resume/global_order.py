@@ -1,19 +1,11 @@
 """The global order of an epoch, and how much of it a checkpoint consumed, whatever the number of ranks.
 
-A ``DistributedSampler`` orders the whole data set with one permutation, ``randperm(n)`` drawn from a
-generator seeded with ``seed + epoch`` (``range(n)`` without shuffling), the same for every number of
-ranks; it pads that order by repeating its head up to a multiple of the ranks ``W`` (or cuts its tail,
-``drop_last``), and rank ``r`` takes every ``W``-th index from ``r`` on. After ``k`` batches of ``B``
-samples per rank the ranks together have consumed exactly the first ``k * B * W`` indices of the
-order. A checkpoint records that count (:class:`GlobalOrder`); a restart on ``M`` ranks splits the
-rest of the same order over its ranks the same way (:func:`split`), so every sample of the
-interrupted epoch is seen once in total, and later epochs are the ``M``-rank sampler's own.
-
-One process without a ``DistributedSampler`` (Lightning's single-device ``RandomSampler``) draws its
-permutation from the global random state as its sampler starts: that order is drawn again from the
-random state every checkpoint records for it (:func:`sampler_order`).
-
-Pure functions and one frozen record, no Lightning.
+A ``DistributedSampler`` orders the whole data set with one permutation (``randperm(n)`` seeded with
+``seed + epoch``, or ``range(n)``) whatever the ranks ``W``, pads or cuts it to a multiple of ``W``, and
+rank ``r`` takes every ``W``-th index from ``r``: after ``k`` batches of ``B`` the ranks consumed exactly
+its first ``k * B * W`` indices. A restart on other ranks splits the rest alike (:func:`split`), so every
+sample of the interrupted epoch is seen once. One process's ``RandomSampler`` order is drawn again from
+the recorded random state (:func:`sampler_order`). Pure functions, no Lightning.
 """
 
 from __future__ import annotations
@@ -43,19 +35,9 @@ class OrderKind(str, enum.Enum):
 class GlobalOrder:
     """How far a checkpoint's epoch went through its global order (saved as plain values).
 
-    Attributes:
-        kind: Where the order comes from.
-        length: Samples in the data set (``n``).
-        shuffle: The order is a permutation (``False``: ``range(n)``).
-        seed: The sampler's seed (``PERMUTATION``).
-        drop_last: The sampler cuts the order to a multiple of the ranks instead of padding it.
-        epoch: The epoch the count belongs to.
-        consumed: Indices of the epoch's order the saved batches consumed, over all ranks.
-        replicas: Ranks the order was split over when saved (the data-parallel size).
-        batch_size: Samples per batch and rank when saved.
-        resplit: The epoch's rest was split anew by a restart (not the sampler's own split): any
-            later restart inside this epoch continues from ``consumed`` too.
-        global_batch: Samples per optimizer step over all ranks (batch size x ranks x accumulation).
+    ``consumed``: the order's indices the saved batches consumed over all ranks; ``replicas`` and
+    ``batch_size``: the split when saved; ``resplit``: a restart split the epoch's rest anew, so later
+    restarts inside it continue from ``consumed`` too; ``global_batch``: samples per optimizer step.
     """
 
     kind: OrderKind
@@ -79,20 +61,15 @@ class GlobalOrder:
         """What :meth:`to_dict` returned (``None`` for a checkpoint without one, or an unknown kind)."""
         if not isinstance(data, dict):
             return None
+        ints = ("length", "seed", "epoch", "consumed", "replicas", "batch_size")
         try:
-            kind = OrderKind(data["kind"])
             return cls(
-                kind=kind,
-                length=int(data["length"]),
+                kind=OrderKind(data["kind"]),
                 shuffle=bool(data["shuffle"]),
-                seed=int(data["seed"]),
                 drop_last=bool(data["drop_last"]),
-                epoch=int(data["epoch"]),
-                consumed=int(data["consumed"]),
-                replicas=int(data["replicas"]),
-                batch_size=int(data["batch_size"]),
                 resplit=bool(data.get("resplit", False)),
                 global_batch=int(data.get("global_batch", 0)),
+                **{k: int(data[k]) for k in ints},
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -108,9 +85,8 @@ def permutation(length: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
 
 
 def sampler_order(length: int, start_rng: dict[str, Any], generator: torch.Tensor | None) -> list[int]:
-    """The order a one-process ``RandomSampler`` drew for an epoch, from the random state it started
-    from (the process's, and its own ``generator``'s, if any). The process's random state is left as
-    it was."""
+    """The order a one-process ``RandomSampler`` drew for an epoch from the states it started from (the
+    process's, and its own ``generator``'s); the process's own is left as it was."""
     before = rng.capture()
     try:
         rng.restore(start_rng)
@@ -128,9 +104,8 @@ def _generator(state: torch.Tensor | None) -> torch.Generator | None:
 
 
 def split(remaining: list[int], replicas: int, rank: int, drop_last: bool) -> list[int]:
-    """Rank ``rank``'s share of ``remaining``, split over ``replicas`` ranks as ``DistributedSampler``
-    splits a whole epoch: padded by repeating the head to a multiple of the ranks (or cut, ``drop_last``),
-    then every ``replicas``-th index from ``rank`` on."""
+    """Rank ``rank``'s share of ``remaining`` over ``replicas`` ranks, split as ``DistributedSampler``
+    splits an epoch (padded with its head or cut, ``drop_last``; every ``replicas``-th from ``rank``)."""
     if not remaining:
         return []
     if drop_last:

@@ -1,11 +1,9 @@
 """Which random state each rank continues with after a restart on another number of ranks.
 
-The rule: rank ``r`` of the new run continues the stream rank ``r`` saved, when the checkpoint has
-one; a rank the checkpoint's run did not have starts a stream of its own, every generator (Python,
-numpy, torch, CUDA) seeded from the run's seed, its rank and the saved step (:func:`new_rank_seed`).
-It depends on the checkpoint and the rank only, so every restart from the same checkpoint on the
-same number of ranks draws alike. The run's seed is ``PL_GLOBAL_SEED`` when the checkpoint was
-written (set by ``seed_everything``), or else one derived from rank 0's saved torch state.
+Rank ``r`` continues the stream rank ``r`` saved, when there is one; a new rank seeds every generator
+from the run's seed, its rank and the saved step (:func:`new_rank_seed`), so restarts from one checkpoint
+on one number of ranks draw alike. The run's seed is ``PL_GLOBAL_SEED`` (``seed_everything``) when the
+checkpoint was written, or one derived from rank 0's saved torch state.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def new_rank_seed(seed: int, rank: int, step: int) -> int:
 
 def seeded_state(seed: int) -> dict[str, Any]:
     """The state of every generator seeded with ``seed`` (as :func:`rng.capture` gives it); the
-    process's own state is left as it was."""
+    process's own is left as it was."""
     before = rng.capture()
     try:
         random.seed(seed)
@@ -58,10 +56,8 @@ def seeded_state(seed: int) -> dict[str, Any]:
 
 
 def rank_state(ranks: list[RankState], rank: int, seed: int | None, step: int) -> RankState:
-    """What rank ``rank`` restores from a checkpoint that saved ``ranks`` (by global rank).
-
-    A saved rank keeps all it saved; a new rank gets a derived random state and no loader state.
-    """
+    """What rank ``rank`` restores from a checkpoint that saved ``ranks``: its own, or for a new rank a
+    derived random state and no loader state."""
     if rank < len(ranks):
         return ranks[rank]
     derived = new_rank_seed(fallback_seed(ranks) if seed is None else seed, rank, step)

@@ -1,8 +1,5 @@
-"""``RemainingOrder``: a ``DistributedSampler`` whose interrupted epoch yields this rank's share of the rest.
-
-After a restart on another number of ranks (see :mod:`.global_order`), the epoch the checkpoint
-interrupted goes on with what is left of its global order, split over the new ranks; every later
-epoch is the wrapped sampler's own, which ``set_epoch`` selects as usual.
+"""``RemainingOrder``: a ``DistributedSampler`` whose interrupted epoch yields this rank's share of the
+rest of the global order after a restart on another number of ranks (see :mod:`.global_order`).
 """
 
 from __future__ import annotations
@@ -14,16 +11,8 @@ from torch.utils.data import Sampler
 
 
 class RemainingOrder(Sampler[int]):
-    """Yield ``indices`` while ``sampler`` is at ``epoch``; otherwise ``sampler``'s own order.
-
-    Its length stays the wrapped sampler's: Lightning counts the resumed epoch's batches from the
-    epoch's start (the batches already done plus those of ``indices``), as for a whole epoch.
-
-    Args:
-        sampler: The sampler that decides every other epoch (it has ``epoch`` and ``set_epoch``).
-        epoch: The epoch to continue.
-        indices: This rank's share of the rest of that epoch's global order.
-    """
+    """Yield ``indices`` (this rank's share of the epoch's rest) while ``sampler`` is at ``epoch``, else
+    ``sampler``'s own order. Its length stays the sampler's: Lightning counts from the epoch's start."""
 
     def __init__(self, sampler: Any, epoch: int, indices: list[int]) -> None:
         self.sampler = sampler

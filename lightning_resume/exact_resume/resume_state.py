@@ -1,9 +1,7 @@
 """What an exact resume holds between hooks: the saved format, and one state with named transitions.
 
-A checkpoint's states do not all go back at one moment: the random state is restored before the next
-epoch's iterator (a checkpoint at an epoch boundary), just before the first resumed batch (mid-epoch),
-or as the validation the checkpoint interrupted starts again; and a save from inside a validation
-stores that validation's starting random state. :class:`ResumeState` says which is under way::
+A checkpoint's states go back at different moments (see :mod:`.exact_resume`), and a save from inside a
+validation stores that validation's starting random state. :class:`ResumeState` says which is under way::
 
     IDLE ──load──> LOADED ──applied──> IDLE
                      ├──redo_validation_from(rng)──> VALIDATION_TO_REDO ──redo_validation_now──┐
@@ -11,17 +9,10 @@ stores that validation's starting random state. :class:`ResumeState` says which 
     IDLE ──redo_validation_now──> REDOING_VALIDATION ──validation_redone──> IDLE
     any ──saving_in_validation──> SAVING_IN_VALIDATION ──saved──> the state before it
 
-- ``IDLE``: nothing loaded waits (a fresh run, or everything was applied).
-- ``LOADED``: ``load_state_dict`` gave a checkpoint's states (:class:`Loaded`); each goes back at its moment.
-- ``VALIDATION_TO_REDO``: the checkpoint was written inside a validation; the restart runs it again
-  from its first batch, restoring the validation's starting random state as it starts.
-- ``REDOING_VALIDATION``: that validation (or the one that followed the saved step) runs again; as it
-  ends, Lightning's validation progress is settled (it counted a batch as started that never ran).
-- ``SAVING_IN_VALIDATION``: a save from inside fit's validation is being written: it stores the
-  validation's starting random state and makes the restart run that validation again.
-
-``load`` is allowed from any stage (a new ``fit`` loads again); any other transition from a stage not
-drawn above raises ``RuntimeError``: it would be a hook order this module does not know.
+``VALIDATION_TO_REDO``: a validation the checkpoint interrupted runs again from its first batch and
+starting random state; ``REDOING_VALIDATION``: it (or the one after the saved step) runs, and as it ends
+Lightning's validation progress is settled (it counted a batch that never ran). ``load`` is allowed from
+any stage; any other transition not drawn raises ``RuntimeError`` (a hook order not known here).
 """
 
 from __future__ import annotations
@@ -34,14 +25,9 @@ from lightning_resume.exact_resume.per_rank_states import RankOwned
 
 
 class RankState(TypedDict, total=False):
-    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``).
-
-    ``draws``: per plain training loader, the random states its current epoch was drawn from
-    (:class:`~lightning_resume.exact_resume.data_position.EpochDraws`); ``metrics``: the epoch's metric
-    states, logged accumulators and callback metrics (:mod:`.epoch_metrics`); ``loaders``, under
-    DDP: this rank's training loader states, which Lightning keeps for the saving rank only, and
-    ``owned`` its learning-rate scheduler and callback states (:mod:`.per_rank_states`).
-    """
+    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``): ``draws`` per plain
+    loader (:class:`.EpochDraws`), ``metrics`` (:mod:`.epoch_metrics`) and, under DDP, its ``loaders``
+    states and ``owned`` scheduler and callback states (:mod:`.per_rank_states`)."""
 
     rng: dict[str, Any]
     draws: list[Any]
@@ -52,16 +38,9 @@ class RankState(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Loaded:
-    """A checkpoint's states, loaded and still to be applied.
-
-    Attributes:
-        ranks: Every rank's saved state, by global rank.
-        mid_epoch: The checkpoint was written inside an epoch (not at its end).
-        between_epochs: The checkpoint was written once an epoch had ended, before the next began.
-        batches: Batches of that epoch already consumed.
-        in_validation: The checkpoint was written during fit's validation (a preemption).
-        before_validation: The checkpoint was written at the end of a step that a validation followed.
-    """
+    """A checkpoint's states still to be applied: every rank's (by global rank), and whether it was
+    written ``mid_epoch`` (``batches`` in), ``in_validation`` (a preemption), ``before_validation`` (at the
+    end of a step a validation followed) or ``between_epochs``."""
 
     ranks: list[RankState]
     mid_epoch: bool
@@ -97,14 +76,8 @@ class Stage(enum.Enum):
 
 @dataclass(frozen=True)
 class ResumeState:
-    """One stage and the data only that stage has; each transition returns a new value.
-
-    Attributes:
-        stage: Where the resume stands.
-        loaded: The loaded states (``LOADED`` only).
-        rng: The random state the validation to redo starts from (``VALIDATION_TO_REDO`` only).
-        before: The state to go back to once the save is written (``SAVING_IN_VALIDATION`` only).
-    """
+    """One stage and the data only it has (``loaded``: ``LOADED``; ``rng``, the validation's start:
+    ``VALIDATION_TO_REDO``; ``before``: ``SAVING_IN_VALIDATION``); each transition returns a new value."""
 
     stage: Stage = Stage.IDLE
     loaded: Loaded | None = None

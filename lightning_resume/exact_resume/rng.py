@@ -49,11 +49,8 @@ def restore(state: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def scoped(state: dict[str, Any]) -> Iterator[None]:
-    """Draw from ``state`` inside the block; the generators get their own state back after it.
-
-    For draws an interrupted run made at another moment (an epoch's shuffle, its workers' base seed),
-    done again without moving the random stream the resumed run continues from.
-    """
+    """Draw from ``state`` inside the block (an interrupted run's draws made again); the generators get
+    their own state back after it."""
     outside = capture()
     restore(state)
     try:

@@ -1,19 +1,11 @@
-"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP.
+"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP (lightning 2.6.6, torchdata 0.11).
 
-A ``StatefulDataLoader`` restores its position exactly, but under DDP three things around it do not
-(lightning 2.6.6, torchdata 0.11):
-
-1. Lightning saves the loader state of rank 0 only, and every rank loads it.
-2. ``FitLoop.setup_data`` builds the resumed iterator before ``set_epoch`` is called for the epoch,
-   so a ``DistributedSampler`` resumes in epoch 0's order.
-3. ``shuffle=True`` gives torchdata's own ``RandomSampler``, which Lightning does not recognise as
-   a ``RandomSampler`` and wraps in its ``DistributedSamplerWrapper``: the permutation then comes
-   from the inner sampler's generator, which is in no saved state and is advanced once per
-   ``iter()``; a restore calls ``iter()`` two more times than a fresh epoch does.
-
-The fixes here: treat torchdata's ``RandomSampler`` the way Lightning treats torch's (a plain
-``DistributedSampler``, whose order is a function of seed and epoch), set the epoch, then rebuild
-the iterator from this rank's state.
+The loader restores its position, but around it: (1) Lightning saves rank 0's loader state only, for
+every rank; (2) ``FitLoop.setup_data`` builds the resumed iterator before ``set_epoch``, so a
+``DistributedSampler`` resumes in epoch 0's order; (3) torchdata's own ``RandomSampler`` is wrapped in
+Lightning's ``DistributedSamplerWrapper``, whose permutation comes from an unsaved generator advanced
+once per ``iter()`` (a restore calls it twice more). So: treat torchdata's ``RandomSampler`` as
+Lightning treats torch's (a plain ``DistributedSampler``), set the epoch, rebuild this rank's iterator.
 """
 
 from __future__ import annotations
@@ -27,17 +19,12 @@ from lightning_resume._compat.torchdata import is_random_sampler
 
 
 def is_stateful(loader: Any) -> bool:
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None)
-    )
+    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
 def unwrap_random_sampler(loader: DataLoader) -> bool:
-    """Replace Lightning's wrapper around a torchdata ``RandomSampler`` with a ``DistributedSampler``.
-
-    Lightning does the same for torch's ``RandomSampler``: ``DistributedSampler(dataset,
-    shuffle=True, seed=$PL_GLOBAL_SEED)``. Returns whether the loader was changed.
-    """
+    """Replace Lightning's wrapper around a torchdata ``RandomSampler`` with the ``DistributedSampler``
+    Lightning gives torch's (``shuffle=True``, the run's seed); whether the loader changed."""
     batch_sampler = loader.batch_sampler
     wrapper: Any = getattr(batch_sampler, "sampler", None)
     inner = wrapped_sampler(wrapper)

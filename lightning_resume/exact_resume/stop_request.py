@@ -1,9 +1,7 @@
 """A stop asked for before ``min_steps``/``min_epochs`` are met is asked for again after a restart.
 
-``EarlyStopping`` (or any callback) sets ``trainer.should_stop``; Lightning keeps training until the
-minimum is met and then stops, but saves no trace of the request. A run restored from a checkpoint
-taken in between would train on to ``max_steps``: the request is kept in ``RequeueCheckpoint``'s
-state and set again when the same run restarts.
+Lightning trains on until the minimum is met but saves no trace of ``trainer.should_stop``: a run
+restored in between would train on to ``max_steps``.
 """
 
 from __future__ import annotations
@@ -24,6 +22,6 @@ def to_save(trainer: pl.Trainer | None) -> dict[str, bool]:
 
 
 def requested(state: Mapping[str, Any] | None, restart: bool) -> bool:
-    """Whether to ask for the stop again: the loaded state holds a deferred stop and this is a
-    restart of the run that saved it (a new run started from its checkpoint decides afresh)."""
+    """Whether the loaded state holds a deferred stop and this restarts the run that saved it (a new run
+    started from its checkpoint decides afresh)."""
     return restart and state is not None and bool(state.get(KEY))

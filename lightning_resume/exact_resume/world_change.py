@@ -1,22 +1,12 @@
 """``WorldChange``: resume on another number of ranks than the checkpoint's, every sample seen once.
 
-``ExactResume`` calls it at its moments:
-
-- saving: every checkpoint records how far its epoch went through the epoch's global order
-  (:class:`~.global_order.GlobalOrder`), the run's seed and the global batch;
-- restoring in the middle of an epoch on another number of data-parallel ranks (or inside an epoch
-  that such a restart already split anew): the train sampler goes on with the rest of the global
-  order split over the new ranks (:class:`~.remaining_order.RemainingOrder`), and Lightning's batch
-  count of the epoch becomes that of an uninterrupted run on the new ranks at the same point
-  (the batches of the epoch minus those left), so the epoch ends where the data does;
-- one process continuing a run whose order was a ``DistributedSampler``'s keeps that order
-  (``DistributedSampler(num_replicas=1)`` instead of Lightning's ``RandomSampler``), so every
-  epoch's order stays a function of the seed and the epoch, also across later restarts;
-- the random states: the rule of :mod:`.rank_states`;
-- ``keep_global_batch``: gradient accumulation keeps the samples per optimizer step.
-
-What cannot be continued exactly (an ``IterableDataset``, a custom sampler, several train loaders)
-gets one warning on a restart inside an epoch on another number of ranks.
+Every checkpoint records how far its epoch went through the global order (:class:`.GlobalOrder`), the
+run's seed and the global batch. A restart inside an epoch on another number of data-parallel ranks
+splits the rest of that order over the new ranks (:class:`.RemainingOrder`) and sets Lightning's batch
+count to an uninterrupted new-rank run's at that point, so the epoch ends with its data. One process
+continuing a ``DistributedSampler``'s order keeps it (``num_replicas=1`` instead of Lightning's
+``RandomSampler``); random states follow :mod:`.rank_states`; ``keep_global_batch`` sets gradient
+accumulation. What cannot be continued exactly gets one warning.
 """
 
 from __future__ import annotations
@@ -27,13 +17,7 @@ import os
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import (
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from lightning_resume._compat.lightning import set_epoch_position, wrapped_sampler
 from lightning_resume._compat.torchdata import is_random_sampler
@@ -107,10 +91,8 @@ def order_problem(loaders: list[Any]) -> str | None:
     return f"the train sampler {type(sampler).__name__} is not a DistributedSampler"
 
 
-def _order_now(loader: DataLoader, epoch: int, consumed: int, accumulate: int) -> GlobalOrder | None:
-    """The global order ``loader`` follows now (``consumed``: its indices used so far in ``epoch``)."""
-    if order_problem([loader]) is not None:
-        return None
+def _order_now(loader: DataLoader, epoch: int, consumed: int, accumulate: int, resplit: bool) -> GlobalOrder:
+    """The global order ``loader`` (with no :func:`order_problem`) follows, ``consumed`` into ``epoch``."""
     sampler = _sampler(loader)
     length = len(loader.dataset)  # type: ignore[arg-type]
     batch_size = int(getattr(loader.batch_sampler, "batch_size", None) or 1)
@@ -131,6 +113,7 @@ def _order_now(loader: DataLoader, epoch: int, consumed: int, accumulate: int) -
         consumed=consumed,
         replicas=replicas,
         batch_size=batch_size,
+        resplit=resplit,
         global_batch=batch_size * replicas * accumulate,
     )
 
@@ -142,13 +125,8 @@ def _replicas(trainer: pl.Trainer) -> int:
 
 
 class WorldChange:
-    """The part of exact resume that a change of the number of ranks needs.
-
-    Args:
-        keep_global_batch: On a restart with another number of ranks, set
-            ``trainer.accumulate_grad_batches`` so that the samples per optimizer step stay those of
-            the checkpoint's run.
-    """
+    """The part of exact resume that a change of the number of ranks needs; ``keep_global_batch``: set
+    ``accumulate_grad_batches`` to keep the checkpoint's run's samples per optimizer step."""
 
     def __init__(self, keep_global_batch: bool = False) -> None:
         self.keep_global_batch = keep_global_batch
@@ -164,8 +142,7 @@ class WorldChange:
         """The checkpoint's entries: ``order`` (``None`` when it cannot be followed), ``seed``, ``step``."""
         order = None
         if trainer is not None and order_problem(loaders) is None:
-            epoch = trainer.current_epoch
-            loader = loaders[0]
+            epoch, loader = trainer.current_epoch, loaders[0]
             sampler = _sampler(loader)
             replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
             batch_size = int(getattr(loader.batch_sampler, "batch_size", None) or 1)
@@ -173,9 +150,7 @@ class WorldChange:
             if self._origin is not None and self._origin[0] == epoch:
                 _, start, start_batches = self._origin
                 consumed, resplit = start + (batches - start_batches) * batch_size * replicas, True
-            found = _order_now(loader, epoch, consumed, int(trainer.accumulate_grad_batches))
-            if found is not None:
-                order = GlobalOrder(**{**found.__dict__, "resplit": resplit})
+            order = _order_now(loader, epoch, consumed, int(trainer.accumulate_grad_batches), resplit)
         return {
             "order": order.to_dict() if order is not None else None,
             "seed": rank_states.run_seed(os.environ),
@@ -195,8 +170,8 @@ class WorldChange:
 
     @staticmethod
     def resplits(state: dict[str, Any], trainer: pl.Trainer) -> bool:
-        """Whether a restart from ``state`` splits the rest of its epoch anew (known in
-        ``on_load_checkpoint``, before the loaders exist): its loader states are then not loaded."""
+        """Whether a restart from ``state`` splits the rest of its epoch anew (its loader states are then
+        not loaded): known in ``on_load_checkpoint``, before the loaders exist."""
         order = GlobalOrder.from_dict(state.get("order"))
         if order is None or not state.get("mid_epoch", True):
             return False
@@ -292,16 +267,12 @@ class WorldChange:
     # -- the pieces --------------------------------------------------------------------------------
 
     def _keep_order(self, loader: DataLoader, order: GlobalOrder) -> bool:
-        """On one process, keep a ``DistributedSampler``'s shuffled order instead of a ``RandomSampler``'s.
-
-        Lightning gives one device a ``RandomSampler``, whose order depends on everything the run drew
-        before; a run that had several ranks keeps its order a function of the seed and the epoch.
-        """
+        """On one process, keep a ``DistributedSampler``'s shuffled order (a function of seed and epoch)
+        instead of Lightning's ``RandomSampler`` (a function of everything the run drew before)."""
         sampler = _sampler(loader)
         if order.kind is not OrderKind.PERMUTATION or not order.shuffle:
             return False
-        length = len(loader.dataset)  # type: ignore[arg-type]
-        if not (_is_random(sampler, length) or is_random_sampler(sampler)):
+        if not (_is_random(sampler, len(loader.dataset)) or is_random_sampler(sampler)):  # type: ignore[arg-type]
             return False
         kept: DistributedSampler[int] = DistributedSampler(
             loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=order.seed, drop_last=order.drop_last
@@ -317,7 +288,6 @@ class WorldChange:
         started = draws[0].get("sampler") if draws and draws[0] else None
         if started is None:
             return None
-        # the random state the sampler drew the epoch's order from
         return global_order.sampler_order(order.length, started["rng"], started.get("generator"))
 
     def _global_batch(self, trainer: pl.Trainer, loader: DataLoader, order: GlobalOrder) -> str:

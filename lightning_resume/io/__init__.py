@@ -1,9 +1,5 @@
-"""The ``DurableCheckpointIO`` plugin and the checkpoints it writes: ``durable_checkpoint_io`` (the plugin),
-``_protocol`` (what callbacks may ask of any plugin), ``_snapshot``, ``_async_saver`` and
-``_parallel_copy`` (the asynchronous save), ``_verified_load``, and ``sharded`` (checkpoint directories
-of sharded strategies, which bypass ``CheckpointIO``). Importing it imports neither torch nor Lightning
-until a name that needs them is used.
-"""
+"""The ``DurableCheckpointIO`` plugin, its settings, and ``sharded`` (the checkpoint directories of
+sharded strategies). Torch and Lightning are imported when a name that needs them is used."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""At most one checkpoint save in flight: snapshot now, write in the writer process, report later.
-
-A writer that dies is restarted and the write retried once from the same snapshot (nothing touches
-the buffer until the write is over). Writes start gently (``share``, see ``_writer.duty_cycle``);
-whenever the trainer blocks on one (:meth:`AsyncSaver.wait`), it and the next go at full speed: the
-trainer is waiting, so gentleness only makes it wait longer.
-"""
+"""One checkpoint save in flight: snapshot now, write in the writer process (restarted and retried once
+from the same snapshot if it dies). Writes start gently; one the trainer waits for goes at full speed,
+and so does the next."""
 
 from __future__ import annotations
 
@@ -24,9 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class AsyncSaver:
-    """Snapshot in the caller, write in a writer process (see ``WriterProcess`` for the first three
-    arguments), one save in flight. ``known(path)`` is the entry this process last committed there;
-    ``on_commit(path, entry, stats)`` runs in the background thread after each commit."""
+    """Snapshot in the caller, write in a writer process; ``on_commit`` runs in the background thread."""
 
     def __init__(
         self,
@@ -49,15 +43,10 @@ class AsyncSaver:
 
     @property
     def _writer_pid(self) -> int | None:
-        """Process id of the current writer process, if one is running."""
         return self._process.pid if self._process is not None and self._process.alive() else None
 
     def save(self, checkpoint: dict[str, Any], path: Path, entry: dict[str, Any]) -> None:
-        """Wait for the previous save, snapshot ``checkpoint`` and start writing it to ``path``.
-
-        Raises:
-            OSError, RuntimeError: the previous save's error, carried back from the writer.
-        """
+        """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it."""
         self.wait()
         staged = stage(checkpoint, self._buffer)
         self._seq += 1
@@ -66,10 +55,7 @@ class AsyncSaver:
         self._pending = self._executor.submit(self._write, staged, path, entry, self._seq)
 
     def wait(self) -> Entry | None:
-        """Block until the save in flight is committed; raise its error if it failed.
-
-        A write still in flight is switched to full speed, and so is the next one.
-        """
+        """Block until the save in flight is committed (hurrying it); raise its error if it failed."""
         pending = self._pending
         if pending is None:
             return None
@@ -83,10 +69,8 @@ class AsyncSaver:
 
     def hurry(self) -> None:
         """Switch the write in flight, if any, and the next one to full speed."""
-        self._full_speed_seq = self._seq
-        self._next_at_full_speed = True
-        process = self._process
-        if process is not None:
+        self._full_speed_seq, self._next_at_full_speed = self._seq, True
+        if (process := self._process) is not None:
             process.hurry(self._seq)
 
     @property

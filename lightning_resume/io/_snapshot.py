@@ -1,21 +1,20 @@
 """Snapshot a checkpoint into reusable shared memory, as the records of a ``torch.save`` archive.
 
-Every tensor storage is copied once into a host buffer shared with the writer process (CPU storages
-by a few threads, ``_parallel_copy``; device tensors straight into it, page-locked when CUDA allows),
-then torch's own serialiser pickles the object graph against those copies (itself a deep copy): the
-trainer may change anything once :func:`stage` returns. A synchronous save streams the records from
-the tensors' own memory instead (:func:`write_torch_archive`).
-"""
+Every storage is copied once into a host buffer shared with the writer process, then torch's serialiser
+pickles the object graph against those copies: the trainer may change anything once :func:`stage`
+returns. A synchronous save streams the records from the tensors' own memory (:func:`write_torch_archive`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import logging
 import mmap
 import os
 import tempfile
 import time
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +37,6 @@ _PAGE = mmap.PAGESIZE
 @cache
 def torch_archive_version() -> bytes:
     """The ``version`` record this torch writes in a ``torch.save`` archive."""
-    import zipfile
-
     buffer = io.BytesIO()
     torch.save({}, buffer)
     with zipfile.ZipFile(buffer) as archive:
@@ -59,38 +56,34 @@ def _record_data(data: Any) -> Data:
 
 
 def write_torch_archive(obj: Any, out: Sink) -> None:
-    """Write ``obj`` to ``out`` as a ``torch.save`` archive, CPU storages written from where they live
-    (torch's serialiser moves device storages to the CPU itself)."""
+    """Write ``obj`` to ``out`` as a ``torch.save`` archive, CPU storages written from where they live."""
     writer: ArchiveWriter | None = None
     early: list[tuple[str, Data]] = []  # records before the alignment is known (data.pkl, ...)
+
+    def start(alignment: int = 64) -> ArchiveWriter:
+        started = ArchiveWriter(out, alignment)
+        for name, content in early:
+            started.add(name, content)
+        return started
 
     def write_record(name: str, data: Any, nbytes: int) -> None:
         nonlocal writer
         content = _record_data(data)
-        if writer is None:
-            if name == ".storage_alignment":
-                writer = ArchiveWriter(out, int(bytes(content)))
-            elif not name.startswith("data/"):
-                early.append((name, content))
-                return
-            else:
-                writer = ArchiveWriter(out)
-            for early_name, early_content in early:
-                writer.add(early_name, early_content)
-            early.clear()
+        if writer is None and name == ".storage_alignment":
+            writer = start(int(bytes(content)))
+        elif writer is None and name.startswith("data/"):
+            writer = start()
+        elif writer is None:
+            early.append((name, content))
+            return
         writer.add(name, content)
 
     record_torch_save(obj, write_record)
-    if writer is None:
-        writer = ArchiveWriter(out)
-        for name, content in early:
-            writer.add(name, content)
-    writer.close(torch_archive_version())
+    (writer or start()).close(torch_archive_version())
 
 
 class HostBuffer:
-    """Host memory shared with the writer process, reused across saves, only growing: a ``memfd`` (else
-    an unlinked temporary file), so nothing is left behind when the processes die."""
+    """Shared memory for the writer process, reused and only growing: a ``memfd``, freed when both exit."""
 
     def __init__(self) -> None:
         self.fd = -1
@@ -118,7 +111,6 @@ class HostBuffer:
         return self._bytes.data_ptr()
 
     def region(self, offset: int, nbytes: int) -> torch.UntypedStorage:
-        """The bytes ``[offset, offset + nbytes)`` as a storage."""
         assert self._map is not None
         return torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset).untyped_storage()
 
@@ -171,15 +163,9 @@ class Staged:
 
 
 def _stageable(t: torch.Tensor) -> bool:
-    return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.layout == torch.strided
-        and not t.is_quantized
-        and t.device.type != "meta"
-        and not t.is_conj()
-        and not t.is_neg()
-        and t.untyped_storage().nbytes() > 0
-    )
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
+        return False
+    return t.device.type != "meta" and not t.is_conj() and not t.is_neg() and t.untyped_storage().nbytes() > 0
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
@@ -197,21 +183,17 @@ def _walk(obj: Any, on_tensor: Callable[[torch.Tensor], Any]) -> Any:
         rebuilt: OrderedDict[Any, Any] = OrderedDict((k, _walk(v, on_tensor)) for k, v in obj.items())
         rebuilt.__dict__.update(vars(obj))  # a state_dict's `_metadata`
         return rebuilt
-    if kind is list:
-        return [_walk(v, on_tensor) for v in obj]
-    if kind is tuple:
-        return tuple(_walk(v, on_tensor) for v in obj)
+    if kind in (list, tuple):
+        return kind(_walk(v, on_tensor) for v in obj)
     return obj
 
 
 class _Phases:
-    """Wall time, thread CPU time, minor page faults and preemptions of each phase of one staging
-    (measured only when this module logs at DEBUG: one line per save)."""
+    """Wall time, CPU time, minor faults and preemptions of each phase of a staging (at DEBUG only)."""
 
     def __init__(self) -> None:
         self.enabled = log.isEnabledFor(logging.DEBUG)
-        self._names: list[str] = []
-        self._marks = [self._now()] if self.enabled else []
+        self._marks = [("", self._now())] if self.enabled else []
 
     @staticmethod
     def _now() -> tuple[float, float, int, int]:
@@ -222,21 +204,18 @@ class _Phases:
 
     def end(self, name: str) -> None:
         if self.enabled:
-            self._names.append(name)
-            self._marks.append(self._now())
+            self._marks.append((name, self._now()))
 
     def log(self, nbytes: int) -> None:
         """One DEBUG line; the wall time of each phase also goes in the record's ``phases``."""
         if not self.enabled:
             return
         parts, walls = [], {}
-        for name, before, after in zip(self._names, self._marks, self._marks[1:], strict=False):
-            wall, cpu, faults, switches = (a - b for a, b in zip(after, before, strict=True))
+        for (_, before), (name, after) in itertools.pairwise(self._marks):
+            wall, cpu, faults, csw = (a - b for a, b in zip(after, before, strict=True))
             walls[name] = wall
-            parts.append(
-                f"{name} {wall * 1e3:.1f} ms (cpu {cpu * 1e3:.1f}, {faults} faults, {switches} switches)"
-            )
-        total = self._marks[-1][0] - self._marks[0][0]
+            parts.append(f"{name} {wall * 1e3:.1f} ms (cpu {cpu * 1e3:.1f}, {faults} faults, {csw} switches)")
+        total = self._marks[-1][1][0] - self._marks[0][1][0]
         log.debug(
             "staged %d bytes in %.1f ms: %s", nbytes, total * 1e3, ", ".join(parts), extra={"phases": walls}
         )
@@ -247,8 +226,7 @@ def _align(n: int, alignment: int) -> int:
 
 
 def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) -> None:
-    """Copy each tensor's whole storage to its offset in ``buffer``: device storages asynchronously on
-    their current stream while threads copy the CPU ones, then one synchronisation per stream."""
+    """Copy each tensor's storage to its offset: device ones asynchronously while threads copy CPU ones."""
     streams = {}
     regions = []
     for t, offset in zip(storages, offsets, strict=True):
@@ -262,19 +240,14 @@ def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) 
         if t.is_cuda:
             stream = torch.cuda.current_stream(t.device)
             streams[(stream.device, stream.cuda_stream)] = stream
-    # torch's intra-op thread count is the CPU share the user gave this process; beyond 4 threads,
-    # memory bandwidth is spent.
+    # torch's thread count is the CPU share the user gave this process; beyond 4, bandwidth is spent.
     copy_regions(regions, threads=min(torch.get_num_threads(), 4))
     for stream in streams.values():
         stream.synchronize()
 
 
 def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
-    """Copy ``checkpoint`` into ``buffer`` and return the records of its ``torch.save`` archive.
-
-    Tensors in dicts, lists and tuples go to the buffer (storages deduplicated as ``torch.save`` does);
-    torch's serialiser copies any other tensor into the records themselves.
-    """
+    """Copy ``checkpoint`` into ``buffer``; return the records of its ``torch.save`` archive."""
     phases = _Phases()
     layout: dict[tuple[str, int], int] = {}
     storages: list[torch.Tensor] = []
@@ -308,9 +281,8 @@ def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
             return t
         if key not in regions:
             regions[key] = buffer.region(layout[key], t.untyped_storage().nbytes())
-        region = regions[key]
         with torch.no_grad():
-            view = torch.empty(0, dtype=t.dtype).set_(region, t.storage_offset(), t.size(), t.stride())
+            view = torch.empty(0, dtype=t.dtype).set_(regions[key], t.storage_offset(), t.size(), t.stride())
         if isinstance(t, torch.nn.Parameter):
             view = torch.nn.Parameter(view, requires_grad=t.requires_grad)
         elif t.requires_grad and t.is_leaf:
@@ -324,19 +296,13 @@ def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
     base, end = buffer.base, buffer.base + buffer.size
 
     def write_record(name: str, data: Any, nbytes: int) -> None:
-        if isinstance(data, str):
-            source: Source = ("bytes", data.encode())
-        elif isinstance(data, (bytes, bytearray)):
-            source = ("bytes", bytes(data))
-        elif isinstance(data, torch.UntypedStorage):
-            ptr = data.data_ptr()
-            if nbytes and base <= ptr and ptr + nbytes <= end:
-                source = ("shm", ptr - base, nbytes)
-            else:  # a tensor outside plain containers: torch handed us a CPU storage; copy it now
-                source = ("bytes", torch.empty(0, dtype=torch.uint8).set_(data).numpy().tobytes())
-                staged.nbytes += nbytes
-        else:
-            raise TypeError(f"unexpected record {name!r} of type {type(data).__name__}")
+        storage = isinstance(data, torch.UntypedStorage)
+        ptr = data.data_ptr() if storage else 0
+        if storage and nbytes and base <= ptr and ptr + nbytes <= end:
+            source: Source = ("shm", ptr - base, nbytes)
+        else:  # bytes, or a tensor outside plain containers (torch handed us a CPU storage): copied now
+            source = ("bytes", bytes(_record_data(data)))
+            staged.nbytes += nbytes if storage else 0
         if name == ".storage_alignment":
             staged.alignment = int(source[1])
         staged.records.append((name, source))

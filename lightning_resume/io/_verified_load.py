@@ -17,13 +17,7 @@ from lightning_resume._storage.manifest import Entry
 
 @dataclass(frozen=True)
 class Loaded:
-    """The outcome of :func:`load_verified`.
-
-    Attributes:
-        checkpoint: The loaded checkpoint, when the file may be used.
-        verdict: What checking the file found (``NO_MANIFEST`` for a plain Lightning file that loads).
-        reason: Why the file cannot be used (empty when it can).
-    """
+    """The outcome of :func:`load_verified`: the ``checkpoint`` when the file may be used, else why not."""
 
     checkpoint: dict[str, Any] | None
     verdict: Verdict[Entry]
@@ -31,12 +25,8 @@ class Loaded:
 
 
 def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> Loaded:
-    """Load ``path`` if it verifies (or, without a manifest, if it loads).
-
-    Raises:
-        Exception: what ``torch.load`` raises for a file that is intact (``weights_only`` refusals,
-            an unknown format): that is not damage a fallback should hide.
-    """
+    """Load ``path`` if it verifies (or, without a manifest, if it loads). What ``torch.load`` raises for
+    an intact file (a ``weights_only`` refusal) is raised: that is not damage a fallback should hide."""
     pre = verify(path, FILE, checksums=False)
     if pre.status is Status.NO_MANIFEST:  # a file saved by plain Lightning
         try:
@@ -51,12 +41,11 @@ def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> L
     # Hash beside the load: xxhash releases the GIL, so this costs little more than the load.
     worker = threading.Thread(target=lambda: found.update(verdict=verify(path, FILE)), daemon=True)
     worker.start()
-    error: Exception | None = None
-    checkpoint = None
+    error: Exception | None
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+        checkpoint, error = torch.load(path, map_location=map_location, weights_only=weights_only), None
     except Exception as e:
-        error = e
+        checkpoint, error = None, e
     finally:
         worker.join()
     verdict = found.get("verdict", Verdict(Status.CORRUPT, size=pre.size))

@@ -26,14 +26,7 @@ from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import prune, remove, save_error, write_file
 from lightning_resume._storage.direct_file import new_buffer
 from lightning_resume._storage.kinds import FILE
-from lightning_resume._storage.manifest import (
-    ChecksumWriter,
-    Entry,
-    check_metadata,
-    describe,
-    encode,
-    manifest_path,
-)
+from lightning_resume._storage.manifest import ChecksumWriter, Entry, check_metadata, describe, manifest_path
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
@@ -47,12 +40,9 @@ from lightning_resume.io.settings import CheckpointSettings, Mirror
 
 log = logging.getLogger(__name__)
 
-#: Held while a mirror copy is downloaded into a directory: one process per node downloads it.
-RESTORE_LOCK = ".lr-restore.lock"
-# The key the mirror's copy of the checkpoint being loaded takes among the fallback candidates.
-_MIRROR_COPY = "\0mirror"
+RESTORE_LOCK = ".lr-restore.lock"  #: held while downloading from the mirror: one process per node does
+_MIRROR_COPY = "\0mirror"  # the mirror copy of the checkpoint being loaded, among the fallbacks
 _FRACTION = "fraction within (0, 1]"
-#: Settings read as attributes of the plugin before they moved to ``settings``.
 
 
 def manifest_versions() -> dict[str, str]:
@@ -68,21 +58,17 @@ def manifest_versions() -> dict[str, str]:
 class DurableCheckpointIO(CheckpointIO):
     """Checkpoint files that survive kills, full disks and lost nodes, written without stalling training.
 
-    **Atomic** (a temporary file fsynced and renamed into place: a kill leaves the old file or the
-    new one), **verified** (a manifest ``<file>.manifest.json`` with size, XXH3 hash, step, versions and
-    your metadata; a file that does not verify falls back to the newest one that does, with one
-    warning), **asynchronous** (``save_checkpoint`` copies the state into reused shared memory; a writer
-    process writes it past the page cache, at half speed until something waits for it, then at full
-    speed), **mirrored** (``mirror=``: uploaded in the background, restored onto an empty node) and
-    **pruned** (``keep=``, per name pattern, locally and on the mirror). One save is in flight at a
-    time; its error is raised by the next call. The settings, :attr:`settings`, apply to sharded saves
-    too (``RequeueCheckpoint`` writes those: Lightning calls no plugin for them).
+    **Atomic** (a kill leaves the old file or the new one), **verified** (a manifest
+    ``<file>.manifest.json`` with size, XXH3 hash, step, versions and your metadata; a file that does
+    not verify falls back to the newest one that does, with a warning), **asynchronous** (the state is
+    copied into shared memory; a writer process writes it at half speed until something waits for it),
+    **mirrored** and **pruned**. One save is in flight at a time; its error is raised by the next call.
+    :attr:`settings` apply to sharded saves too (``RequeueCheckpoint`` writes those).
 
     Args:
         asynchronous: Write in a background writer process (``False``: write before returning).
-        dirpath: The local checkpoint directory the mirror copies, restored from the mirror when the
-            plugin is constructed (environment variables expanded: ``"$TMPDIR/ckpt"`` is node-local on
-            a cluster). Default: the folder of the first save (then nothing is restored).
+        dirpath: The local directory the mirror copies, restored from it on construction (variables
+            expanded: ``"$TMPDIR/ckpt"``). Default: the folder of the first save (nothing restored).
         keep: Keep only the newest ``keep`` checkpoints per name pattern (``None``: delete only what
             Lightning's callbacks ask to delete).
         mirror: A copy of every checkpoint in ``dirpath`` on remote or shared storage: a
@@ -127,16 +113,11 @@ class DurableCheckpointIO(CheckpointIO):
         self._init_runtime()
         if mirror is not None:
             self._remote()  # fail now, with the install hint, rather than at the first save
-            if self._dirpath is not None:
-                self.restore_from_mirror()
+            self.restore_from_mirror()  # nothing to restore without dirpath
 
     def _tune(self, direct_io: bool | None = None, background_share: float | None = None) -> None:
-        """Tuning, not an argument: write past the page cache (``direct_io``, where the filesystem
-        allows it), and the share of the time in (0, 1] a background write may spend writing.
-
-        Raises:
-            TypeError, ValueError: for a value of the wrong type, or a share outside (0, 1].
-        """
+        """Tuning, not arguments: ``direct_io`` (past the page cache where allowed) and ``background_share``
+        (of the time a background write may spend writing; ``TypeError``, ``ValueError`` outside (0, 1])."""
         if background_share is not None:
             if not is_number(background_share):
                 raise TypeError(f"background_share must be a {_FRACTION}, got {background_share!r}.")
@@ -145,13 +126,9 @@ class DurableCheckpointIO(CheckpointIO):
                     f"background_share must be a {_FRACTION}, got {background_share!r}: e.g. 0.5 lets a "
                     "background write work half of the time, 1.0 writes at full speed."
                 )
-        self.settings = dataclasses.replace(
-            self.settings,
-            direct_io=self.settings.direct_io if direct_io is None else flag("direct_io", direct_io),
-            background_share=float(
-                self.settings.background_share if background_share is None else background_share
-            ),
-        )
+        direct = self.settings.direct_io if direct_io is None else flag("direct_io", direct_io)
+        share = self.settings.background_share if background_share is None else background_share
+        self.settings = dataclasses.replace(self.settings, direct_io=direct, background_share=float(share))
 
     def _init_runtime(self) -> None:
         self._lock = threading.RLock()
@@ -174,8 +151,6 @@ class DurableCheckpointIO(CheckpointIO):
         self.__dict__.update(state)
         self._init_runtime()
 
-    # -- save ------------------------------------------------------------------------------------
-
     @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
@@ -189,8 +164,7 @@ class DurableCheckpointIO(CheckpointIO):
                 manifest (on top of the constructor's ``metadata``).
 
         Raises:
-            OSError: the previous asynchronous save (or this synchronous one) failed; the file it was
-                replacing is intact. ``PermissionError`` and ``OSError(ENOSPC)`` say what to do.
+            OSError: the previous asynchronous save (or this one) failed; the file it replaces is intact.
             TypeError: for unsupported ``storage_options``.
             ValueError: ``path`` is a remote URL (use ``mirror=`` for remote copies).
         """
@@ -199,20 +173,18 @@ class DurableCheckpointIO(CheckpointIO):
         self._prepare(target.parent)
         entry = self._entry_fields(checkpoint, metadata)
         if self._staging or self._urgent:
-            # From a signal handler (Lightning's SLURM requeue) in the middle of a save, the shared
-            # buffer may be half-filled; after _hurry(), a wait follows. Either way: here and now.
+            # In a signal handler mid-save the buffer may be half-filled; after _hurry() a wait follows.
             self._urgent = False
             self._wait_local()
             self._save_now(checkpoint, target, entry)
             return
         if self._use_async():
             if self._saver is None:
-                settings = self.settings
                 self._saver = AsyncSaver(
-                    settings.direct_io,
+                    self.settings.direct_io,
                     known=lambda p: self._committed.get(str(p)),
                     on_commit=self._after_commit,
-                    share=settings.background_share,
+                    share=self.settings.background_share,
                 )
             self._staging = True
             try:
@@ -249,8 +221,7 @@ class DurableCheckpointIO(CheckpointIO):
     @staticmethod
     def _serialiser(checkpoint: dict[str, Any]) -> Callable[[ChecksumWriter], None]:
         if torch_records_supported():
-            # Records stream from the tensors' memory with a fast CRC; torch.save's writer CRCs each
-            # storage whole before writing any of it, so the disk would wait for the CPU.
+            # torch.save's writer CRCs each storage whole before writing it: the disk would wait for the CPU.
             return lambda out: write_torch_archive(checkpoint, out)
         return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
 
@@ -275,16 +246,9 @@ class DurableCheckpointIO(CheckpointIO):
         if self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
 
-    # -- wait ------------------------------------------------------------------------------------
-
     def _hurry(self) -> None:
-        """Make the next save durable as soon as possible: a wait for it is about to follow.
-
-        The write in flight, if any, switches to full speed, and the next ``save_checkpoint`` writes
-        its file before returning, streamed from the tensors' own memory (no snapshot copy, no hand
-        over to the writer process): the shortest path to a durable file. Later saves are background
-        saves again. :class:`~lightning_resume.PreemptionHandler` calls it before its last save.
-        """
+        """Switch the write in flight to full speed; the next ``save_checkpoint`` writes its file before it
+        returns, streamed from the tensors' own memory (``PreemptionHandler``'s last save)."""
         self._urgent = True
         if self._saver is not None:
             self._saver.hurry()
@@ -302,11 +266,9 @@ class DurableCheckpointIO(CheckpointIO):
         """
         self._wait_local()
         mirror = self.settings.mirror
-        if (
-            self._mirror is not None
-            and mirror is not None
-            and (mirror.wait if mirrored is None else mirrored)
-        ):
+        if mirrored is None:
+            mirrored = mirror is not None and mirror.wait
+        if self._mirror is not None and mirror is not None and mirrored:
             self._mirror.wait(mirror.timeout if timeout is None else timeout)
 
     def _wait_local(self) -> None:
@@ -321,19 +283,12 @@ class DurableCheckpointIO(CheckpointIO):
 
     @property
     def last_write(self) -> WriteStats | None:
-        """How the newest committed save was written: size, seconds to durable, speed, duty cycle.
-
-        ``None`` before the first save is committed. ``last_write.hurried_after`` is set when a wait
-        switched a background write to full speed (bytes it had written gently by then).
-        """
+        """How the newest committed save was written (size, seconds to durable, duty cycle), or ``None``."""
         return self._last_write
 
     @property
-    def _writer_pid(self) -> int | None:
-        """Process id of the running writer process, if any (for tests)."""
+    def _writer_pid(self) -> int | None:  # for tests
         return self._saver._writer_pid if self._saver is not None else None
-
-    # -- load ------------------------------------------------------------------------------------
 
     @override
     def load_checkpoint(
@@ -348,8 +303,7 @@ class DurableCheckpointIO(CheckpointIO):
 
         Raises:
             FileNotFoundError: ``path`` does not exist (locally or on the mirror).
-            CheckpointVerificationError: ``path`` does not verify and no other checkpoint does (a
-                ``RuntimeError``).
+            CheckpointVerificationError: ``path`` does not verify and no other checkpoint does.
         """
         self._wait_local()
         location = map_location if map_location is not None else "cpu"
@@ -389,10 +343,9 @@ class DurableCheckpointIO(CheckpointIO):
     def _fallbacks(self, target: Path) -> list[tuple[Path, bool]]:
         """Other committed checkpoints (local, and the mirror copy of ``target``) in fallback order."""
         candidates = {name: entry for name, entry in scan(target.parent).items() if name != target.name}
-        if self._mirrors(target):
-            remote = self._remote().committed(FILE).get(target.name)
-            if remote is not None:
-                candidates[_MIRROR_COPY] = remote
+        remote = self._remote().committed(FILE).get(target.name) if self._mirrors(target) else None
+        if remote is not None:
+            candidates[_MIRROR_COPY] = remote
         return [
             (target, True) if name == _MIRROR_COPY else (target.parent / name, False)
             for name in newest_first(candidates)
@@ -403,16 +356,12 @@ class DurableCheckpointIO(CheckpointIO):
         import fsspec
 
         with fsspec.open(url, "rb") as handle:
-            checkpoint: dict[str, Any] = torch.load(handle, map_location=location, weights_only=weights_only)
-        return checkpoint
-
-    # -- remove, teardown ------------------------------------------------------------------------
+            return torch.load(handle, map_location=location, weights_only=weights_only)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
-        """Delete ``path`` (and its manifest, and its mirror copy) once the save in flight is committed.
-
-        The only verified checkpoint of its directory is kept, with a warning.
+        """Delete ``path``, its manifest and mirror copy once the save in flight is committed (the only
+        verified checkpoint of its directory is kept, with a warning).
 
         Raises:
             OSError, RuntimeError: the save in flight failed (the file to remove is then kept).
@@ -420,8 +369,7 @@ class DurableCheckpointIO(CheckpointIO):
         self._wait_local()
         target = self._local(path)
         with self._lock:
-            verified = scan(target.parent)
-            if list(verified) == [target.name]:
+            if list(scan(target.parent)) == [target.name]:
                 warn(
                     f"Not removing {str(target)!r}: it is the only verified checkpoint in "
                     f"{str(target.parent)!r}."
@@ -434,10 +382,8 @@ class DurableCheckpointIO(CheckpointIO):
 
     @override
     def teardown(self) -> None:
-        """Wait for the save in flight and stop the writer; with the mirror's ``wait``, wait for uploads.
-
-        Uploads that fail or outlast the mirror's ``timeout`` are reported with a warning; without
-        ``wait`` they go on in a background thread until the process exits.
+        """Wait for the save in flight and stop the writer; with the mirror's ``wait``, wait for uploads
+        (a failure or the ``timeout`` is a warning); without it they go on in a daemon thread.
 
         Raises:
             OSError, RuntimeError: the save in flight failed.
@@ -453,8 +399,6 @@ class DurableCheckpointIO(CheckpointIO):
             if self._mirror is not None and settings is not None and settings.wait:
                 mirror, self._mirror = self._mirror, None
                 mirror.close(settings.timeout)  # failures are warnings
-
-    # -- mirror ----------------------------------------------------------------------------------
 
     def _remote(self) -> Mirroring:
         if self._mirror is None:
@@ -478,12 +422,10 @@ class DurableCheckpointIO(CheckpointIO):
         return False
 
     def restore_from_mirror(self) -> list[Path]:
-        """Download the mirror's checkpoints that ``dirpath`` lacks or holds only older versions of.
+        """Download the mirror's checkpoints that ``dirpath`` lacks or holds older versions of.
 
-        Done when the plugin is constructed with ``mirror`` and ``dirpath``, so that a job relaunched onto
-        an empty (node-local) directory finds its checkpoints before ``fit`` looks for them; the newest
-        sharded checkpoint too, linked as ``last.ckpt``. Downloads are verified and committed atomically;
-        a local file without a manifest is never replaced. The processes of one node take turns.
+        Done on construction, so that a job relaunched onto an empty (node-local) directory finds its
+        checkpoints before ``fit`` looks. Downloads are verified; a file without a manifest is never replaced.
 
         Returns:
             What was downloaded.
@@ -497,15 +439,12 @@ class DurableCheckpointIO(CheckpointIO):
             return self._remote().restore_all(folder)
 
     def _download(self, target: Path, missing_only: bool = False) -> Path | None:
-        """Download the mirror copy of ``target``, once per node: processes of a node that share a
-        node-local directory take turns (a lock in it), and the later ones find the file there."""
+        """Download the mirror copy of ``target`` once per node (its processes take turns on a lock)."""
         target.parent.mkdir(parents=True, exist_ok=True)
         with exclusive(target.parent / RESTORE_LOCK):
             if missing_only and target.exists():
                 return None  # another process of this node restored it meanwhile
             return self._remote().restore(FILE, target.parent, target.name)
-
-    # -- metadata --------------------------------------------------------------------------------
 
     def get_metadata(self, path: str | Path) -> dict[str, Any]:
         """The user metadata stored with the checkpoint at ``path``.
@@ -549,14 +488,11 @@ class DurableCheckpointIO(CheckpointIO):
     def _rewrite(self, path: Path, metadata: dict[str, Any]) -> None:
         self._wait_local()  # before the lock: the commit it waits for takes the lock too
         with self._lock:
-            entry = self._verified_entry(path)
-            updated = entry.with_metadata(metadata)
-            write_text_atomic(manifest_path(path), encode([updated]))
+            updated = self._verified_entry(path).with_metadata(metadata)
+            write_text_atomic(manifest_path(path), FILE.encode([updated]))
             self._committed[str(path)] = updated
         if self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
-
-    # -- helpers ---------------------------------------------------------------------------------
 
     @staticmethod
     def _local(path: str | Path) -> Path:
@@ -574,8 +510,7 @@ class DurableCheckpointIO(CheckpointIO):
         if directory in self._prepared:
             return
         directory.mkdir(parents=True, exist_ok=True)
-        removed = clean_stale(directory)
-        if removed:
+        if removed := clean_stale(directory):
             log.info("removed %d leftover file(s) of interrupted saves in %s", len(removed), directory)
         self._prepared.add(directory)
 

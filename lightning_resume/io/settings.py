@@ -1,5 +1,4 @@
-"""How checkpoints are written: :class:`Mirror` (where copies go) and :class:`CheckpointSettings` (what a
-``DurableCheckpointIO`` was given), which sharded saves read too (:func:`settings_of`)."""
+"""How checkpoints are written: :class:`Mirror` and :class:`CheckpointSettings`, read by sharded saves too."""
 
 from __future__ import annotations
 
@@ -12,21 +11,19 @@ from lightning_resume._checks import flag, positive_number
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._warnings import warn
 
-#: Committed checkpoint directories kept without a ``keep`` setting: the current one and the fallback.
-DIRECTORIES_KEPT = 2
+DIRECTORIES_KEPT = 2  #: without ``keep``: the current checkpoint directory and the fallback
 
 
 @dataclass(frozen=True)
 class Mirror:
     """A copy of every checkpoint on remote or shared storage (``DurableCheckpointIO(mirror=...)``).
 
-    Uploaded in the background; a job relaunched onto empty (node-local) disks gets its checkpoints back
-    from it. Needs ``pip install "lightning-resume[remote]"`` for remote URLs.
+    Uploaded in the background, restored onto empty disks. Remote URLs need
+    ``pip install "lightning-resume[remote]"``.
 
     Args:
         url: An fsspec URL: ``s3://bucket/run-42``, ``gs://...``, ``file:///shared/run-42``.
-        options: Keyword arguments for the fsspec filesystem of ``url``
-            (e.g. ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``).
+        options: Keyword arguments for the fsspec filesystem of ``url`` (e.g. ``{"anon": False}``).
         wait: ``teardown`` and ``wait_until_durable`` wait for uploads in flight, so that a preempted job
             exits with its newest checkpoint on the mirror.
         timeout: Seconds to wait for uploads there.
@@ -60,7 +57,7 @@ class Mirror:
         """``value`` as a :class:`Mirror` (a URL alone gets the defaults).
 
         Raises:
-            TypeError, ValueError: neither a ``Mirror``, a URL nor ``None``.
+            TypeError, ValueError: neither a ``Mirror``, a valid URL nor ``None``.
         """
         if value is None or isinstance(value, Mirror):
             return value
@@ -71,13 +68,11 @@ class Mirror:
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """How checkpoints are saved, for the saves the plugin writes and the sharded saves it never sees.
+    """How checkpoints are saved, by the plugin and by the sharded saves it never sees.
 
-    The defaults are what applies without a :class:`~lightning_resume.DurableCheckpointIO`; see its
-    arguments for each setting. ``direct_io`` (write past the page cache where the filesystem allows it)
-    and ``background_share`` (the share of the time a background write may spend writing, in (0, 1])
-    are tuning, not arguments.
-    """
+    The defaults apply without a :class:`~lightning_resume.DurableCheckpointIO`; its arguments describe
+    each setting. ``direct_io`` (write past the page cache where allowed) and ``background_share`` (of the
+    time a background write may spend writing, in (0, 1]) are tuning, not arguments."""
 
     asynchronous: bool = False
     mirror: Mirror | None = None
@@ -89,8 +84,7 @@ class CheckpointSettings:
 
     @property
     def directories_kept(self) -> int:
-        """Committed checkpoint directories kept by sharded saves: ``keep``, else the current one and
-        the fallback."""
+        """Checkpoint directories sharded saves keep: ``keep``, else the current one and the fallback."""
         return self.keep if self.keep is not None else DIRECTORIES_KEPT
 
     def open_mirror(self, keep: int | None) -> Mirroring:

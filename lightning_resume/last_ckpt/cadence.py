@@ -1,47 +1,15 @@
-"""The checkpoint interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Young/Daly, bounded. Pure.
+"""The ``"auto"`` interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Daly's optimum, bounded.
 
-An interruption that loses work costs, on average, half an interval of training; a save costs its
-stall on the training thread. Young's first-order optimum of the sum is
+``interval = sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` (:func:`daly`, Young's for a cheap save), with
+``d`` the save stall (the time a save holds the training thread, not its background write:
+:func:`save_cost`) and ``M`` the mean time between interruptions: the run's attempt history once it
+holds one (:func:`interruptions`), before that a :class:`Prior`. Every interruption counts, lossy or
+not: a graceful preemption is evidence of the rate and the next may come without grace; erring short
+costs one save's stall, erring long up to an interval of work. The interval is at least the time to
+durable and one step, and changes only beyond :data:`HYSTERESIS` (:func:`material`).
 
-    interval = sqrt(2 x save stall x mean time between interruptions)
-
-and Daly's higher-order one (Daly 2006), used here, is, with ``d`` the save stall and ``M`` the mean
-time between interruptions,
-
-    interval = sqrt(2dM) x (1 + sqrt(d / 2M) / 3 + d / 18M) - d     for d < 2M, else M
-
-(:func:`daly`; for a save far cheaper than ``M`` the two agree). Here:
-
-- the **save stall** is the time ``RequeueCheckpoint.save`` holds the training thread (the slowest
-  rank's mean over its recent saves after the attempt's first, pooled with the earlier attempts'
-  until there are enough: the expected cost of a save, long ones included; :func:`save_cost`), not
-  the background write;
-- the **mean time between interruptions** comes from the run's own attempt history
-  (:func:`interruptions`: the seconds its attempts ran, this one so far included, over the number of
-  its interruptions) as soon as it holds one; before that, from a :class:`Prior`: the user's
-  ``expected_interruption_every``, else the shortest of the SLURM time limit, an assumed
-  :data:`CLOUD_SECONDS` on a cloud virtual machine (possibly spot or preemptible) and
-  :data:`DEFAULT_SECONDS`. The user's value also stays in the history's estimate, as one more
-  interruption (:func:`time_between_interruptions`);
-- **every interruption counts** (preempted by a signal or a notice, killed, hung, failed), whether or
-  not a save at the signal made it lose nothing: a graceful preemption is evidence of the preemption
-  rate, and the next one may come without grace (a SIGKILL, a node lost, a grace window too short for
-  the save). Erring short is cheap (one more save costs its stall, a fraction of a second), erring
-  long is not (an interruption without a save loses up to a whole interval): counting only the
-  interruptions that lost work made a run whose saves at SIGTERM succeeded look calm and stretch its
-  interval until the next SIGKILL lost it. :func:`lost_work` still tells which ones lost work;
-- the interval is at least the measured **time to durable** (a save is never started while the
-  previous one is still being written) and one step, and at most the mean time between
-  interruptions; it is converted to steps with the measured **step time**;
-- a new interval replaces the current one only when it differs by more than :data:`HYSTERESIS`
-  (:func:`material`), so that noise in the measurements does not move it at every save.
-
-Pure standard library; the callback gathers the measurements and the facts (``last_ckpt/cadence.py``).
-
-At run time (:class:`Cadence`), every rank times its own saves and steps; rank 0 records them in the
-attempt history, decides the interval from the slowest rank's stalls (one small all-reduce) and
-broadcasts it after each save, so that every rank saves at the same steps. A restart starts from the
-figures its history recorded (:func:`recorded_stalls`, :func:`last_measured`, :func:`last_cadence`).
+The rules are pure standard library (the command line reads them). :class:`Cadence` times every rank's
+saves and steps; rank 0 decides from the slowest rank's stalls and broadcasts the interval.
 """
 
 from __future__ import annotations
@@ -75,15 +43,13 @@ if TYPE_CHECKING:  # the rules above are read by the command line, which imports
 
 #: The mean time between interruptions assumed when nothing else is known: a day.
 DEFAULT_SECONDS = 24 * 3600.0
-#: The mean time between interruptions assumed on a cloud virtual machine (it may be spot or
-#: preemptible, which the firmware strings do not tell): six hours.
+#: The same on a cloud virtual machine (maybe spot or preemptible: the firmware does not tell): six hours.
 CLOUD_SECONDS = 6 * 3600.0
-#: The interval while a run has no save after an attempt's first measured yet: the first save of an
-#: attempt pays one-time costs, the second tells what a save costs.
+#: The interval until a save after an attempt's first is timed (the first pays one-time costs).
 FIRST_SAVE_STEPS = 10
 #: Saves after an attempt's first whose mean stall is the cost of a save (:func:`save_cost`).
 SAVE_WINDOW = 16
-#: A new interval replaces the current one only when it is this many times longer or shorter.
+#: A new interval replaces the current one only when this many times longer or shorter.
 HYSTERESIS = 1.25
 
 
@@ -98,13 +64,7 @@ class PriorSource(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Prior:
-    """The expected time between interruptions before the run has seen one.
-
-    Attributes:
-        seconds: The expected time.
-        source: Where it comes from.
-        detail: For people (``"RequeueCheckpoint(expected_interruption_every=3600 s)"``).
-    """
+    """The expected time between interruptions before the run has seen one (``detail``: for people)."""
 
     seconds: float
     source: PriorSource
@@ -112,17 +72,10 @@ class Prior:
 
 
 def prior(
-    user_seconds: float | None = None,
-    time_limit_seconds: float | None = None,
-    cloud: str | None = None,
+    user_seconds: float | None = None, time_limit_seconds: float | None = None, cloud: str | None = None
 ) -> Prior:
-    """The prior: the user's value, else the shortest of the scheduler's and machine's, else a day.
-
-    Args:
-        user_seconds: ``RequeueCheckpoint(expected_interruption_every=...)`` in seconds.
-        time_limit_seconds: The SLURM job's time limit (the job ends, and is requeued, that often).
-        cloud: The cloud this machine is a virtual machine of (``"aws"``, ``"gce"``, ``"azure"``).
-    """
+    """The user's ``expected_interruption_every``, else the shortest of the SLURM time limit, a ``cloud``
+    virtual machine's (``"aws"``, ``"gce"``, ``"azure"``) and a day."""
     if user_seconds is not None:
         return Prior(user_seconds, PriorSource.USER, f"expected_interruption_every={duration(user_seconds)}")
     found = [Prior(DEFAULT_SECONDS, PriorSource.DEFAULT, f"assumed {duration(DEFAULT_SECONDS)}")]
@@ -136,15 +89,12 @@ def prior(
 
 
 def parse_time_limit(text: str) -> float | None:
-    """``TimeLimit=`` of ``scontrol -o show job`` in seconds (``None``: ``UNLIMITED`` or absent).
-
-    SLURM writes ``[days-]hours:minutes:seconds`` (``2-00:00:00``, ``01:30:00``, ``30:00``).
-    """
+    """``TimeLimit=[days-]hours:minutes:seconds`` of ``scontrol -o show job`` in seconds (``None``:
+    ``UNLIMITED`` or absent)."""
     found = re.search(r"(?:^|\s)TimeLimit=(\S+)", text)
     if found is None:
         return None
-    value = found.group(1)
-    days, _, clock = value.rpartition("-")
+    days, _, clock = found.group(1).rpartition("-")
     parts = clock.split(":")
     if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
         return None  # UNLIMITED, Partition_Limit, NONE
@@ -169,22 +119,14 @@ def slurm_time_limit(environ: Mapping[str, str], scontrol_show_job: str | None =
     return parse_time_limit(scontrol_show_job) if scontrol_show_job else None
 
 
-# -- the run's own history ---------------------------------------------------------------------------
-
-
 def interrupted(attempt: Attempt) -> bool:
     """Whether an attempt ended by an interruption (preempted, killed, hung, failed), lossy or not."""
     return attempt.end is not None and attempt.end.cause in INTERRUPTIONS
 
 
 def lost_work(attempt: Attempt) -> bool:
-    """Whether an attempt ended by an interruption that lost the work since its last durable save.
-
-    ``killed`` always counts (nothing says when it died); ``preempted``, ``failed`` and ``hung`` count
-    unless the newest durable checkpoint holds the last step it reached (a preemption whose save at the
-    signal or notice was durable lost nothing). The interval counts every interruption
-    (:func:`interrupted`); this one tells the people reading the choice how many cost work.
-    """
+    """Whether an attempt's interruption lost work: ``killed`` always; the others unless its newest
+    durable checkpoint holds its last step. For people only: the interval counts every interruption."""
     end = attempt.end
     if end is None or end.cause not in INTERRUPTIONS:
         return False
@@ -197,18 +139,9 @@ def lost_work(attempt: Attempt) -> bool:
 
 @dataclass(frozen=True)
 class Interruptions:
-    """What the run's history says about its interruptions.
-
-    Attributes:
-        seconds: How long its attempts ran (start to end; the running one until now).
-        count: Interruptions (:func:`interrupted`), lossy or not; the summed-up earlier attempts count
-            theirs.
-        attempts: Attempts counted.
-        lost_work: Those of ``count`` that lost work (:func:`lost_work`; the summed-up earlier
-            attempts do not say, and count as none).
-        unrecorded: Those of ``count`` (and ``attempts``) that were launches killed while starting,
-            which left no record (``Attempt.unrecorded_launches``).
-    """
+    """The run's ``seconds`` of attempts (the running one until now), its interruptions (``count``, lossy
+    or not), ``attempts``; of those, ``lost_work`` (earlier summed-up attempts count none) and
+    ``unrecorded`` launches killed while starting."""
 
     seconds: float
     count: int
@@ -218,20 +151,14 @@ class Interruptions:
 
 
 def interruptions(history: History, now: float) -> Interruptions:
-    """The run's exposure and interruptions; an open record counts as running until ``now``.
-
-    Only the last attempt may be open (the running one); earlier open records are closed by the
-    next attempt's start (``attempts.begin``).
-    """
-    seconds, count, lossy = history.earlier.seconds, history.earlier.interruptions, 0
-    unrecorded = 0
+    """The run's exposure and interruptions; an open record (the running one) counts until ``now``."""
+    seconds, count, lossy, unrecorded = history.earlier.seconds, history.earlier.interruptions, 0, 0
     for attempt in history.attempts:
         end = attempt.end.time if attempt.end is not None else now
         seconds += max(end - attempt.started, 0.0)
         count += interrupted(attempt)
         lossy += lost_work(attempt)
-        # Launches killed while starting, seen as gaps in the scheduler's restart count: interruptions
-        # whose seconds are unknown (short: they never reached RunDir) and count as none.
+        # Gaps in the scheduler's restart count: interruptions whose (short) seconds count as none.
         unrecorded += attempt.unrecorded_launches
     attempts = history.earlier.attempts + len(history.attempts) + unrecorded
     return Interruptions(seconds, count + unrecorded, attempts, lossy, unrecorded)
@@ -239,13 +166,7 @@ def interruptions(history: History, now: float) -> Interruptions:
 
 @dataclass(frozen=True)
 class Between:
-    """The expected time between interruptions and where it comes from.
-
-    Attributes:
-        seconds: The expected time.
-        source: ``"history"`` or the prior's source.
-        detail: For people.
-    """
+    """The expected time between interruptions; ``source``: ``"history"`` or the prior's."""
 
     seconds: float
     source: str
@@ -253,30 +174,21 @@ class Between:
 
 
 def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
-    """From the history once it holds an interruption (its seconds over their number); else the prior.
-
-    The user's ``expected_interruption_every`` stays in the estimate as one more interruption after
-    that many seconds (the mean of a gamma posterior whose prior is worth one interruption): the first
-    few lifetimes of a run are as noisy as single draws, and a user who knows the rate should not see
-    the interval swing with each. A history that disagrees outweighs it as interruptions accumulate
-    (after ``n`` of them it counts for ``1 / (n + 1)``). The other priors are assumptions or bounds
-    (a day, a cloud's six hours, the time limit), not estimates of the rate: the history replaces them.
-
-    Without any interruption yet, the run has gone ``seen.seconds`` without one: the expected time is
-    at least that, and the prior when longer.
-    """
+    """The history's seconds over its interruptions once it holds one, else the longer of the prior and
+    the time run without one. The user's ``expected_interruption_every`` stays in as one more
+    interruption (a gamma posterior's mean: a run's first lifetimes are noisy, and a history that
+    disagrees outweighs it as interruptions accumulate); the other priors are bounds: replaced."""
     if seen.count:
         starting = f", {seen.unrecorded} killed while starting" if seen.unrecorded else ""
         detail = (
             f"{seen.count} interruption(s) in {duration(seen.seconds)} of this run "
             f"({seen.lost_work} lost work{starting})"
         )
+        seconds, count = seen.seconds, seen.count
         if before.source is PriorSource.USER:
             detail += f", and {before.detail} counted as one more"
-            return Between(
-                (seen.seconds + before.seconds) / (seen.count + 1), "history", f"the history: {detail}"
-            )
-        return Between(seen.seconds / seen.count, "history", f"the history: {detail}")
+            seconds, count = seconds + before.seconds, count + 1
+        return Between(seconds / count, "history", f"the history: {detail}")
     if seen.seconds > before.seconds:
         detail = (
             f"no interruption in {duration(seen.seconds)} of this run, more than the prior {before.detail}"
@@ -285,19 +197,10 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
     return Between(before.seconds, before.source.value, f"the prior: {before.detail}")
 
 
-# -- the interval -----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Measurements:
-    """What the interval is computed from, measured in this run.
-
-    Attributes:
-        save_stall: Seconds a save of ``last.ckpt`` holds the training thread (:func:`save_cost`:
-            the mean of recent saves after the attempt's first, the slowest rank's).
-        to_durable: Seconds from the start of a save until it is durable (``save_stall`` or more).
-        step_seconds: Seconds per optimizer step (saves left out).
-    """
+    """What the interval is computed from: seconds a save holds the training thread (:func:`save_cost`),
+    from its start until durable (``save_stall`` or more), and per optimizer step (saves left out)."""
 
     save_stall: float
     to_durable: float
@@ -314,19 +217,9 @@ class Bound(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Choice:
-    """An interval chosen by :func:`choose`, with its inputs (for the log, the history and ``doctor``).
-
-    Attributes:
-        steps: Save every this many optimizer steps.
-        seconds: The interval in seconds (``steps`` x the step time).
-        young_daly: Daly's optimum (:func:`daly`) for the save stall and the time between
-            interruptions, before the bounds (the name predates the higher-order form).
-        bound: What limited it (``None``: Young/Daly's value).
-        save_stall, to_durable, step_seconds: The measurements.
-        between: The expected time between interruptions.
-        between_source: Where it comes from (``"history"``, or the prior's source).
-        between_detail: For people.
-    """
+    """An interval of ``steps`` (``seconds``) chosen by :func:`choose`, with its inputs (for the log, the
+    history and ``doctor``): ``young_daly``, :func:`daly`'s optimum (named before the higher-order form),
+    the ``bound`` that limited it, the :class:`Measurements` and the :class:`Between`."""
 
     steps: int
     seconds: float
@@ -363,10 +256,8 @@ class Choice:
 
 
 def mean_stall(stalls: Sequence[float]) -> float | None:
-    """The mean of save stalls, long ones included (``None`` for none).
-
-    The mean, not the median: saves of one checkpoint are often bimodal, or now and then much longer
-    (the page cache's write-back throttling the writer), and the interval trades their total cost.
+    """The mean of save stalls (``None`` for none): not the median, since saves are often bimodal or
+    now and then much longer (write-back throttling), and the interval trades their total cost.
 
     Example::
 
@@ -377,36 +268,23 @@ def mean_stall(stalls: Sequence[float]) -> float | None:
 
 
 def save_cost(later: Stalls, recorded: Stalls, enough: int = SAVE_WINDOW) -> float | None:
-    """The cost of a save to put in the interval: the mean stall of saves after an attempt's first
-    (``None`` until one is measured: the run is still measuring).
-
-    ``later``, this attempt's recent ones, alone once there are ``enough``; before that pooled with
-    ``recorded``, those of the newest earlier attempts (``attempts.recorded_stalls``).
-
-    The first save of an attempt is left out: it pays one-time costs (the first large allocations,
-    the writer's start: 1.4 s against 0.2 to 0.5 s for the others of a 128 MB synchronous save),
-    which every attempt pays once whatever the interval. Priced at it, a save looked three to five
-    times as costly and the interval came out twice as long. Pooled, because at a high interruption
-    rate an attempt makes one or two saves: the newest attempt alone often has no later save to tell.
+    """The mean stall of saves after an attempt's first (``None`` until one is measured): ``later``,
+    this attempt's, alone once there are ``enough``, else pooled with ``recorded`` (earlier attempts',
+    since at a high interruption rate an attempt often makes no later save). A first save pays one-time
+    costs (1.4 s against 0.2-0.5 s for a 128 MB save): priced at it, the interval came out twice as long.
 
     Example::
 
         >>> save_cost(Stalls(0.5, 1), recorded=Stalls(1.0, 2))  # (0.5 + 1.0) / 3
         0.5
-        >>> save_cost(Stalls(), Stalls()) is None  # only first saves so far: measure a second one
-        True
     """
     pooled = later if later.count >= enough else later + recorded
     return pooled.mean
 
 
 def daly(save_stall: float, between: float) -> float:
-    """Daly's higher-order optimum: ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``.
-
-    ``d`` is the save stall, ``M`` the mean time between interruptions (Daly 2006, "A higher order
-    estimate of the optimum checkpoint interval for restart dumps"). Below ``d = 2M`` it equals
-    ``2M x (1 - x/3)^2 x x`` with ``x = sqrt(d/2M)``: positive, and shorter than Young's by about
-    two thirds of ``d``.
+    """Daly's (2006) optimum: ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``
+    (``d``: the save stall; ``M``: the mean time between interruptions; about ``2d/3`` below Young's).
 
     Example::
 
@@ -436,12 +314,10 @@ def choose(measured: Measurements, between: Between) -> Choice:
         seconds=steps * measured.step_seconds,
         young_daly=ideal,
         bound=bound,
-        save_stall=measured.save_stall,
-        to_durable=measured.to_durable,
-        step_seconds=measured.step_seconds,
         between=between.seconds,
         between_source=between.source,
         between_detail=between.detail,
+        **asdict(measured),  # save_stall, to_durable, step_seconds
     )
 
 
@@ -464,40 +340,26 @@ def choice_from_dict(data: Mapping[str, Any]) -> Choice | None:
     """The :class:`Choice` recorded in an attempt's ``cadence`` (``None`` when it is not one)."""
     try:
         bound = data.get("bound")
+        floats = ("seconds", "young_daly", "save_stall", "to_durable", "step_seconds", "between")
         return Choice(
             steps=int(data["steps"]),
-            seconds=float(data["seconds"]),
-            young_daly=float(data["young_daly"]),
             bound=Bound(bound) if bound is not None else None,
-            save_stall=float(data["save_stall"]),
-            to_durable=float(data["to_durable"]),
-            step_seconds=float(data["step_seconds"]),
-            between=float(data["between"]),
             between_source=str(data["between_source"]),
             between_detail=str(data["between_detail"]),
+            **{k: float(data[k]) for k in floats},
         )
     except (KeyError, TypeError, ValueError):
         return None
 
 
-# -- what a restart starts from: the run's recorded figures ---------------------------------------------
-
-
 def last_measured(history: History) -> LastCkptSaves | None:
     """The ``last.ckpt`` save times of the newest attempt that saved one (what a restart starts from)."""
-    for attempt in reversed(history.attempts):
-        if attempt.last_ckpt_saves.count:
-            return attempt.last_ckpt_saves
-    return None
+    return next((a.last_ckpt_saves for a in reversed(history.attempts) if a.last_ckpt_saves.count), None)
 
 
 def recorded_stalls(history: History, enough: int) -> Stalls:
-    """The stalls of the saves after each attempt's first, pooled over the newest attempts until
-    ``enough`` (or the whole history): what a restart prices a save at.
-
-    At a high interruption rate most attempts make one or two saves, and the newest attempt alone
-    would often say nothing but its first save, which pays one-time costs.
-    """
+    """The stalls of saves after each attempt's first, pooled over the newest attempts until ``enough``:
+    what a restart prices a save at (see :func:`save_cost`)."""
     pooled = Stalls()
     for attempt in reversed(history.attempts):
         if pooled.count >= enough:
@@ -515,9 +377,6 @@ def recorded_to_durable(run_dir: Path) -> float | None:
     """The longest time to durable of the newest attempt of ``run_dir`` that measured one (or ``None``)."""
     measured = last_measured(attempts.read(run_dir))
     return measured.max_to_durable if measured is not None and measured.durable_count else None
-
-
-# -- the callback's side: measure, decide, broadcast -----------------------------------------------------
 
 
 log = logging.getLogger(__name__)
@@ -575,10 +434,9 @@ def _seconds(micro: int) -> float | None:
 
 def _cloud() -> str | None:
     machine = read_machine()
-    for name, test in (("aws", on_aws), ("gce", on_gce), ("azure", on_azure)):
-        if test(machine):
-            return name
-    return None
+    return next(
+        (n for n, test in (("aws", on_aws), ("gce", on_gce), ("azure", on_azure)) if test(machine)), None
+    )
 
 
 def _time_limit() -> float | None:
@@ -593,13 +451,7 @@ def _time_limit() -> float | None:
 
 @dataclass(frozen=True)
 class _Recorded:
-    """What a restart starts from: the history's figures (rank 0).
-
-    Attributes:
-        stalls: The stalls after each attempt's first save, of the newest attempts.
-        to_durable: The newest time to durable of the newest attempt that saved.
-        step: The step time the interval was last chosen with.
-    """
+    """What a restart starts from (rank 0): recent stalls, the last time to durable, the last step time."""
 
     stalls: Stalls = field(default_factory=Stalls)
     to_durable: float | None = None
@@ -607,12 +459,8 @@ class _Recorded:
 
 
 class Cadence:
-    """Times ``RequeueCheckpoint``'s saves (every rank) and chooses the ``"auto"`` interval (rank 0).
-
-    Args:
-        every_n_train_steps: The callback's argument (checked): a number, ``"auto"`` or ``None``.
-        expected_interruption_every: The user's prior, in seconds (checked), or ``None``.
-    """
+    """Times ``RequeueCheckpoint``'s saves (every rank) and chooses the ``"auto"`` interval (rank 0), from
+    the callback's checked ``every_n_train_steps`` and ``expected_interruption_every`` (seconds)."""
 
     def __init__(
         self, every_n_train_steps: int | str | None, expected_interruption_every: float | None
@@ -632,7 +480,6 @@ class Cadence:
         self._batches = 0  # counted alike on every rank: decisions (collectives) are taken at the same one
         self._pending = True  # a decision is due: at the start, and after each save
         self._saved = False  # this attempt's first save is done (it pays one-time costs: left out)
-        # the saves after the first
         self._stalls: collections.deque[float] = collections.deque(maxlen=SAVE_WINDOW)
         self._durables: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
@@ -641,8 +488,6 @@ class Cadence:
         self._save: tuple[float, object] | None = None  # the save in progress: start, the last write
         self._source: ReportsWrites | None = None  # what says when the newest save is durable
         self._writing: tuple[float, object] | None = None  # a background write: its save's stall, last write
-
-    # -- every rank ------------------------------------------------------------------------------
 
     def start(self, trainer: pl.Trainer, run_dir: RunDir) -> None:
         """At the start of training: the run's recorded figures and the prior (rank 0)."""
@@ -663,9 +508,8 @@ class Cadence:
             self._prior = prior(self.expected_seconds, _time_limit(), _cloud())
 
     def saving(self, trainer: pl.Trainer, writer: object = None) -> None:
-        """A save of ``last.ckpt`` begins; ``writer`` writes it where the checkpoint plugin does not
-        (the sharded saver). The plugin or the writer, when it says when a save is durable
-        (:class:`ReportsWrites`), times a write that goes on in the background."""
+        """A save begins; ``writer`` writes it where the plugin does not (the sharded saver). Whichever
+        writes it times a background write if it is a :class:`ReportsWrites`."""
         source = writer if writer is not None else trainer.strategy.checkpoint_io
         self._source = source if isinstance(source, ReportsWrites) else None
         self._save = (time.monotonic(), self._source.last_write if self._source is not None else None)
@@ -677,10 +521,9 @@ class Cadence:
         started, write_before = self._save
         self._save = None
         stall = time.monotonic() - started
-        if not self._saved:
-            self._saved = True
-        else:
+        if self._saved:
             self._stalls.append(stall)
+        self._saved = True
         self._stalled += stall
         self._pending = True
         background = self._source is not None and self._source.last_write is write_before
@@ -750,24 +593,21 @@ class Cadence:
         if durable is None and self._writing is None and stall is not None:
             durable = stall
         step = statistics.median(self._step_times) if len(self._step_times) >= WINDOW else recorded.step
-        step = (
-            step if step is not None else (statistics.median(self._step_times) if self._step_times else None)
-        )
+        if step is None and self._step_times:
+            step = statistics.median(self._step_times)
         if stall is None or durable is None or step is None or self._run_dir is None:
             return self.steps  # measuring: FIRST_SAVE_STEPS until a save after a first one is timed
         assert self._prior is not None
-        history: History = self._run_dir.attempts.history
-        seen = interruptions(history, time.time())
+        seen = interruptions(self._run_dir.attempts.history, time.time())
         between = time_between_interruptions(seen, self._prior)
         choice = choose(Measurements(stall, max(durable, stall), step), between)
-        if self.choice is None or material(self.steps, choice.steps):
-            initial = self.choice is None
-            self.choice = choice
-            log.info(
-                "RequeueCheckpoint(every_n_train_steps='auto') %s %s",
-                "saves" if initial else "now saves",
-                choice.describe(),
-            )
-            self._run_dir.attempts.chose_cadence(choice.to_dict())
-            return choice.steps
-        return self.steps
+        if self.choice is not None and not material(self.steps, choice.steps):
+            return self.steps
+        log.info(
+            "RequeueCheckpoint(every_n_train_steps='auto') %s %s",
+            "saves" if self.choice is None else "now saves",
+            choice.describe(),
+        )
+        self.choice = choice
+        self._run_dir.attempts.chose_cadence(choice.to_dict())
+        return choice.steps

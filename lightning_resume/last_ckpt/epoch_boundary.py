@@ -1,12 +1,9 @@
 """``EpochBoundary``: the moment between two epochs, given to ``RequeueCheckpoint`` before any other hook.
 
-An epoch's end runs in parts: its validation, the callbacks' ``on_train_epoch_end`` (checkpoint
-callbacks last), the module's, then Lightning steps ``ReduceLROnPlateau`` schedulers and logs the
-epoch's metrics. A checkpoint written inside that sequence misses what follows it. The first moment
-after all of it is the next epoch's ``on_train_epoch_start``, and Lightning calls checkpoint callbacks
-(``RequeueCheckpoint`` is one) after all others. ``RequeueCheckpoint`` puts this small callback first
-in the Trainer's list for the duration of ``fit``: it saves there, and a restart from that checkpoint
-goes back there, before any other epoch-start hook runs.
+An epoch's end runs in parts (validation, ``on_train_epoch_end`` of callbacks then module, plateau
+schedulers, epoch metrics): a checkpoint written inside it misses what follows. The first moment after
+it all is the next ``on_train_epoch_start``, where Lightning calls checkpoint callbacks last; this one,
+first in the list during ``fit``, saves and restores there before any other hook.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The restart redirect: on a restart, ``fit`` starts over, refuses, or loads this run's ``last.ckpt``.
 
-Lightning picks the checkpoint to load before any callback hook runs (a ``ckpt_path`` meant for the
-first attempt, its own ``last`` search, an ``hpc_ckpt_N.ckpt`` under SLURM); ``setup`` runs before that
-checkpoint is read. :class:`RestartRedirect` applies the restart rule there (:mod:`.restart`, rank 0
-deciding for all) and puts :class:`RedirectFirstLoad` in the way of the load: Lightning reads the
-checkpoint through ``strategy.load_checkpoint`` once per ``fit`` (every strategy, also the sharded ones,
-which call no ``CheckpointIO``); the wrapper sends that call to ``last.ckpt`` and removes itself.
-That load may unpickle what the module's own hyperparameters are made of (:mod:`.own_hparams`).
+Lightning picks its checkpoint before any hook (a first attempt's ``ckpt_path``, its ``last`` search,
+SLURM's ``hpc_ckpt_N.ckpt``) but reads it after ``setup``: there the rule (:mod:`.restart`, rank 0 for
+all) is applied and :class:`RedirectFirstLoad` wraps ``strategy.load_checkpoint``, which every strategy
+(the sharded ones too, which call no ``CheckpointIO``) reads through once per ``fit``.
 """
 
 from __future__ import annotations
@@ -15,8 +12,9 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 
@@ -27,18 +25,10 @@ from lightning_resume.exceptions import ResumeError
 from lightning_resume.last_ckpt.restart import Restart, decide, record_saved
 from lightning_resume.run_dir import own_hparams
 
+if TYPE_CHECKING:
+    from lightning_resume.run_dir.run_dir import RunDir
+
 log = logging.getLogger(__name__)
-
-
-class Run(Protocol):
-    """The run being restarted (a ``RunDir``)."""
-
-    @property
-    def path(self) -> Path: ...
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def is_resumed(self) -> bool: ...
 
 
 class RestartRedirect:
@@ -50,21 +40,16 @@ class RestartRedirect:
     def before_fit(
         self,
         trainer: pl.Trainer,
-        run: Run,
+        run: RunDir,
         last: Path,
         verify_directory: Callable[[], int],
         damaged: Callable[[Path], bool],
     ) -> None:
         """Nothing on a first attempt; on a restart start over, raise, or send the first load to ``last``.
 
-        Args:
-            trainer: The trainer, in ``setup`` of ``fit`` (call on every rank).
-            run: The run dir.
-            last: The run's ``last.ckpt``.
-            verify_directory: For a sharded ``last.ckpt``: verify it on every rank (falling back and
-                repointing ``last.ckpt`` if it must) and return how many ranks wrote it.
-            damaged: For a ``last.ckpt`` file that fails to load: whether it is damaged, with no
-                verified copy to fall back to (``False`` when the plugin explains its own failures).
+        Call on every rank, in ``setup`` of ``fit``. ``verify_directory``: verify a sharded ``last.ckpt`` on
+        every rank (falling back if it must) and say how many ranks wrote it; ``damaged``: whether a
+        ``last.ckpt`` file that fails to load is damaged beyond fallback.
 
         Raises:
             ResumeError: the run has committed a checkpoint but ``last.ckpt`` is gone.
@@ -74,8 +59,7 @@ class RestartRedirect:
         # Rank 0 decides for all: a node-local view of the checkpoints must not split the ranks.
         restart = Restart(broadcast(trainer.strategy, decide(run.path, last).value))
         if restart is Restart.START_OVER:
-            # The previous attempt stopped before its first save (say, preempted while loading data):
-            # there is nothing to resume and nothing to lose by starting over in the same run dir.
+            # Stopped before its first save: nothing to resume and nothing to lose by starting over.
             log.info(
                 "Restart of run %s, which stopped before its first checkpoint: starting from the beginning",
                 run.run_id,
@@ -131,41 +115,23 @@ def _never_damaged(path: Path) -> bool:
     return False
 
 
+@dataclass(eq=False)
 class RedirectFirstLoad:
-    """What the strategy's first ``load_checkpoint`` does instead: load ``target`` (through
-    :class:`~lightning_resume._compat.lightning.NextLoad`).
+    """What the strategy's first ``load_checkpoint`` does instead (through ``NextLoad``): load ``target``.
 
-    Args:
-        target: The checkpoint every first load is redirected to (``last.ckpt``).
-        on_redirect: Called with the requested path when it differs from ``target``.
-        saved_world_size: How many ranks wrote ``target``; a load failure on a different number of
-            ranks is reported as a :class:`~lightning_resume.ResumeError` naming both.
-        world_size: How many ranks this run has.
-        damaged: Whether ``target``, having failed to load, is damaged (a
-            :class:`~lightning_resume.ResumeError` then says what to do) rather than failing for
-            another reason.
-        allowed: The types the load may unpickle beyond torch's ``weights_only`` set: those of the
-            module's own hyperparameters (:mod:`~lightning_resume.run_dir.own_hparams`).
-        owner: The module's class name, for the message when the load needs other types.
+    ``on_redirect`` gets the requested path when it differs; a load failure is a ``ResumeError`` when
+    ``saved_world_size`` differs from ``world_size`` or ``damaged(target)``; ``allowed``: the types beyond
+    torch's ``weights_only`` set the load may unpickle (:mod:`~lightning_resume.run_dir.own_hparams`);
+    ``owner``: the module's class name, for the message when it needs others.
     """
 
-    def __init__(
-        self,
-        target: str,
-        on_redirect: Callable[[str], None],
-        saved_world_size: int,
-        world_size: int,
-        damaged: Callable[[Path], bool] = _never_damaged,
-        allowed: Callable[[], Mapping[str, Any]] = dict,
-        owner: str = "the module",
-    ) -> None:
-        self.target = target
-        self.on_redirect = on_redirect
-        self.saved_world_size = saved_world_size
-        self.world_size = world_size
-        self.damaged = damaged
-        self.allowed = allowed
-        self.owner = owner
+    target: str
+    on_redirect: Callable[[str], None]
+    saved_world_size: int
+    world_size: int
+    damaged: Callable[[Path], bool] = _never_damaged
+    allowed: Callable[[], Mapping[str, Any]] = dict
+    owner: str = "the module"
 
     def __call__(
         self,

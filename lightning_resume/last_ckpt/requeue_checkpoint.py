@@ -1,5 +1,4 @@
-"""``RequeueCheckpoint``: when to write ``last.ckpt`` and how; the restart redirect and the exact resume
-(``last_ckpt/redirect.py``, ``exact_resume/exact_resume.py``) are called from its hooks."""
+"""``RequeueCheckpoint``: when ``last.ckpt`` is written; its hooks drive the redirect and the exact resume."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ _NEEDS_RUN_DIR = "it says where last.ckpt lives"
 
 
 def _last_step(trainer: pl.Trainer) -> bool:
-    """Whether ``max_steps`` ends ``fit`` at this step, inside an epoch. Saved here, a run trained longer
-    (a larger ``max_steps``) continues this epoch, as an uninterrupted run does; the epoch end Lightning
-    runs next, because the run stops, belongs to this attempt only."""
+    """Whether ``max_steps`` ends ``fit`` at this step: saved here, a run trained longer continues this
+    epoch as an uninterrupted run does (the epoch end Lightning runs next belongs to this attempt only)."""
     return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
 
 
@@ -47,47 +45,34 @@ class RequeueCheckpoint(LastCheckpointCallback):
     """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
 
     ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps, every ``every_n_minutes``,
-    at the end of every training epoch, and when ``fit`` stops on a preemption signal, whatever the
-    user's own checkpoint callbacks do. An epoch's end is saved once it has run in full (validation,
-    every callback's and the module's ``on_train_epoch_end``, plateau schedulers, epoch metrics): as
-    the next epoch starts, before its hooks (with a stateful loader: after its first step); a save
-    due on an epoch's last batch waits for that moment too. Each write goes to a temporary file that
-    is fsynced and renamed over the previous one, so a kill at any instant leaves a complete
-    ``last.ckpt``.
+    at the end of every training epoch (once it has run in full: validation, every
+    ``on_train_epoch_end``, plateau schedulers, epoch metrics) and when ``fit`` stops on a preemption
+    signal. Each write is atomic (fsynced and renamed, or the own write of a ``checkpoint_io`` such as
+    :class:`~lightning_resume.DurableCheckpointIO`), so a kill at any instant leaves a complete file.
 
-    On a restart (see :class:`~lightning_resume.RunDir`) ``trainer.fit(model)`` resumes from it with the
-    full state (weights, optimizers, schedulers, loops, callbacks), also when the user passes a
-    ``ckpt_path`` (meant for the first attempt) or Lightning finds an ``hpc_ckpt_N.ckpt``. A restart
-    with no ``last.ckpt`` starts from the beginning when the run never committed a checkpoint, and
-    raises ``ResumeError`` when it did (starting over would silently discard the run). Every rank's
-    random state and the data position are restored exactly where the interrupted run was, so the
-    final weights are bitwise equal to an uninterrupted run.
+    Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks. On a restart
+    ``trainer.fit(model)`` resumes from ``last.ckpt`` with the full state, also when given a
+    ``ckpt_path`` meant for the first attempt or when Lightning finds an ``hpc_ckpt_N.ckpt``; every
+    rank's random state and data position are restored, so the final weights are bitwise equal to an
+    uninterrupted run's. Without ``last.ckpt`` a restart starts over if the run never committed a
+    checkpoint, and raises ``ResumeError`` if it did (starting over would silently discard the run).
 
-    Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks (in any order). With a
-    ``checkpoint_io`` plugin that writes atomically (such as
-    :class:`~lightning_resume.DurableCheckpointIO`), the plugin writes ``last.ckpt`` itself.
-
-    With ``every_n_train_steps="auto"`` the interval is chosen from the measured stall of a save and
-    the run's expected time between interruptions (Young/Daly, see the RequeueCheckpoint page), at
-    least the measured time a save takes to be durable, re-evaluated after each save, the same on
-    every rank, logged and recorded in the run's ``attempts.json``.
+    ``every_n_train_steps="auto"`` chooses the interval from the measured save stall and the expected
+    time between interruptions (Young/Daly, see the RequeueCheckpoint page), re-evaluated after each
+    save, equal on every rank, logged and recorded in the run's ``attempts.json``.
 
     Args:
         every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
-            an interval chosen from measurements, see above).
+            chosen from measurements, see above).
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch (once it has run in full).
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
-            are expanded). For a node-local directory (``"$TMPDIR/ckpt"`` on a multi-node job) give
-            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same directory: checkpoints are
-            written locally and mirrored, and a job relaunched onto empty nodes gets them back from
-            the mirror (once per node) when the plugin is constructed, before ``fit`` looks for
-            ``last.ckpt``. The record that the run has saved (``checkpoints/.saved``) stays in the run
-            dir.
+            are expanded). For a node-local directory (``"$TMPDIR/ckpt"``) give
+            ``DurableCheckpointIO(mirror=..., dirpath=...)`` the same one, so that a job relaunched onto
+            empty nodes gets the checkpoints back from the mirror.
         keep_global_batch: On a restart with another number of ranks, keep the samples per optimizer
-            step of the checkpoint's run by setting ``trainer.accumulate_grad_batches`` (the per-rank
-            batch stays). ``False`` (the default) keeps Lightning's behaviour: the per-rank batch and the
-            accumulation stay, so the global batch scales with the number of ranks.
+            step by setting ``trainer.accumulate_grad_batches``. ``False`` (the default) keeps
+            Lightning's behaviour: the per-rank batch stays and the global batch scales with the ranks.
         expected_interruption_every: With ``"auto"``: how often this job expects to be interrupted
             (a ``timedelta``, seconds, or ``"h:m:s"`` in YAML), until its own history says; default:
             the SLURM time limit, 6 hours on a cloud machine, else a day.
@@ -120,12 +105,11 @@ class RequeueCheckpoint(LastCheckpointCallback):
             positive_number("every_n_minutes", every_n_minutes, "number of minutes or None")
         flag("save_on_train_epoch_end", save_on_train_epoch_end)
         flag("keep_global_batch", keep_global_batch)
-        if dirpath is not None and (not isinstance(dirpath, (str, Path)) or not str(dirpath).strip()):
-            raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
         if dirpath is not None:
+            if not isinstance(dirpath, (str, Path)) or not str(dirpath).strip():
+                raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
             expand_dir(dirpath, "RequeueCheckpoint(dirpath=...)")  # an unset variable: told now
-        # Lightning resumes fit from ``ckpt_path`` and adds no ModelCheckpoint of its own: the contract of
-        # an OnExceptionCheckpoint, explained at LastCheckpointCallback.
+        # Lightning resumes fit from ``ckpt_path`` (the contract explained at LastCheckpointCallback).
         super().__init__()
         self._dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
@@ -169,8 +153,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     @property
     def _saves_epoch_start_instead(self) -> bool:
-        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)
-        rather than as that epoch starts."""
+        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
         return self._exact.stateful_loaders
 
     # -- hooks: the restart redirect; the exact resume and the epoch boundary put in place ----------
@@ -207,8 +190,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._cadence.start(trainer, self._run_dir)
 
     def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
-        """As an epoch starts, before any other callback's hook (called by :class:`EpochBoundary`):
-        a checkpoint saved here goes back, or the previous epoch's end is saved."""
+        """As an epoch starts, before other callbacks (:class:`EpochBoundary`): restore or save here."""
         self._exact.at_epoch_boundary(trainer)
         due, self._save_at_boundary = self._save_at_boundary, False
         if due and not self._exact.stateful_loaders and trainer.global_step != self._last_save_step:
@@ -217,8 +199,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
             listener(trainer)
 
     def _on_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
-        """Call ``listener(trainer)`` at every epoch boundary, after this callback's own work there
-        (``PreemptionHandler`` stops there: the state saved then is the boundary's)."""
+        """Call ``listener(trainer)`` at every epoch boundary, after this callback's work there."""
         if listener not in self._boundary_listeners:
             self._boundary_listeners.append(listener)
 
@@ -229,12 +210,11 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if trainer.is_last_batch:
-            # Not a resume point: the epoch's end follows (its validation, its hooks). Lightning,
-            # restored from here, would skip them; the save waits until they have run.
+            # Not a resume point: restored from here, Lightning would skip the epoch's end that follows.
             self._save_at_boundary |= self.save_on_train_epoch_end or self._due(trainer)
             return
-        # With stateful loaders the epoch boundary is saved after the next epoch's first step
-        # (Lightning restores their position only inside an epoch).
+        # Stateful loaders: the boundary is saved after the next epoch's first step (Lightning restores
+        # their position only inside an epoch).
         boundary = self._exact.stateful_loaders and batch_idx == 0
         if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
             self._save_at_boundary = False
@@ -283,8 +263,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._writes.close(trainer, collective)
 
     def _due(self, trainer: pl.Trainer) -> bool:
-        step = trainer.global_step
-        if step == self._last_save_step:
+        if trainer.global_step == self._last_save_step:
             return False  # gradient accumulation: no optimizer step since the last save
         due = self._cadence.due(trainer, self._last_save_step)  # every N steps, or the "auto" interval
         if self.every_n_minutes is not None:
@@ -297,12 +276,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     def save(self, trainer: pl.Trainer) -> None:
         """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between
-        epochs, or in fit's validation through :meth:`save_in_validation`).
-
-        A ``checkpoint_io`` that declares ``writes_atomically = True`` (such as
-        :class:`~lightning_resume.DurableCheckpointIO`) writes ``last.ckpt`` itself; with any other plugin
-        the checkpoint goes to a temporary file that is fsynced and renamed over ``last.ckpt``.
-        """
+        epochs, or in fit's validation through :meth:`save_in_validation`)."""
         self._cadence.saving(trainer, self._writes.writer(trainer))
         self._writes.write(trainer)
         self._mark_saved(trainer)
@@ -312,11 +286,8 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._last_save_time = time.monotonic()
 
     def save_in_validation(self, trainer: pl.Trainer) -> None:
-        """Write ``last.ckpt`` from inside fit's validation (call on every rank).
-
-        Validation changes no training state, so this is the state of the last training step; the
-        restart runs this validation again from its first batch and its starting random state.
-        """
+        """Write ``last.ckpt`` from inside fit's validation (every rank): the last training step's state,
+        and the restart runs this validation again from its start."""
         with self._exact.saving_in_validation():
             self.save(trainer)
 
@@ -326,11 +297,8 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._mark_saved(trainer)
 
     def _mark_saved(self, trainer: pl.Trainer) -> None:
-        """Record, once ``last.ckpt`` is committed, that the run has a checkpoint (the restart rule).
-
-        A plugin that writes in the background commits a save later than it returns: the marker
-        waits for the file, so a kill before the first commit leaves a run that starts over.
-        """
+        """Record that the run has a checkpoint (the restart rule) once ``last.ckpt`` exists: a background
+        write commits later than the save returns, and a kill before the first commit starts over."""
         if self._marked or not trainer.is_global_zero or not exists(Path(self.ckpt_path)):
             return
         record_saved(self._run())

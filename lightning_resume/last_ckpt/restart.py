@@ -1,10 +1,6 @@
-"""The restart rule: what a restarted run does, decided from its checkpoint directory alone.
-
-One function for the callback that acts on it (``RequeueCheckpoint``) and the tool that predicts it
-(``lightning-resume inspect``); ``docs/src/how_resume_works.md`` states it, and a test checks that
-the page says what :data:`RULES` says. :func:`record_saved` writes the marker the rule reads.
-
-Pure standard library (and the torch-free writer).
+"""The restart rule, from the checkpoint directory alone: one function for ``RequeueCheckpoint`` and
+``lightning-resume inspect``; a test checks that ``docs/src/how_resume_works.md`` states :data:`RULES`.
+Pure standard library.
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ RULES = {
 
 
 def exists(last: Path) -> bool:
-    """Whether ``last.ckpt`` exists: a file, or a checkpoint directory (sharded strategies), or a
-    link to one. A link to nothing does not count."""
+    """Whether ``last.ckpt`` exists: a file or a directory (sharded), or a link to one (not dangling)."""
     return last.is_file() or last.is_dir()
 
 
@@ -63,11 +58,8 @@ def decide(run_dir: Path, last: Path | None = None) -> Restart:
 
 
 def record_saved(run_dir: Path) -> None:
-    """Mark that the run has committed a checkpoint (``checkpoints/.saved``; kept once written).
-
-    In the run dir even when ``last.ckpt`` lives elsewhere (node-local): a restart on another node
-    must still know that the run has committed a checkpoint.
-    """
+    """Mark that the run has committed a checkpoint (``checkpoints/.saved``, kept): in the run dir even
+    when ``last.ckpt`` is node-local, so that a restart on another node knows."""
     marker = layout.saved_marker(run_dir)
     marker.parent.mkdir(parents=True, exist_ok=True)
     create_text_exclusive(marker, "")

@@ -1,13 +1,6 @@
-"""How ``last.ckpt`` is written, whatever writes the Trainer's checkpoints.
-
-- A plugin that writes atomically (``writes_atomically``, as ``DurableCheckpointIO``) writes it itself.
-- With any other plugin, the checkpoint goes to ``.last.ckpt.partial``, which is fsynced and renamed
-  over ``last.ckpt`` (rank 0).
-- Sharded strategies write a directory and call no plugin: it is written aside and committed
-  (:class:`~lightning_resume.io.sharded.saver.DirectorySaver`).
-
-And what a restart needs to know of what was written: whether a file that fails to load is damaged,
-and how many ranks wrote a sharded ``last.ckpt`` (verified on every rank, falling back if it must).
+"""How ``last.ckpt`` is written: by a plugin that ``writes_atomically`` itself, else to
+``.last.ckpt.partial``, fsynced and renamed (rank 0); sharded strategies, which call no plugin, through a
+:class:`~lightning_resume.io.sharded.saver.DirectorySaver`. And what a restart needs to know of it.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from lightning_resume.io.sharded.saver import DirectorySaver
 
 
 def lost_save(partial: Path) -> OSError:
-    """The error for a save Lightning reported done but did not write (its plugin swallows some errors)."""
+    """The error for a save Lightning reported done but did not write (its plugin hides some errors)."""
     try:
         fd, probe = temp_sibling(partial)
     except OSError as e:
@@ -47,12 +40,8 @@ def lost_save(partial: Path) -> OSError:
 
 
 class LastCkptWrites:
-    """The writes of one ``last.ckpt``.
-
-    Args:
-        path: Where ``last.ckpt`` is (asked at each save: it is known once the run dir is).
-        on_commit: Called (every rank) once a sharded save is committed in the background.
-    """
+    """The writes of one ``last.ckpt``, at ``path()`` (known once the run dir is); ``on_commit`` is called
+    (every rank) once a sharded save is committed in the background."""
 
     def __init__(self, path: Callable[[], Path], on_commit: Callable[[pl.Trainer], None]) -> None:
         self._path = path

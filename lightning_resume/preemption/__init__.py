@@ -1,4 +1,2 @@
-"""Preemption: ``PreemptionHandler`` (signals at step boundaries, one requeue, a non-zero exit),
-``SignalDiagnostics``, the grace window, and the notices that come before the signal (``notices``,
-public as ``lightning_resume.notices``).
-"""
+"""Preemption: ``PreemptionHandler``, ``SignalDiagnostics``, the grace window, and the notices that come
+before the signal (``notices``, public as ``lightning_resume.notices``)."""

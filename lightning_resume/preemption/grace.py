@@ -1,25 +1,16 @@
-"""The grace window: how long a scheduler waits between its stop signal and SIGKILL, and whether a save fits.
+"""The grace window: the seconds between a scheduler's stop signal and SIGKILL, and whether a save fits.
 
-Plain functions over the environment and the text of scheduler commands, so that ``doctor`` and its
-tests need no scheduler. The sources, checked with Slurm 22.05 and torch 2.13:
-
-- SLURM: ``scontrol show config`` gives ``KillWait`` (SIGTERM -> SIGKILL: ``scancel``, ``scontrol
-  requeue``, the time limit). On preemption the partition's ``GraceTime`` (``scontrol show partition``)
-  comes on top. The job's ``--signal=[R|B:]SIG[@LEAD]`` is neither in ``scontrol show job`` nor in the
-  job's environment: it is read from ``sacct``'s ``SubmitLine``, ``$SBATCH_SIGNAL`` and the
-  ``#SBATCH`` lines of the batch script, in sbatch's order of precedence. Without ``@LEAD`` the lead
-  is 60 s.
-- torchrun: ``$PET_SHUTDOWN_TIMEOUT`` (the environment form of ``--shutdown-timeout``), then
-  ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, default 30 s, between forwarding the signal to the workers and
-  SIGKILL. The agent forwards only the signals in ``$TORCHELASTIC_SIGNALS_TO_HANDLE`` (default
-  SIGTERM,SIGINT,SIGHUP,SIGQUIT); any other one, such as SLURM's SIGUSR1, kills the agent.
-- Kubernetes: ``terminationGracePeriodSeconds`` (default 30 s) is not visible inside the pod.
-
-``$LIGHTNING_RESUME_GRACE_SECONDS`` states the window explicitly and wins over all of them.
+Plain functions over the environment and scheduler output, so ``doctor`` needs no scheduler (checked
+with Slurm 22.05, torch 2.13). SLURM: ``KillWait``, plus ``GraceTime`` on preemption; the job's
+``--signal`` is only in ``sacct``'s ``SubmitLine``, ``$SBATCH_SIGNAL`` and the ``#SBATCH`` lines.
+torchrun: ``$PET_SHUTDOWN_TIMEOUT``, then ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``; a signal not in
+``$TORCHELASTIC_SIGNALS_TO_HANDLE`` (SLURM's SIGUSR1) kills the agent. Kubernetes'
+``terminationGracePeriodSeconds`` is not visible in the pod. ``$LIGHTNING_RESUME_GRACE_SECONDS`` wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import re
@@ -30,19 +21,13 @@ from dataclasses import dataclass
 
 from lightning_resume._scheduler.environment import ENV
 
-#: torchrun's shutdown timeout when neither variable sets it.
-TORCHRUN_DEFAULT_SECONDS = 30
-#: Kubernetes' default ``terminationGracePeriodSeconds``.
-KUBERNETES_DEFAULT_SECONDS = 30
-#: SLURM's lead for ``--signal=SIG`` without ``@LEAD``.
-SLURM_DEFAULT_LEAD_SECONDS = 60
-#: torchrun's default ``--signals-to-handle``.
-TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-#: A save is more than its write: ``torch.save`` pickles the state and copies tensors off the GPU first.
-#: A rough allowance on top of the measured write time, not a measurement.
+TORCHRUN_DEFAULT_SECONDS = 30  # torchrun's shutdown timeout when no variable sets it
+KUBERNETES_DEFAULT_SECONDS = 30  # terminationGracePeriodSeconds' default
+SLURM_DEFAULT_LEAD_SECONDS = 60  # --signal=SIG without @LEAD
+TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's --signals-to-handle
+#: Factor on the measured write time for pickling and copying off the GPU: an allowance, not a measurement.
 SAVE_OVERHEAD = 1.5
-#: The share of a window a save may take: the signal arrives mid-step, the step has to end before the
-#: save starts, and the process has to exit after it.
+#: The share of a window a save may take: the step in flight ends before it, the exit comes after it.
 FIT_SHARE = 0.8
 
 
@@ -59,16 +44,8 @@ class Kind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Window:
-    """The seconds between a stop signal and SIGKILL.
-
-    Attributes:
-        kind: The scheduler rule it comes from.
-        signal: The first signal of the window (``SIGTERM``, ``SIGUSR1``, ...).
-        seconds: From that signal to SIGKILL.
-        origin: Where the number comes from, for the report.
-        fixed: The part of ``seconds`` the job cannot change (the cluster's ``KillWait`` under a
-            ``--signal`` lead).
-    """
+    """The ``seconds`` from ``signal`` to SIGKILL under rule ``kind``, with their ``origin`` for the report;
+    ``fixed`` is the part the job cannot change (the cluster's ``KillWait`` under a ``--signal`` lead)."""
 
     kind: Kind
     signal: str
@@ -86,13 +63,8 @@ class Window:
 
 @dataclass(frozen=True)
 class SlurmSignal:
-    """A job's ``--signal=[R|B:]SIG[@LEAD]``.
-
-    Attributes:
-        name: The signal, e.g. ``SIGUSR1``.
-        lead: Seconds before the end of the job that SLURM sends it.
-        batch_only: ``B:``: only the batch shell gets it, not the job steps.
-    """
+    """A job's ``--signal=[R|B:]SIG[@LEAD]``: ``name`` sent ``lead`` s before the end, to the batch shell only
+    with ``B:`` (``batch_only``)."""
 
     name: str
     lead: float
@@ -128,12 +100,7 @@ def preemption_enabled(show_config: str) -> bool:
 
 
 def partition_grace_time(show_partition: str) -> float | None:
-    """The partition's ``GraceTime`` in seconds, or ``None`` when its jobs are not preempted.
-
-    Args:
-        show_partition: The output of ``scontrol show partition NAME`` (``GraceTime=10``,
-            ``PreemptMode=REQUEUE``).
-    """
+    """``GraceTime`` from ``scontrol show partition NAME``, or ``None`` when its jobs are not preempted."""
     fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", show_partition))
     if fields.get("PreemptMode", "OFF").upper() == "OFF":
         return None
@@ -142,11 +109,7 @@ def partition_grace_time(show_partition: str) -> float | None:
 
 
 def parse_signal_spec(spec: str) -> SlurmSignal:
-    """``B:USR1@90`` -> ``SlurmSignal("SIGUSR1", 90, batch_only=True)``: the value of ``--signal``.
-
-    Raises:
-        ValueError: not of the form ``[R|B:]SIG[@LEAD]``.
-    """
+    """``B:USR1@90`` -> ``SlurmSignal("SIGUSR1", 90, batch_only=True)``; ValueError if not a ``--signal``."""
     match = re.fullmatch(r"(?:([RB]{1,2}):)?(\w+)(?:@(\d+))?", spec.strip())
     if not match:
         raise ValueError(f"{spec!r} is not a SLURM signal spec of the form [R|B:]SIG[@LEAD], e.g. B:USR1@90.")
@@ -164,7 +127,7 @@ def _full_name(sig: str) -> str:
 
 
 def _words(line: str) -> list[str]:
-    # sacct prints the submit line without the shell's quotes (``--wrap=sleep 2``): quotes may not pair.
+    # sacct prints the submit line without the shell's quotes (``--wrap=sleep 2``): they may not pair.
     try:
         return shlex.split(line)
     except ValueError:
@@ -181,10 +144,8 @@ def _signal_option(words: list[str]) -> SlurmSignal | None:
             spec = words[i + 1]
         else:
             continue
-        try:
+        with contextlib.suppress(ValueError):
             found = parse_signal_spec(spec)
-        except ValueError:
-            continue
     return found
 
 
@@ -194,10 +155,7 @@ def submit_line_signal(submit_line: str) -> SlurmSignal | None:
 
 
 def batch_script_signal(batch_script: str) -> SlurmSignal | None:
-    """``--signal`` from the ``#SBATCH`` lines of a batch script (``scontrol write batch_script ID -``).
-
-    Like sbatch, reads ``#SBATCH`` lines only until the first command, and a later one overrides.
-    """
+    """``--signal`` from the ``#SBATCH`` lines of a script: as sbatch, to the first command; the last wins."""
     found = None
     for line in batch_script.splitlines()[1:]:  # the first line is the #! line
         stripped = line.strip()
@@ -211,11 +169,8 @@ def batch_script_signal(batch_script: str) -> SlurmSignal | None:
 def slurm_signal(
     environ: Mapping[str, str], submit_line: str | None = None, batch_script: str | None = None
 ) -> SlurmSignal | None:
-    """The job's ``--signal``: the command line wins over ``$SBATCH_SIGNAL``, which wins over the script.
-
-    Raises:
-        ValueError: ``$SBATCH_SIGNAL`` is set to something sbatch would refuse.
-    """
+    """The job's ``--signal``: the submit line, else ``$SBATCH_SIGNAL`` (ValueError if sbatch would refuse
+    it), else the script."""
     found = submit_line_signal(submit_line) if submit_line else None
     if found:
         return found
@@ -243,14 +198,8 @@ def _positive_seconds(environ: Mapping[str, str], variable: str) -> float:
 
 
 def torchrun_shutdown_timeout(environ: Mapping[str, str]) -> tuple[int, str] | None:
-    """torchrun's seconds from forwarding a signal to SIGKILL and where they come from, under torchrun.
-
-    ``torchrun --shutdown-timeout N`` on the command line is not visible to the workers; its environment
-    forms are.
-
-    Raises:
-        ValueError: a variable torchrun reads is not a whole number >= 0.
-    """
+    """Under torchrun, its seconds from forwarding a signal to SIGKILL (the environment forms of
+    ``--shutdown-timeout``: the option is invisible to workers) and their origin."""
     if not environ.get(ENV["elastic_run"]):
         return None
     for variable in (ENV["elastic_shutdown_arg"], ENV["elastic_shutdown"]):
@@ -280,24 +229,12 @@ def windows(
     submit_line: str | None = None,
     batch_script: str | None = None,
 ) -> list[Window]:
-    """Every stop-signal-to-SIGKILL window that applies to this process.
+    """Every stop-signal-to-SIGKILL window that applies here (only the explicit one when
+    ``$LIGHTNING_RESUME_GRACE_SECONDS`` is set); ValueError, naming it, for a variable with a bad value.
 
-    Args:
-        environ: The environment (the scheduler's variables and the explicit override).
-        show_config: ``scontrol show config`` (SLURM windows need it).
-        show_partition: ``scontrol show partition $SLURM_JOB_PARTITION`` (the preemption window).
-        submit_line: ``sacct -X -j ID -o SubmitLine -P -n`` (the job's ``--signal``).
-        batch_script: ``scontrol write batch_script ID -`` (``#SBATCH --signal``).
-
-    Returns:
-        The windows found; only the explicit one when ``$LIGHTNING_RESUME_GRACE_SECONDS`` is set.
-
-    Raises:
-        ValueError: a variable holds a value that is not what it should be; the message names it.
-
-    Example::
-
-        windows({"TORCHELASTIC_RUN_ID": "x"})  # [Window(Kind.TORCHRUN, "SIGTERM", 30, ...)]
+    SLURM's windows need ``show_config`` (``scontrol show config``), ``show_partition`` (``scontrol show
+    partition``), ``submit_line`` (``sacct -X -j ID -o SubmitLine -P -n``) and ``batch_script``
+    (``scontrol write batch_script ID -``).
     """
     variable = ENV["grace_seconds"]
     if environ.get(variable, "").strip():
@@ -309,15 +246,11 @@ def windows(
     if torchrun is not None:
         found.append(Window(Kind.TORCHRUN, "SIGTERM", torchrun[0], torchrun[1]))
     if environ.get(ENV["kubernetes"]):
-        found.append(
-            Window(
-                Kind.KUBERNETES,
-                "SIGTERM",
-                KUBERNETES_DEFAULT_SECONDS,
-                f"assumed: terminationGracePeriodSeconds' default, not visible in the pod; ${variable} "
-                "states the real one",
-            )
+        origin = (
+            f"assumed: terminationGracePeriodSeconds' default, not visible in the pod; ${variable} "
+            "states the real one"
         )
+        found.append(Window(Kind.KUBERNETES, "SIGTERM", KUBERNETES_DEFAULT_SECONDS, origin))
     return found
 
 
@@ -340,28 +273,15 @@ def _slurm_windows(
     option = slurm_signal(environ, submit_line, batch_script)
     if option is not None:
         shell = ", to the batch shell only" if option.batch_only else ""
-        lead = f"--signal lead {number_text(option.lead)} s"
-        if wait is None:
-            origin = f"{lead}, KillWait unknown{shell}"
-            found.append(Window(Kind.SLURM_SIGNAL, option.name, option.lead, origin))
-        else:
-            origin = f"{lead} + KillWait{shell}"
-            found.append(Window(Kind.SLURM_SIGNAL, option.name, option.lead + wait, origin, fixed=wait))
+        killwait = ", KillWait unknown" if wait is None else " + KillWait"
+        origin = f"--signal lead {number_text(option.lead)} s{killwait}{shell}"
+        fixed = wait or 0.0
+        found.append(Window(Kind.SLURM_SIGNAL, option.name, option.lead + fixed, origin, fixed=fixed))
     return found
 
 
 def save_seconds(checkpoint_bytes: int, bytes_per_second: float, overhead: float = SAVE_OVERHEAD) -> float:
-    """Estimated seconds from the start of a save until the checkpoint is durable.
-
-    Args:
-        checkpoint_bytes: The size of the checkpoint (the newest one is the best guess of the next).
-        bytes_per_second: The measured durable write speed of its directory.
-        overhead: The factor for serialising on top of the write (:data:`SAVE_OVERHEAD`).
-
-    Example::
-
-        save_seconds(100 << 20, 106 << 20)  # ~1.4
-    """
+    """Seconds from the start of a save until durable, at a measured write speed (100 MiB, 106 MiB/s: 1.4)."""
     if bytes_per_second <= 0:
         raise ValueError(f"bytes_per_second must be > 0, got {bytes_per_second!r}.")
     return checkpoint_bytes / bytes_per_second * overhead
@@ -380,10 +300,8 @@ def largest_fitting_bytes(
 
 
 def torchrun_kills(environ: Mapping[str, str], option: SlurmSignal) -> bool:
-    """Whether SLURM's ``--signal`` reaches a torchrun agent that does not forward it, and so kills it.
-
-    ``B:`` sends it to the batch shell only, which torchrun under ``srun`` never sees.
-    """
+    """Whether SLURM's ``--signal`` reaches a torchrun agent that does not forward it, and so kills it
+    (``B:`` sends it to the batch shell only, which torchrun under ``srun`` never sees)."""
     if option.batch_only or not environ.get(ENV["elastic_run"]):
         return False
     return option.name not in torchrun_forwards(environ)

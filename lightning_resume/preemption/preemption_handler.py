@@ -21,8 +21,9 @@ from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.exceptions import Preempted
 from lightning_resume.io._protocol import HurryingCheckpointIO
 from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
-from lightning_resume.notices import Notice, NoticeSource
 from lightning_resume.preemption.notices._agreement import Wanted, agree, shared_notice, written_seconds
+from lightning_resume.preemption.notices._notice import Notice
+from lightning_resume.preemption.notices._notice_source import NoticeSource
 from lightning_resume.preemption.notices._policy import Act
 from lightning_resume.preemption.notices._watch import NoticeWatch
 from lightning_resume.preemption.requeue import requeue_job
@@ -42,22 +43,19 @@ _Handler = Any  # what signal.getsignal returns: a callable, SIG_DFL, SIG_IGN or
 
 @dataclass
 class StopReport:
-    """How ``fit`` was stopped by a preemption signal.
+    """How a preemption stopped ``fit``.
 
     Attributes:
-        signal: The signal's name (or ``"a signal on another rank"``), or the notice that stopped
-            ``fit`` (``"the aws-spot notice"``).
+        signal: The signal's name (``"a signal on another rank"``), or the notice (``"the aws-spot notice"``).
         step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
-        started: ``time.monotonic()`` when the signal arrived (for a notice: when the ranks decided to stop).
+        started: ``time.monotonic()`` of the signal (for a notice: of the ranks' decision to stop).
         seconds_to_durable: From then until ``last.ckpt`` was durable.
         requeue: What was done to requeue the job (``None`` until it is decided).
         seconds_to_exit: From the signal until ``fit`` ended.
-        write: How ``last.ckpt`` was written (size, seconds, speed), when the checkpoint plugin reports
-            it (:attr:`DurableCheckpointIO.last_write <lightning_resume.DurableCheckpointIO.last_write>`).
+        write: How ``last.ckpt`` was written, when the plugin reports it (``DurableCheckpointIO.last_write``).
         notice: The preemption notice acted on before the stop, if any.
         notice_to_durable: Seconds from that notice until the first ``last.ckpt`` after it was durable.
-        steps_after_notice: Steps trained after the notice's save and kept by the last save (0 when
-            ``fit`` stopped at the notice).
+        steps_after_notice: Steps trained after the notice's save and kept by the last save.
     """
 
     signal: str
@@ -75,48 +73,39 @@ class StopReport:
 class PreemptionHandler(Callback):
     """Stop on a preemption signal without losing work, without hangs, and get the job requeued.
 
-    Handlers are installed when the callback is constructed, so the setup window before ``fit``
-    (data, DDP initialisation) is covered too. A handler only records the signal and logs one line;
-    handlers that were installed before (the user's) are still called, and all are restored at the
-    end of ``fit``. During training, at the next step boundary, all ranks agree on the flag (one
-    small all-reduce, so a signal to one rank stops every rank), ``last.ckpt`` is written through
-    :class:`~lightning_resume.RequeueCheckpoint` and waited on until durable, the job is requeued
-    once (``scontrol requeue`` on rank 0 under SLURM, submitit's own requeue path under submitit,
-    nothing elsewhere) and ``fit`` ends with :class:`~lightning_resume.Preempted`, a ``SystemExit``
-    with a non-zero status. A signal during the setup window, before the sanity check, requeues and
-    exits at once: there is nothing new to save.
+    Handlers are installed at construction, so the setup window before ``fit`` (data, DDP init) is
+    covered; a signal there, before the sanity check, requeues and exits at once (nothing new to save).
+    A handler only records the signal and logs one line; handlers installed before (the user's) are
+    still called, and all are restored at the end of ``fit``. At the next step boundary all ranks agree
+    on the flag (one small all-reduce: a signal to one rank stops every rank), ``last.ckpt`` is written
+    through :class:`~lightning_resume.RequeueCheckpoint` and waited on until durable, the job is
+    requeued once (``scontrol requeue`` on rank 0 under SLURM, submitit's own path under submitit,
+    nothing elsewhere) and ``fit`` ends with :class:`~lightning_resume.Preempted`, a ``SystemExit`` with
+    a non-zero status.
 
-    Validation is covered too: a signal during fit's validation (mid-epoch or at the epoch end) stops
-    the job within one validation batch, with ``last.ckpt`` holding the last training step; the
-    restart runs that validation again. A signal during the sanity check stops it the same way.
-    Work in another callback's ``on_train_epoch_end`` cannot be interrupted: the stop comes at the
-    next hook after it (put ``PreemptionHandler`` after callbacks with long epoch-end work). DataLoader
-    workers ignore a preemption signal sent to the whole process group (as SLURM does); the training
-    process handles it.
-
-    It replaces Lightning's own SIGTERM handling during training (which exits with status 0 and can
-    hang DDP) and, because a SIGUSR1 handler exists, ``SLURMEnvironment(auto_requeue=True)`` installs
-    none: no second requeue and no ``hpc_ckpt_N.ckpt`` files.
-
-    Preemption notices (:mod:`lightning_resume.notices`: a cloud's interruption notice, the SLURM
-    time limit, a file) are polled off the training thread and acted on through the same agreement.
-    With ``on_notice="save_and_continue"``, ``last.ckpt`` is saved at once and training goes on until
-    the deadline less the measured time to durable, ``notice_margin`` and one step, or the signal,
-    then stops as for a signal; with no room for that, or ``"stop"``, it stops at once.
+    A signal during fit's validation or the sanity check stops within one validation batch, with
+    ``last.ckpt`` holding the last training step; the restart runs that validation again. Work in
+    another callback's ``on_train_epoch_end`` cannot be interrupted: put ``PreemptionHandler`` after
+    callbacks with long epoch-end work. DataLoader workers ignore a signal sent to the whole process
+    group (as SLURM does). Lightning's own SIGTERM handling (exit status 0, can hang DDP) is replaced,
+    and with a SIGUSR1 handler present ``SLURMEnvironment(auto_requeue=True)`` installs none: no second
+    requeue, no ``hpc_ckpt_N.ckpt``.
 
     Args:
         signals: Signal names that mean "preempted" (a list, or one name). Default: SIGTERM, SIGUSR1,
             SIGUSR2 (and submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
         requeue: Requeue the job (SLURM / submitit). ``False``: save and exit only.
         exit_code: Exit status after a preemption, 1..255 (default 143, "terminated").
-        check_every_n_steps: Agree on the flag every this many training (and validation) batches
-            instead of every one: one small all-reduce per check under DDP (about 2 ms on 2 CPU
-            ranks, negligible against a GPU step). The stop then comes up to this many batches later.
-        notices: Preemption notice sources to poll: ``"auto"`` (default: every source of
-            :mod:`lightning_resume.notices` that applies on the machine, told without a network call),
-            ``None`` or ``[]`` for none, or a list such as ``[AwsSpotNotice(), FileNotice("/tmp/x")]``.
-        on_notice: What a notice does: ``"save_and_continue"`` (default) saves now and trains on until
-            the deadline (or the signal); ``"stop"`` saves, requeues and exits now.
+        check_every_n_steps: Agree on the flag every this many training (and validation) batches: one
+            small all-reduce per check under DDP (about 2 ms on 2 CPU ranks); the stop comes up to this
+            many batches later.
+        notices: Preemption notice sources to poll off the training thread, acted on through the same
+            agreement: ``"auto"`` (default: every source of :mod:`lightning_resume.notices` that applies
+            on the machine, told without a network call), ``None`` or ``[]`` for none, or a list such as
+            ``[AwsSpotNotice(), FileNotice("/tmp/x")]``.
+        on_notice: ``"save_and_continue"`` (default) saves ``last.ckpt`` now and trains on until the
+            deadline less the measured time to durable, ``notice_margin`` and one step (or the signal),
+            then stops as for a signal; ``"stop"``, or no room for that, saves, requeues and exits now.
         notice_margin: Seconds kept free before a notice's deadline, beyond the measured time to
             durable and one step (time to requeue and exit, clocks that differ).
 
@@ -150,7 +139,7 @@ class PreemptionHandler(Callback):
         flag("requeue", requeue)
         whole_number("check_every_n_steps", check_every_n_steps, 1)
         if isinstance(signals, str):
-            signals = [signals]  # one signal given as a name, not a list of characters
+            signals = [signals]  # one name, not a list of characters
         names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
         if signals is None and under_submitit(os.environ):
             names.append(submitit_signal(os.environ))
@@ -205,9 +194,8 @@ class PreemptionHandler(Callback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
-            # A forked child (a worker of some library) inherited this handler: the training
-            # process decides; a child that logs, raises or requeues here would break it. The child
-            # gets what it would have got without us (a pool's terminate() must still end it).
+            # A forked child inherited this handler: the training process decides. The child gets what
+            # it would have got without us (a pool's terminate() must still end it).
             self._as_before_in_child(signum, frame)
             return
         sig = signal.Signals(signum)
@@ -234,11 +222,9 @@ class PreemptionHandler(Callback):
         previous = self._previous.get(signal.Signals(signum))
         if callable(previous):
             previous(signum, frame)
-            return
-        if previous == signal.SIG_IGN:
-            return
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def _stop_before_training(self, sig: signal.Signals) -> None:
         requeued = self._issue_requeue(sig) if is_global_zero(os.environ) else "left to rank 0"
@@ -263,9 +249,8 @@ class PreemptionHandler(Callback):
             self._notices.start(trainer.local_rank, trainer.global_rank)
 
     def _take_back_handlers(self) -> None:
-        # Lightning puts its own SIGTERM handling in front of ours just before the sanity check (and
-        # under DDP it broadcasts from inside the handler); ours must decide alone. Lightning
-        # restores its pre-fit handlers (ours) at the end of fit.
+        # Lightning puts its SIGTERM handler (which broadcasts under DDP) in front of ours just before the
+        # sanity check; ours must decide alone. Lightning restores its pre-fit handlers (ours) after fit.
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in self.signals:
@@ -280,15 +265,11 @@ class PreemptionHandler(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._take_back_handlers()
-        self._in_training = True
+        self.on_sanity_check_start(trainer, pl_module)
 
     def _check_due(self) -> bool:
-        """Count a batch; whether the ranks agree at this one (every ``check_every_n_steps``).
-
-        Counted per callback, not by ``global_step`` (which repeats under gradient accumulation):
-        all ranks run the same batches, so they check at the same ones.
-        """
+        """Count a batch; whether the ranks agree at this one (counted here: ``global_step`` repeats under
+        gradient accumulation, and all ranks run the same batches)."""
         self._batches_seen += 1
         return self._batches_seen % self.check_every_n_steps == 0
 
@@ -296,8 +277,8 @@ class PreemptionHandler(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # The last batch of an epoch is not a resume point: the epoch end (or, with a stateful
-        # loader, the next epoch's first batch) is, so the check waits for it.
+        # An epoch's last batch is not a resume point: its end (with a stateful loader: the next epoch's
+        # first batch) is, so the check waits for it.
         if self._check_due() and not trainer.is_last_batch:
             self._act(trainer, self._agree(trainer))
 
@@ -340,8 +321,7 @@ class PreemptionHandler(Callback):
             self._exit(trainer)
 
     def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
-        """Between two epochs, before the next one's hooks (``RequeueCheckpoint`` calls it): the
-        resume point after an epoch's end (with a stateful loader: the next epoch's first batch)."""
+        """The resume point between epochs, before the next one's hooks (``RequeueCheckpoint`` calls it)."""
         assert self._requeue_checkpoint is not None
         if self._stopped is None and not self._requeue_checkpoint._saves_epoch_start_instead:
             self._act(trainer, self._agree(trainer))
@@ -369,7 +349,9 @@ class PreemptionHandler(Callback):
             notice = shared_notice(trainer.strategy, self._wanted, Act.STOP)
             self._notices.acting_on(notice)
             return f"the {notice.source} notice", time.monotonic()
-        return self._signal_name(), self._received[1] if self._received else time.monotonic()
+        if self._received:
+            return self._received[0].name, self._received[1]
+        return "a signal on another rank", time.monotonic()
 
     def _save_for_notice(self, trainer: pl.Trainer) -> None:
         """Make ``last.ckpt`` durable now, for a notice, and train on."""
@@ -385,28 +367,18 @@ class PreemptionHandler(Callback):
         start, io = time.monotonic(), trainer.strategy.checkpoint_io
         if isinstance(io, HurryingCheckpointIO):
             io._hurry()  # a wait follows at once: full speed, and this save written straight away
-        if in_validation:
-            self._requeue_checkpoint.save_in_validation(trainer)
-        else:
-            self._requeue_checkpoint.save(trainer)
-        self._requeue_checkpoint.wait_until_durable(trainer)
+        checkpoint = self._requeue_checkpoint
+        (checkpoint.save_in_validation if in_validation else checkpoint.save)(trainer)
+        checkpoint.wait_until_durable(trainer)
         return time.monotonic() - start
-
-    def _signal_name(self) -> str:
-        return self._received[0].name if self._received else "a signal on another rank"
 
     def _save(self, trainer: pl.Trainer, in_validation: bool = False) -> None:
         """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
         cause, start = self._cause(trainer)
         self._save_durably(trainer, in_validation)
-        io = trainer.strategy.checkpoint_io
-        self._stopped = StopReport(
-            cause,
-            trainer.global_step,
-            started=start,
-            seconds_to_durable=time.monotonic() - start,
-            write=io.last_write if isinstance(io, HurryingCheckpointIO) else None,
-        )
+        seconds, io = time.monotonic() - start, trainer.strategy.checkpoint_io
+        write = io.last_write if isinstance(io, HurryingCheckpointIO) else None
+        self._stopped = StopReport(cause, trainer.global_step, start, seconds_to_durable=seconds, write=write)
         record = self._notices.record
         if record is not None:  # a notice came first: what it led to
             record.durable_after(time.time(), self._stopped.seconds_to_durable or 0.0)
@@ -420,20 +392,18 @@ class PreemptionHandler(Callback):
         if trainer.is_global_zero and self._submitit_requeue() is not None:
             # submitit requeues and exits from its own handler: say everything before handing over.
             self._stopped.requeue = "through submitit"
-            self._log_stop(trainer, "through submitit, which exits", None)
+            self._log_stop("through submitit, which exits", None)
         requeued = self._issue_requeue(sig) if trainer.is_global_zero else "left to rank 0"
         total = time.monotonic() - self._stopped.started
         self._stopped.requeue, self._stopped.seconds_to_exit = requeued, total
         if trainer.is_global_zero:
-            self._log_stop(trainer, requeued, total)
+            self._log_stop(requeued, total)
         raise Preempted(self.exit_code)
 
-    def _log_stop(self, trainer: pl.Trainer, requeued: str, total: float | None) -> None:
+    def _log_stop(self, requeued: str, total: float | None) -> None:
         assert self._stopped is not None
         since = "the stop" if self._agreed == Act.STOP else "the signal"
-        exit_text = (
-            f"exiting with status {self.exit_code} {total:.3f} s after {since}" if total is not None else ""
-        )
+        exits = "" if total is None else f"; exiting with status {self.exit_code} {total:.3f} s after {since}"
         record = self._notices.record
         log.warning(
             "Preempted by %s at step %s: last.ckpt durable %.3f s after %s%s; requeue: %s%s%s",
@@ -443,7 +413,7 @@ class PreemptionHandler(Callback):
             since,
             f" ({self._stopped.write.describe()})" if self._stopped.write is not None else "",
             requeued,
-            f"; {exit_text}" if exit_text else "",
+            exits,
             f"; {record.describe(self._stopped.step)}" if record is not None else "",
         )
 
@@ -464,7 +434,4 @@ class PreemptionHandler(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # Lightning runs no teardown hook after an exception.
-        self._in_training = False
-        self._notices.stop()
-        self.uninstall()
+        self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown hook after an exception

@@ -20,12 +20,10 @@ log = logging.getLogger(__name__)
 class SignalDiagnostics(Callback):
     """Log the handler of SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGCONT, with who installed it.
 
-    The table is logged at construction, at train start (after Lightning registered its own
-    handlers) and when ``fit`` ends, each time with warnings about known bad combinations and what to
-    do: a SIGUSR1 handler that silently turns Lightning's SLURM requeue off, SIGTERM left at its
-    default action under SLURM, ``scontrol`` missing from PATH, submitit bypassing SIGTERM. When
-    ``fit`` ended because of a preemption signal, it says which signal, at which step, and whether a
-    requeue was issued.
+    Logged at construction, at train start (after Lightning's handlers) and when ``fit`` ends, with
+    warnings and what to do about known bad set-ups: a SIGUSR1 handler that silently turns Lightning's
+    SLURM requeue off, SIGTERM at its default under SLURM, no ``scontrol`` on PATH, submitit bypassing
+    SIGTERM. When a preemption ended ``fit``: which signal, at which step, and whether it requeued.
 
     Example::
 

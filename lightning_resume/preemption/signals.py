@@ -10,22 +10,15 @@ from typing import Any
 
 from lightning_resume._scheduler.environment import ENV, on_slurm, under_submitit
 
-# The signals a preemption can arrive as: SLURM/Kubernetes/torchrun send SIGTERM, SLURM's
-# `--signal=USR1@N` warns with SIGUSR1, submitit preempts with SIGUSR2 by default.
+# SLURM/Kubernetes/torchrun stop with SIGTERM, SLURM's --signal=USR1@N warns with SIGUSR1, submitit with USR2.
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 WATCHED_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGCONT")
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: "terminated", which schedulers read as not finished
 
 
 @dataclass(frozen=True)
 class HandlerInfo:
-    """A signal handler described for a log line.
-
-    Attributes:
-        name: ``module.qualname`` of a Python handler, or ``SIG_DFL`` / ``SIG_IGN``.
-        origin: ``default``, ``ignored``, ``lightning``, ``submitit``, ``torch elastic``,
-            ``lightning_resume`` or ``user``.
-    """
+    """A handler for a log line: ``name`` (``module.qualname``, ``SIG_DFL``, ...) and ``origin`` (``default``,
+    ``ignored``, ``lightning``, ``submitit``, ``torch elastic``, ``lightning_resume`` or ``user``)."""
 
     name: str
     origin: str
@@ -35,11 +28,7 @@ class HandlerInfo:
 
 
 def signal_number(name: str) -> signal.Signals:
-    """``"SIGUSR1"`` or ``"USR1"`` -> ``signal.SIGUSR1``.
-
-    Raises:
-        ValueError: for a name that is not a signal on this platform.
-    """
+    """``"SIGUSR1"`` or ``"USR1"`` -> ``signal.SIGUSR1``; ValueError for a name not a signal here."""
     if not isinstance(name, str):
         raise ValueError(f"Signals are given by name, such as 'SIGTERM' or 'SIGUSR1', got {name!r}.")
     full = name.strip().upper()
@@ -51,11 +40,7 @@ def signal_number(name: str) -> signal.Signals:
 
 
 def catchable_signal(name: str) -> signal.Signals:
-    """:func:`signal_number`, refusing signals no handler can catch.
-
-    Raises:
-        ValueError: an unknown name, or SIGKILL / SIGSTOP (the kernel acts on them; nothing is saved).
-    """
+    """:func:`signal_number`, refusing SIGKILL and SIGSTOP (the kernel acts on them, no handler runs)."""
     sig = signal_number(name)
     if sig in (signal.SIGKILL, signal.SIGSTOP):
         raise ValueError(
@@ -64,13 +49,6 @@ def catchable_signal(name: str) -> signal.Signals:
             "early warning of SLURM's --signal=USR1@N)."
         )
     return sig
-
-
-def _owner_module(handler: Any) -> str:
-    bound = getattr(handler, "__self__", None)
-    if bound is not None:
-        return type(bound).__module__
-    return str(getattr(handler, "__module__", "") or "")
 
 
 def describe(handler: Any) -> HandlerInfo:
@@ -83,22 +61,20 @@ def describe(handler: Any) -> HandlerInfo:
         return HandlerInfo("SIG_IGN", "ignored")
     if handler is signal.default_int_handler:
         return HandlerInfo("default_int_handler (KeyboardInterrupt)", "default")
-    module = _owner_module(handler)
     bound = getattr(handler, "__self__", None)
     qualname = getattr(handler, "__qualname__", None) or type(handler).__qualname__
     if bound is not None:
+        module = type(bound).__module__
         qualname = f"{type(bound).__qualname__}.{getattr(handler, '__name__', qualname)}"
-    top = module.split(".")[0]
-    if top in ("lightning", "pytorch_lightning", "lightning_fabric"):
-        origin = "lightning"
-    elif top == "submitit":
-        origin = "submitit"
-    elif module.startswith("torch.distributed.elastic"):
-        origin = "torch elastic"
-    elif top == "lightning_resume":
-        origin = "lightning_resume"
     else:
-        origin = "user"
+        module = str(getattr(handler, "__module__", "") or "")
+    top = module.split(".")[0]
+    if module.startswith("torch.distributed.elastic"):
+        origin = "torch elastic"
+    elif top in ("lightning", "pytorch_lightning", "lightning_fabric"):
+        origin = "lightning"
+    else:
+        origin = top if top in ("submitit", "lightning_resume") else "user"
     return HandlerInfo(f"{module}.{qualname}", origin)
 
 
@@ -108,13 +84,7 @@ def handler_table(names: tuple[str, ...] = WATCHED_SIGNALS) -> dict[str, Handler
 
 
 def submitit_signal(environ: Mapping[str, str]) -> str:
-    """The signal submitit preempts with (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2).
-
-    Only meaningful under submitit (see :func:`~lightning_resume._scheduler.environment.under_submitit`).
-
-    Raises:
-        ValueError: the variable names no signal (submitit itself would fail on it).
-    """
+    """The signal submitit preempts with (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2); ValueError for none."""
     value = environ.get(ENV["submitit_signal"], "USR2")
     try:
         return signal_number(value).name
@@ -128,13 +98,8 @@ def submitit_signal(environ: Mapping[str, str]) -> str:
 def known_problems(
     table: Mapping[str, HandlerInfo], environ: Mapping[str, str], preemption_handler: bool = False
 ) -> list[str]:
-    """Warnings about handler set-ups known to lose work or requeues, each with what to do.
-
-    Args:
-        table: The handlers, from :func:`handler_table`.
-        environ: The environment (scheduler variables).
-        preemption_handler: A ``PreemptionHandler`` is in use (even if its handlers are not installed now).
-    """
+    """Warnings, each with what to do, about the handlers in ``table`` (:func:`handler_table`) known to lose
+    work or requeues; ``preemption_handler``: one is in use, even if its handlers are not installed now."""
     problems = []
     slurm = on_slurm(environ)
     ours = preemption_handler or any(info.origin == "lightning_resume" for info in table.values())

@@ -1,20 +1,10 @@
-"""DataLoader workers and a signal to the whole process group.
+"""DataLoader workers and a preemption signal to the whole process group (SLURM, ``kill -- -PGID``).
 
-SLURM signals every process of a job step, and so does ``kill -- -PGID``. A DataLoader worker forked
-by the training process inherits its Python handlers, but torch's worker loop installs C-level
-handlers of its own: a SIGTERM from anyone but the worker's parent kills the worker, and the main
-process then fails at once ("DataLoader worker ... is killed by signal") instead of stopping cleanly
-at the next step boundary. SIGUSR1/SIGUSR2 would run our inherited handler inside the worker.
-
-So, once ``PreemptionHandler`` is installed, a DataLoader worker (and only a worker) forked by this
-process blocks the preemption signals, and a daemon thread takes them: it ignores a signal from
-anyone else and leaves at once when the parent sends one, which is how ``multiprocessing`` stops a
-worker. Other forked children (``multiprocessing`` pools...) keep the normal behaviour.
-
-Recognising a worker at fork time needs one look at the stdlib's ``multiprocessing`` internals (the
-process object being launched, in the forking frame): :func:`~lightning_resume._compat.torch.forked_target`.
-Workers started with ``spawn`` or ``forkserver`` are not forked from this process and keep torch's
-behaviour.
+torch's worker handlers let a SIGTERM from anyone but the parent kill the worker, which fails the main
+process at once. So, while ``PreemptionHandler`` is installed, a forked DataLoader worker (only a worker,
+per :func:`~lightning_resume._compat.torch.forked_target`) blocks the preemption signals and a daemon
+thread takes them, exiting on the parent's (how ``multiprocessing`` stops a worker). ``spawn`` and
+``forkserver`` workers keep torch's behaviour.
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ def _wait_for_parent(signals: frozenset[int]) -> None:
 
 def _after_fork_in_child() -> None:
     global _IN_THIS_WORKER
-    if _IN_THIS_WORKER:
-        # A child of a worker gets the normal behaviour back.
+    if _IN_THIS_WORKER:  # a child of a worker gets the normal behaviour back
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IN_THIS_WORKER)
         _IN_THIS_WORKER = frozenset()
         return

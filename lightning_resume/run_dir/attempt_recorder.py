@@ -1,7 +1,6 @@
-"""``RunDir``'s record of this attempt in ``attempts.json`` (see ``lightning_resume.run_dir.attempts``).
+"""``RunDir``'s record of this attempt in ``attempts.json``, written by rank 0.
 
-Rank 0 writes; other ranks do nothing. Nothing here raises: the record is for the tools and the
-crash-loop rule, and an error in it (a full disk) must not replace the error that ends ``fit``.
+Nothing here raises: an error in the record (a full disk) must not replace the error that ends ``fit``.
 """
 
 from __future__ import annotations
@@ -30,15 +29,14 @@ from lightning_resume.run_dir.status import RunStatus
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two writes of the record during training (it is also written at every end).
-FLUSH_SECONDS = 30.0
+FLUSH_SECONDS = 30.0  # seconds between two writes of the record during training (and at every end)
 
 
 _F = TypeVar("_F", bound=Callable[..., None])
 
 
 def _never_raises(method: _F) -> _F:
-    """Report an error of ``method`` once as a warning instead of raising it (the record is a side job)."""
+    """Report an error of ``method`` once as a warning instead of raising it."""
 
     @functools.wraps(method)
     def guarded(self: AttemptRecorder, *args: Any, **kwargs: Any) -> None:
@@ -58,10 +56,7 @@ def _one_line(exception: BaseException) -> str:
 
 
 def _signal_name(trainer: pl.Trainer, exception: BaseException) -> tuple[str, str | None]:
-    """The preemption signal (or notice) as ``PreemptionHandler`` stopped on it, and the notice's source.
-
-    ``SIGTERM`` for Lightning's own handling.
-    """
+    """The signal (or notice) ``PreemptionHandler`` stopped on and the notice's source; else ``SIGTERM``."""
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
         report = getattr(callback, "stop_report", None)
         if report is not None and isinstance(getattr(report, "signal", None), str):
@@ -74,14 +69,7 @@ def _signal_name(trainer: pl.Trainer, exception: BaseException) -> tuple[str, st
 
 
 class AttemptRecorder:
-    """Records this attempt of the run in ``<run dir>/attempts.json`` (rank 0).
-
-    The step reached is kept in plain attributes and written every :data:`FLUSH_SECONDS` (and at the
-    end), so a training step costs two attribute stores here.
-
-    Args:
-        run_dir: The run dir.
-    """
+    """Records this attempt in ``<run dir>/attempts.json`` (rank 0), the step every :data:`FLUSH_SECONDS`."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -224,13 +212,12 @@ class AttemptRecorder:
         first_durable = times.durable_count == 1 and to_durable is not None
         self._attempt = replace(self._attempt, last_ckpt_saves=times)
         if stall is not None or first_durable:
-            # At once, every save (one small write next to a checkpoint's): a restart after a kill
-            # starts from these figures, the mean stall after the attempt's first save among them.
+            # At once (a small write next to a checkpoint's): a restart after a kill starts from these.
             self._flush()
 
     @_never_raises
     def chose_cadence(self, choice: dict[str, Any]) -> None:
-        """Record the interval ``every_n_train_steps="auto"`` chose (written at once: ``doctor`` shows it)."""
+        """Record the interval ``every_n_train_steps="auto"`` chose (at once: ``doctor`` shows it)."""
         if self._attempt is None:
             return
         changes = (self._attempt.cadence or {}).get("changes", -1) + 1
@@ -239,7 +226,7 @@ class AttemptRecorder:
         self._flush()
 
     def _write_beat(self) -> None:
-        """Overwrite the step beat in place: one small write per step, no fsync (a kill leaves it)."""
+        """Overwrite the step beat in place (no fsync: the page cache outlives a kill)."""
         assert self._attempt is not None and self._last_step is not None
         if self._beat == -1:
             return  # it could not be written: reported once
@@ -280,17 +267,18 @@ class AttemptRecorder:
 
     def stopped(self, trainer: pl.Trainer, exception: BaseException) -> tuple[RunStatus, str]:
         """``fit`` ends with ``exception``: close the record; return ``status.json``'s status and detail."""
-        name = type(exception).__name__
-        if trainer.state.fn != "fit" or not trainer.is_global_zero:
-            return _status_of(exception), name
-        try:
-            return self._stopped(trainer, exception)
-        except Exception as e:
-            self._report(e)
-            return _status_of(exception), name
+        if trainer.state.fn == "fit" and trainer.is_global_zero:
+            try:
+                hang = self._stopped(trainer, exception)
+            except Exception as e:
+                self._report(e)
+            else:
+                if hang is not None:
+                    return RunStatus.HUNG, hang
+        return _status_of(exception), type(exception).__name__
 
-    def _stopped(self, trainer: pl.Trainer, exception: BaseException) -> tuple[RunStatus, str]:
-        name = type(exception).__name__
+    def _stopped(self, trainer: pl.Trainer, exception: BaseException) -> str | None:
+        """Close the record; the hang's detail when a rank hung."""
         self.begin(trainer)  # an attempt that failed before RunDir's setup still counts
         number = self.number
         notes = [n for n in hangs.read_notes(self.run_dir) if n.attempt == number] if number else []
@@ -298,7 +286,7 @@ class AttemptRecorder:
             # A rank hung: what ended fit here (a peer's collective failing as it exited) follows from it.
             end = attempts.hung_end(notes)
             self._close(trainer, end)
-            return RunStatus.HUNG, end.detail
+            return end.detail
         if isinstance(exception, CrashLoopStopped):
             end = End(time.time(), Cause.CRASH_LOOP_STOP, exception.message)
         elif isinstance(exception, (Preempted, SIGTERMException)):
@@ -309,7 +297,7 @@ class AttemptRecorder:
             error = _one_line(exception)
             end = End(time.time(), Cause.FAILED, f"failed: {error}", error=error)
         self._close(trainer, end)
-        return _status_of(exception), name
+        return None
 
 
 def _status_of(exception: BaseException) -> RunStatus:

@@ -1,41 +1,25 @@
 """``attempts.json``: one record per attempt of a run, for the tools and the crash-loop rule.
 
-``RunDir`` records (rank 0, atomically) when each attempt started, which step it resumed from, when
-its first step ended, the last step it reached, the newest durable checkpoint it saw and how it
-ended: ``finished``, ``preempted`` (the signal), ``failed`` (the error in one line), ``hung`` (the
-section, step, seconds and stacks files from the ranks' hang notes, see
-``lightning_resume.run_dir.hangs``), ``killed`` (a record nobody closed: the next attempt deduces it) or
-``crash-loop-stop``. ``ProgressWatchdog`` adds the time its saves took (every checkpoint save);
-``RequeueCheckpoint`` adds the stall and the time to durable of its saves of ``last.ckpt`` (what a
-restart starts its estimates from) and the interval ``every_n_train_steps="auto"`` chose (see
-``lightning_resume.last_ckpt.interval``).
+Rank 0's ``RunDir`` records each attempt (:class:`Attempt`); ``ProgressWatchdog`` adds its save times,
+``RequeueCheckpoint`` its ``last.ckpt`` save times and the interval ``"auto"`` chose. An open record
+is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang notes. Version 1::
 
-The file, version 1 (times are wall clock, seconds since the epoch)::
-
-    {"version": 1,
-     "reset_after": 0,                      # the crash-loop count starts after this attempt
+    {"version": 1, "reset_after": 0,
      "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
      "attempts": [
        {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r3",
-        "unrecorded_launches": 1,           # r2 died while starting (only when > 0)
-        "started": 1717000000.0,            # the process start of rank 0
-        "resumed_from": 400,                # null: a fresh start (or ended before training)
-        "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
-        "first_step": 1717000031.2,         # when its first step ended
-        "last_step": 655, "last_step_time": 1717000390.0,
-        "checkpoint": {"step": 600, "time": 1717000350.0},   # newest durable one it saw
+        "unrecorded_launches": 1, "started": 1717000000.0, "resumed_from": 400,
+        "checkpoint_at_start": {"step": 400, "time": 1716999990.0}, "first_step": 1717000031.2,
+        "last_step": 655, "last_step_time": 1717000390.0, "checkpoint": {"step": 600, "time": 1717000350.0},
         "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
         "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
                             "first_stall": 1.1, "durable_count": 3, "max_to_durable": 5.2,
                             "last_to_durable": 4.8},
-        "cadence": {"steps": 120, "seconds": 300.0, ...},   # RequeueCheckpoint(every_n_train_steps="auto")
-        "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step",
-                "step": 655, "seconds": 300.2, "timeout": 300.0, "rank": 1,
-                "stacks": ["hangs/attempt-3-rank-0.txt", "hangs/attempt-3-rank-1.txt"]}}]}
+        "cadence": {"steps": 120, "seconds": 300.0, ...},
+        "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step", "step": 655,
+                "seconds": 300.2, "timeout": 300.0, "rank": 1, "stacks": ["hangs/attempt-3-rank-0.txt"]}}]}
 
-Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the ones dropped, so
-:func:`exposure` (the run's time and interruptions, what a checkpoint cadence needs) still counts
-them. Pure standard library.
+Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the dropped ones for :func:`exposure`.
 """
 
 from __future__ import annotations
@@ -43,18 +27,17 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lightning_resume._storage.atomic import write_json_atomic
 from lightning_resume.run_dir import layout
 from lightning_resume.run_dir.hangs import HangNote, section_label
 
 VERSION = 1
-#: How many attempts the file keeps (older ones are summed up in ``earlier``).
-KEEP = 100
+KEEP = 100  # attempts the file keeps (older ones are summed up in ``earlier``)
 
 
 class Cause(str, enum.Enum):
@@ -64,8 +47,7 @@ class Cause(str, enum.Enum):
     PREEMPTED = "preempted"
     FAILED = "failed"
     HUNG = "hung"
-    #: Nobody closed the record (SIGKILL, OOM killer, node loss): deduced by the next attempt.
-    KILLED = "killed"
+    KILLED = "killed"  # nobody closed the record (SIGKILL, OOM killer, lost node): the next attempt tells
     CRASH_LOOP_STOP = "crash-loop-stop"
 
 
@@ -83,35 +65,24 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class End:
-    """How and when an attempt ended.
+    """How and when an attempt ended (the fields after ``detail`` are for the causes named)."""
 
-    Attributes:
-        time: When it ended (for ``killed``: the last sign of life).
-        cause: How.
-        detail: One line for people.
-        signal: ``preempted``: the signal's name, or the notice that stopped it (``"the file notice"``).
-        notice: ``preempted``: the source of the preemption notice acted on before the stop, if any.
-        error: ``failed``: the exception type and the first line of its message.
-        section: ``hung``: where the first rank to report was.
-        step: ``hung``: the step it had reached; ``killed``: its last step, when its step beat told.
-        seconds: ``hung``: how long it had made no progress.
-        timeout: ``hung``: the timeout it exceeded.
-        rank: ``hung``: the first rank to report.
-        stacks: ``hung``: every reporting rank's stacks file, relative to the run dir.
-    """
-
-    time: float
+    time: float  # for ``killed``: the last sign of life
     cause: Cause
-    detail: str = ""
-    signal: str | None = None
-    notice: str | None = None
-    error: str | None = None
-    section: str | None = None
-    step: int | None = None
-    seconds: float | None = None
-    timeout: float | None = None
-    rank: int | None = None
-    stacks: tuple[str, ...] = ()
+    detail: str = ""  # one line for people
+    signal: str | None = None  # preempted: the signal's name, or the notice that stopped it
+    notice: str | None = None  # preempted: the source of a preemption notice acted on before the stop
+    error: str | None = None  # failed: the exception type and the first line of its message
+    section: str | None = None  # hung: where the first rank to report was
+    step: int | None = None  # hung: the step it had reached; killed: its last step, if its beat told
+    seconds: float | None = None  # hung: how long it had made no progress
+    timeout: float | None = None  # hung: the timeout it exceeded
+    rank: int | None = None  # hung: the first rank to report
+    stacks: tuple[str, ...] = ()  # hung: every reporting rank's stacks file, relative to the run dir
+
+
+#: The fields of :class:`End` that its JSON object holds only when set.
+_END_OPTIONAL = ("signal", "notice", "error", "section", "step", "seconds", "timeout", "rank")
 
 
 @dataclass(frozen=True)
@@ -128,13 +99,7 @@ class Saves:
 
 @dataclass(frozen=True)
 class Stalls:
-    """Save stalls pooled over saves (and attempts): their total and their number.
-
-    Example::
-
-        >>> (Stalls(1.0, 2) + Stalls(0.5, 2)).mean
-        0.375
-    """
+    """Save stalls pooled over saves (and attempts): their total and their number (``+`` pools them)."""
 
     seconds: float = 0.0
     count: int = 0
@@ -150,32 +115,20 @@ class Stalls:
 
 @dataclass(frozen=True)
 class LastCkptSaves:
-    """``RequeueCheckpoint``'s saves of ``last.ckpt`` in an attempt, timed around its ``save``.
-
-    Attributes:
-        count: Saves.
-        stall_seconds: Their total stall of the training thread.
-        max_stall: The longest stall.
-        last_stall: The newest save's stall.
-        durable_count: Saves whose time to durable is known (a background write is known once done).
-        max_to_durable: The longest time from the start of a save until it was durable.
-        last_to_durable: The newest one.
-        first_stall: The first save's stall (it pays the attempt's one-time costs).
-    """
+    """``RequeueCheckpoint``'s saves of ``last.ckpt`` in an attempt, timed around its ``save``."""
 
     count: int = 0
-    stall_seconds: float = 0.0
+    stall_seconds: float = 0.0  # their total stall of the training thread
     max_stall: float = 0.0
     last_stall: float | None = None
-    durable_count: int = 0
-    max_to_durable: float = 0.0
+    durable_count: int = 0  # saves whose time to durable is known (a background write: once done)
+    max_to_durable: float = 0.0  # from the start of a save until it was durable
     last_to_durable: float | None = None
-    first_stall: float | None = None
+    first_stall: float | None = None  # the first save pays the attempt's one-time costs
 
     @property
     def later(self) -> Stalls:
-        """The stalls of the saves after the first (all of them for a record written before the first
-        was kept)."""
+        """The stalls of the saves after the first (all of them in a record without ``first_stall``)."""
         if self.first_stall is None:
             return Stalls(self.stall_seconds, self.count)
         return Stalls(max(self.stall_seconds - self.first_stall, 0.0), max(self.count - 1, 0))
@@ -199,48 +152,35 @@ class LastCkptSaves:
         )
 
 
+#: The keys of ``last_ckpt_saves`` in the file, in order.
+_LAST_CKPT_KEYS: tuple[str, ...] = ("count", "stall_seconds", "max_stall", "last_stall", "first_stall")
+_LAST_CKPT_KEYS += ("durable_count", "max_to_durable", "last_to_durable")
+
+
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt of the run (one launch of the job), as rank 0 recorded it.
+    """One attempt of the run (one launch of the job) as rank 0 recorded it (times: since the epoch)."""
 
-    Attributes:
-        number: 1 for the first attempt, then 2, 3, ...
-        host: Rank 0's host.
-        pid: Rank 0's process id.
-        launch: What the scheduler calls this launch (``None`` outside one).
-        unrecorded_launches: Launches of the same job between the attempt before and this one that
-            left no record (killed while starting up, before ``RunDir`` ran): the scheduler's restart
-            count in ``launch`` skipped them (:func:`unrecorded_between`).
-        started: When rank 0's process started.
-        resumed_from: The step training resumed from (``None``: a fresh start, or not reached).
-        checkpoint_at_start: The newest durable checkpoint when the attempt began.
-        first_step: When its first training step ended.
-        last_step: The last global step it was seen at.
-        last_step_time: When it was seen there.
-        checkpoint: The newest durable checkpoint it saw (when it ended, once it has).
-        saves: Its checkpoint saves (when ``ProgressWatchdog`` timed them).
-        last_ckpt_saves: Its saves of ``last.ckpt`` (``RequeueCheckpoint`` times them).
-        cadence: The interval ``every_n_train_steps="auto"`` chose last in it (``Choice.to_dict()`` of
-            ``lightning_resume.last_ckpt.interval``, with ``time`` and ``changes``), if any.
-        end: How it ended (``None``: running, or ended without a word, until the next attempt).
-    """
-
-    number: int
-    host: str
+    number: int  # 1 for the first attempt, then 2, 3, ...
+    host: str  # rank 0's host and process id
     pid: int
-    launch: str | None
-    started: float
+    launch: str | None  # what the scheduler calls this launch (``None`` outside one)
+    started: float  # when rank 0's process started
+    # Launches of the job since the attempt before that left no record (killed while starting up):
+    # gaps in the restart count in ``launch`` (:func:`unrecorded_between`); in the file when > 0.
     unrecorded_launches: int = 0
-    resumed_from: int | None = None
-    checkpoint_at_start: Checkpoint | None = None
-    first_step: float | None = None
-    last_step: int | None = None
+    resumed_from: int | None = None  # the step training resumed from (``None``: fresh, or not reached)
+    checkpoint_at_start: Checkpoint | None = None  # the newest durable checkpoint when it began
+    first_step: float | None = None  # when its first training step ended
+    last_step: int | None = None  # the last global step it was seen at, and when
     last_step_time: float | None = None
-    checkpoint: Checkpoint | None = None
+    checkpoint: Checkpoint | None = None  # the newest durable checkpoint it saw
     saves: Saves = field(default_factory=Saves)
     last_ckpt_saves: LastCkptSaves = field(default_factory=LastCkptSaves)
+    # The interval ``every_n_train_steps="auto"`` chose last (``Choice.to_dict()`` of
+    # ``lightning_resume.last_ckpt.interval``, with ``time`` and ``changes``), if any.
     cadence: dict[str, Any] | None = None
-    end: End | None = None
+    end: End | None = None  # ``None``: running, or ended without a word (until the next attempt)
 
     @property
     def made_progress(self) -> bool:
@@ -268,18 +208,11 @@ class Earlier:
 
 @dataclass(frozen=True)
 class History:
-    """The attempts of a run.
-
-    Attributes:
-        attempts: The last :data:`KEEP` attempts, oldest first.
-        earlier: The attempts dropped before them.
-        reset_after: Attempts up to this number do not count towards a crash loop
-            (``lightning-resume reset-crash-loop``).
-    """
+    """The attempts of a run: the last :data:`KEEP`, oldest first, and the ``earlier`` ones dropped."""
 
     attempts: tuple[Attempt, ...] = ()
     earlier: Earlier = field(default_factory=Earlier)
-    reset_after: int = 0
+    reset_after: int = 0  # attempts up to this one do not count towards a crash loop
 
     @property
     def last(self) -> Attempt | None:
@@ -301,6 +234,16 @@ class History:
 
 # -- reading and writing ------------------------------------------------------------------------------
 
+_T = TypeVar("_T")
+_CASTS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float}
+
+
+def _numbers(cls: type[_T], data: Mapping[str, Any]) -> _T:
+    """A dataclass from its JSON object: absent keys defaulted, ``int`` and ``float`` fields cast."""
+    present = data.keys()
+    cast = {f.name: _CASTS.get(str(f.type), lambda v: v) for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{name: cast[name](data[name]) for name in cast if name in present})
+
 
 def _checkpoint(data: Any) -> Checkpoint | None:
     if not isinstance(data, dict) or data.get("step") is None:
@@ -315,50 +258,27 @@ def _end(data: Any) -> End | None:
         time=float(data.get("time") or 0.0),
         cause=Cause(data["cause"]),
         detail=str(data.get("detail") or ""),
-        signal=data.get("signal"),
-        notice=data.get("notice"),
-        error=data.get("error"),
-        section=data.get("section"),
-        step=data.get("step"),
-        seconds=data.get("seconds"),
-        timeout=data.get("timeout"),
-        rank=data.get("rank"),
         stacks=tuple(data.get("stacks") or ()),
+        **{key: data.get(key) for key in _END_OPTIONAL},
     )
 
 
 def attempt_from_dict(data: dict[str, Any]) -> Attempt:
     """An :class:`Attempt` from its JSON object."""
-    saves = data.get("saves") or {}
-    last = data.get("last_ckpt_saves") or {}
+    as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time")
     return Attempt(
         number=int(data["attempt"]),
         host=str(data.get("host", "")),
         pid=int(data.get("pid", 0)),
-        launch=data.get("launch"),
         started=float(data.get("started") or 0.0),
         unrecorded_launches=int(data.get("unrecorded_launches") or 0),
-        resumed_from=data.get("resumed_from"),
         checkpoint_at_start=_checkpoint(data.get("checkpoint_at_start")),
-        first_step=data.get("first_step"),
-        last_step=data.get("last_step"),
-        last_step_time=data.get("last_step_time"),
         checkpoint=_checkpoint(data.get("checkpoint")),
-        saves=Saves(
-            int(saves.get("count", 0)), float(saves.get("seconds", 0.0)), float(saves.get("max_seconds", 0.0))
-        ),
-        last_ckpt_saves=LastCkptSaves(
-            count=int(last.get("count", 0)),
-            stall_seconds=float(last.get("stall_seconds", 0.0)),
-            max_stall=float(last.get("max_stall", 0.0)),
-            last_stall=last.get("last_stall"),
-            first_stall=last.get("first_stall"),
-            durable_count=int(last.get("durable_count", 0)),
-            max_to_durable=float(last.get("max_to_durable", 0.0)),
-            last_to_durable=last.get("last_to_durable"),
-        ),
+        saves=_numbers(Saves, data.get("saves") or {}),
+        last_ckpt_saves=_numbers(LastCkptSaves, data.get("last_ckpt_saves") or {}),
         cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
         end=_end(data.get("end")),
+        **{key: data.get(key) for key in as_is},
     )
 
 
@@ -376,17 +296,10 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
     end_data: dict[str, Any] | None = None
     if end is not None:
         end_data = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
-        optional = {
-            "signal": end.signal,
-            "notice": end.notice,
-            "error": end.error,
-            "section": end.section,
-            "step": end.step,
-            "seconds": _rounded(end.seconds),
-            "timeout": _rounded(end.timeout),
-            "rank": end.rank,
-        }
-        end_data.update({k: v for k, v in optional.items() if v is not None})
+        for key in _END_OPTIONAL:
+            value = getattr(end, key)
+            if value is not None:
+                end_data[key] = round(value, 3) if isinstance(value, float) else value
         if end.stacks:
             end_data["stacks"] = list(end.stacks)
     unrecorded = {"unrecorded_launches": attempt.unrecorded_launches} if attempt.unrecorded_launches else {}
@@ -403,21 +316,8 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         "last_step": attempt.last_step,
         "last_step_time": _rounded(attempt.last_step_time),
         "checkpoint": checkpoint(attempt.checkpoint),
-        "saves": {
-            "count": attempt.saves.count,
-            "seconds": round(attempt.saves.seconds, 3),
-            "max_seconds": round(attempt.saves.max_seconds, 3),
-        },
-        "last_ckpt_saves": {
-            "count": last.count,
-            "stall_seconds": round(last.stall_seconds, 4),
-            "max_stall": round(last.max_stall, 4),
-            "last_stall": _rounded(last.last_stall, 4),
-            "first_stall": _rounded(last.first_stall, 4),
-            "durable_count": last.durable_count,
-            "max_to_durable": round(last.max_to_durable, 4),
-            "last_to_durable": _rounded(last.last_to_durable, 4),
-        },
+        "saves": {key: _rounded(value) for key, value in asdict(attempt.saves).items()},
+        "last_ckpt_saves": {key: _rounded(getattr(last, key), 4) for key in _LAST_CKPT_KEYS},
         "cadence": attempt.cadence,
         "end": end_data,
     }
@@ -425,38 +325,24 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
 
 def to_dict(history: History) -> dict[str, Any]:
     """The JSON object of a :class:`History`."""
-    earlier = history.earlier
     return {
         "version": VERSION,
         "reset_after": history.reset_after,
-        "earlier": {
-            "attempts": earlier.attempts,
-            "causes": dict(earlier.causes),
-            "seconds": round(earlier.seconds, 3),
-            "interruptions": earlier.interruptions,
-        },
+        "earlier": {**asdict(history.earlier), "seconds": round(history.earlier.seconds, 3)},
         "attempts": [attempt_to_dict(a) for a in history.attempts],
     }
 
 
 def from_dict(data: dict[str, Any]) -> History:
-    """A :class:`History` from its JSON object.
-
-    Raises:
-        ValueError: not an attempt history this version reads.
-    """
+    """A :class:`History` from its JSON object (``ValueError``: not one this version reads)."""
     if not isinstance(data, dict) or not isinstance(data.get("attempts"), list):
         raise ValueError("not an attempt history: no 'attempts' list")
     earlier = data.get("earlier") or {}
     try:
+        causes = {str(k): int(v) for k, v in (earlier.get("causes") or {}).items()}
         return History(
             attempts=tuple(attempt_from_dict(a) for a in data["attempts"]),
-            earlier=Earlier(
-                attempts=int(earlier.get("attempts", 0)),
-                causes={str(k): int(v) for k, v in (earlier.get("causes") or {}).items()},
-                seconds=float(earlier.get("seconds", 0.0)),
-                interruptions=int(earlier.get("interruptions", 0)),
-            ),
+            earlier=replace(_numbers(Earlier, earlier), causes=causes),
             reset_after=int(data.get("reset_after", 0)),
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -507,25 +393,15 @@ def hung_end(notes: Sequence[HangNote]) -> End:
         f"hung in {section_label(first.section)} {step}: rank {first.rank} made no progress for "
         f"{first.seconds:.0f} s (timeout {first.timeout:.0f} s); stacks in {', '.join(stacks)}"
     )
-    return End(
-        time=first.time,
-        cause=Cause.HUNG,
-        detail=detail,
-        section=first.section,
-        step=first.step,
-        seconds=first.seconds,
-        timeout=first.timeout,
-        rank=first.rank,
-        stacks=stacks,
-    )
+    told = {key: getattr(first, key) for key in ("section", "step", "seconds", "timeout", "rank")}
+    return End(first.time, Cause.HUNG, detail, stacks=stacks, **told)
 
 
 def with_notes(history: History, notes: Sequence[HangNote]) -> History:
     """``history`` with the attempts its hang notes tell about marked ``hung``.
 
-    A hang is the root cause of whatever else ended the attempt (the peers of a hung rank fail when
-    it exits), so it replaces an open record or a ``failed``/``killed`` ending; an attempt that hung
-    before rank 0 recorded it gets a record of its own.
+    A hang is the root cause of whatever else ended the attempt (a hung rank's peers fail when it
+    exits): it replaces an open record or a ``failed``/``killed`` ending, or makes a record of its own.
     """
     by_attempt: dict[int, list[HangNote]] = {}
     for note in notes:
@@ -539,14 +415,9 @@ def with_notes(history: History, notes: Sequence[HangNote]) -> History:
             first = min(found, key=lambda n: n.time)
             prior = [a for a in history.attempts if a.number < number]
             start = prior[-1].checkpoint if prior else None  # it started from the previous one's
+            started = first.time - first.seconds
             attempt = Attempt(
-                number,
-                first.host,
-                first.pid,
-                None,
-                started=first.time - first.seconds,
-                checkpoint_at_start=start,
-                checkpoint=start,
+                number, first.host, first.pid, None, started, checkpoint_at_start=start, checkpoint=start
             )
         elif attempt.end is not None and attempt.end.cause not in (Cause.FAILED, Cause.KILLED, Cause.HUNG):
             continue
@@ -557,7 +428,7 @@ def with_notes(history: History, notes: Sequence[HangNote]) -> History:
 
 # -- the step beat: the last step of an attempt that is killed ---------------------------------------
 
-#: The file rank 0 overwrites at every step with its attempt, step and time (no fsync: it outlives a
+#: Rank 0 overwrites this file at every step with its attempt, step and time (no fsync: it outlives a
 #: killed process, in the page cache), so that the next attempt knows where a killed one stopped.
 BEAT = ".attempt-step"
 _BEAT_FORMAT = "{:>12d} {:>20d} {:>20.3f}\n"  # one fixed width: an overwrite never leaves a tail
@@ -601,18 +472,8 @@ def begin(
     notes: Sequence[HangNote] = (),
     beat: Beat | None = None,
 ) -> History:
-    """``history`` with ``attempt`` added, and every earlier attempt closed.
-
-    An earlier attempt without an end was killed (or hung, when its ranks left hang notes); it ended
-    with ``checkpoint`` as the newest durable checkpoint, which is what this attempt starts from.
-
-    Args:
-        history: The history read from the run dir.
-        attempt: This attempt (its number from :meth:`History.next_number`).
-        checkpoint: The newest durable checkpoint now.
-        notes: The run dir's hang notes.
-        beat: The run dir's step beat: where a killed attempt stopped.
-    """
+    """``history`` with ``attempt`` added, starting from the durable ``checkpoint``, and every earlier
+    attempt closed: one without an end was killed (at its step ``beat``), or hung (``notes``)."""
     history = with_notes(history, notes)
     for earlier in history.attempts:
         if earlier.end is None:
@@ -632,17 +493,14 @@ def begin(
     return history.with_attempt(started)
 
 
-#: A launch key with the scheduler's restart count at its end (``scheduler.launch_key``): SLURM's
+#: A launch key ending in the scheduler's restart count (``scheduler.launch_key``): SLURM's
 #: ``slurm-<job>-step<step>-r<SLURM_RESTART_COUNT>``, TorchElastic's ``elastic-<run>-r<restart count>``.
 _COUNTED = re.compile(r"^(?P<job>(?:slurm|elastic)-.+)-r(?P<count>\d+)$")
 
 
 def unrecorded_between(before: str | None, launch: str | None) -> int:
-    """How many launches of the same job the scheduler counted between ``before`` and ``launch`` (the
-    launch keys of two consecutive attempts; ``before=None``: the first recorded one) that left no
-    record: a requeue killed during the imports, before ``RunDir`` recorded it, shows only as a gap in
-    the restart count. Another job, or a launcher without a restart count: 0.
-    """
+    """How many launches of the job between two consecutive attempts' launch keys left no record (killed
+    before ``RunDir`` recorded them: a gap in the restart count). ``before=None``: ``launch`` is the first."""
     now = _COUNTED.match(launch or "")
     if now is None:
         return 0
@@ -655,11 +513,8 @@ def unrecorded_between(before: str | None, launch: str | None) -> int:
 
 
 def exposure(history: History) -> tuple[float, int]:
-    """Seconds the closed attempts ran (start to end) and how many of them were interrupted.
-
-    With the attempts' ends that :data:`INTERRUPTIONS` lists, the mean time between interruptions
-    of the run is ``seconds / interruptions``; dropped attempts are included through ``earlier``.
-    """
+    """Seconds the closed attempts ran (start to end, ``earlier`` included) and how many of them were
+    interrupted (:data:`INTERRUPTIONS`): the run's mean time between interruptions is their ratio."""
     seconds, interruptions = history.earlier.seconds, history.earlier.interruptions
     for attempt in history.attempts:
         if attempt.end is None:

@@ -1,11 +1,8 @@
 """Where callbacks meet the run dir of their process, whatever order they were constructed in.
 
-Why process-level: a tracker callback has to hand its recorded run back to the tracker *before*
-``Trainer.fit`` creates the tracker run, and no ``Trainer`` exists yet when the callbacks are
-constructed (from a Python list or a LightningCLI YAML, in any order). The only thing the callbacks
-share at that time is the process, so ``RunDir`` announces its choice to :data:`PROCESS`, and a
-callback that must act before ``fit`` waits on it with :meth:`Binding.when_ready`. Tests get a fresh
-binding through an autouse fixture (``PROCESS.reset()``).
+A tracker callback must hand its recorded run back before ``Trainer.fit`` creates the tracker run, when
+no ``Trainer`` exists yet: the callbacks share only the process. So ``RunDir`` announces its choice to
+:data:`PROCESS`, and a callback waits on it with :meth:`Binding.when_ready`.
 """
 
 from __future__ import annotations
@@ -17,10 +14,7 @@ from lightning_resume.run_dir.resolve import Resolution
 
 
 class Binding:
-    """The run dir of this process, and the callbacks waiting for it.
-
-    Only weak references to bound methods are kept, so a discarded callback is never called.
-    """
+    """The run dir of this process, and the callbacks waiting for it (weakly held: never a discarded one)."""
 
     def __init__(self) -> None:
         self._current: Resolution | None = None
@@ -53,5 +47,5 @@ class Binding:
         self._waiting = []
 
 
-#: The binding of this process (see the module docstring for why it is process-level).
+#: The binding of this process (tests reset it in an autouse fixture).
 PROCESS = Binding()

@@ -1,20 +1,12 @@
 """Rank 0's run dir for the other ranks of one launch: asked for, then answered, through the runs root.
 
 Before any process group exists, the ranks of a launch share only their environment and the runs
-root. They compute one launch key from the environment (:func:`~.scheduler.launch_key`), but a
-relaunch of the same command computes the key of the launch before it: torchrun with the same
-``--rdzv-id`` starts again at restart count 0, and a recreated Kubernetes pod or a rerun by hand has
-the same variables. A file that launch left would then be taken for this one's. So a rank never reads
-anything written before it asked:
-
-- every rank other than 0 writes a request under a fresh nonce, ``.handoff/<launch>.<nonce>.ask``,
-  and waits for ``.handoff/<launch>.<nonce>.answer``, which it removes with its request;
-- rank 0 answers every request of its launch key (:class:`Answerer`, a thread) from the moment it has
-  claimed its run dir until every rank has joined its process group (``RunDir.setup``).
-
-Two launches of one key answering at once cannot both train: the second one's rank 0 is refused the
-run dir's lock. Every file records its writer, so ``lightning-resume gc`` leaves alone what a live
-process still waits on.
+root. Their launch key (:func:`~.scheduler.launch_key`) may repeat an earlier launch's (torchrun with
+the same ``--rdzv-id``, a recreated pod, a rerun by hand), so a rank never reads a file written before
+it asked: each rank but 0 writes ``.handoff/<launch>.<nonce>.ask`` and waits for the ``.answer`` beside
+it (then removes both); rank 0 answers every request of its launch (:class:`Answerer`, a thread) from
+claiming its run dir until every rank joined its process group. Of two launches of one key, the second
+rank 0 is refused the run dir's lock. Every file records its writer for ``lightning-resume gc``.
 """
 
 from __future__ import annotations
@@ -44,34 +36,21 @@ def _prefix(launch: str) -> str:
     return f"{key_filename(launch)}."
 
 
-def _folder(root: Path) -> Path:
-    return root / layout.HANDOFF_DIR
-
-
-def _prepare(root: Path, launch: str) -> None:
-    """Create ``.handoff``, or raise naming why the other ranks would wait in vain."""
-    folder = _folder(root)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunDirError(
-            f"Cannot publish this launch's run dir for its other ranks in {str(folder)!r} "
-            f"({e.strerror or e}): they would wait for it in vain. {str(folder)!r} must be a writable "
-            "folder: move away what is there, or free space.",
-            folder,
-        ) from e
-
-
 class Answerer:
-    """Rank 0's side: answer every request of ``launch`` with ``resolution`` until :meth:`stop`.
-
-    Raises:
-        RunDirError: ``.handoff`` cannot be created (a file is in its place, the root is full).
-    """
+    """Rank 0's side: answer every request of ``launch`` with ``resolution`` until :meth:`stop`
+    (:class:`RunDirError` when ``.handoff`` cannot be created)."""
 
     def __init__(self, root: Path, launch: str, resolution: Resolution) -> None:
-        _prepare(root, launch)
-        self._folder = _folder(root)
+        self._folder = folder = root / layout.HANDOFF_DIR
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(
+                f"Cannot publish this launch's run dir for its other ranks in {str(folder)!r} "
+                f"({e.strerror or e}): they would wait for it in vain. {str(folder)!r} must be a writable "
+                "folder: move away what is there, or free space.",
+                folder,
+            ) from e
         self._prefix = _prefix(launch)
         self._answer = {**json.loads(resolution.to_json()), "writer": own_record()}
         self._answered: set[str] = set()
@@ -111,12 +90,9 @@ class Answerer:
 
 
 def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL) -> Resolution:
-    """A rank other than 0: ask rank 0 of this launch for its run dir and wait for the answer.
-
-    Raises:
-        RunDirError: no answer within ``timeout`` seconds (the request is withdrawn).
-    """
-    folder = _folder(root)
+    """A rank other than 0: ask rank 0 of this launch for its run dir and wait for the answer
+    (:class:`RunDirError` after ``timeout`` seconds without one)."""
+    folder = root / layout.HANDOFF_DIR
     base = folder / f"{_prefix(launch)}{uuid.uuid4().hex}"
     request, answer = base.with_name(base.name + ASK), base.with_name(base.name + ANSWER)
     deadline = time.monotonic() + timeout
@@ -146,8 +122,7 @@ def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL)
 
 def _read_answer(path: Path) -> Resolution | None:
     try:
-        data: Any = json.loads(path.read_text())
-        return Resolution.from_json(json.dumps(data))
+        return Resolution.from_json(path.read_text())
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

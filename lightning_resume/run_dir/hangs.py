@@ -1,12 +1,8 @@
 """What a rank leaves in the run dir when its watchdog finds it hung: its stacks and a note.
 
-One pair of files per rank and attempt under ``<run dir>/hangs/``: ``attempt-<N>-rank-<R>.txt`` (every
-thread's Python stack, from :mod:`faulthandler`) and ``attempt-<N>-rank-<R>.json`` (a :class:`HangNote`).
-Every rank writes its own pair, so a rank that is stuck, or whose peers are gone, needs nobody else;
-the attempt history (``lightning_resume.run_dir.attempts``) reads the notes to say which attempt hung,
-where and for how long.
-
-Pure standard library; safe on a watchdog thread (no logging, no lock the main thread may hold).
+Each rank writes its own ``hangs/attempt-<N>-rank-<R>.txt`` (every thread's stack) and ``.json`` (a
+:class:`HangNote`), needing nobody else; the attempt history reads the notes. Pure standard library,
+safe on a watchdog thread (no logging, no lock the main thread may hold).
 """
 
 from __future__ import annotations
@@ -31,18 +27,12 @@ class Section(str, enum.Enum):
     #: From the callback's construction to the end of the first training step (DDP set-up, data,
     #: compilation), less the checkpoint load and the sanity check.
     STARTUP = "startup"
-    #: One training step, with fetching its batch.
-    STEP = "step"
-    #: One validation batch (the sanity check's too).
-    VALIDATION = "validation"
-    #: From an epoch's last step to the next epoch's first (epoch-end hooks, new iterators).
-    EPOCH_END = "epoch_end"
-    #: A checkpoint save, until training goes on (a wait until it is durable included).
-    SAVE = "save"
-    #: Loading the checkpoint a restart resumes from.
-    LOAD = "load"
-    #: After training: the final save's wait, teardown hooks; after an error, Lightning's clean-up.
-    TEARDOWN = "teardown"
+    STEP = "step"  # one training step, with fetching its batch
+    VALIDATION = "validation"  # one validation batch (the sanity check's too)
+    EPOCH_END = "epoch_end"  # from an epoch's last step to the next's first (hooks, new iterators)
+    SAVE = "save"  # a checkpoint save, until training goes on (a wait until durable included)
+    LOAD = "load"  # loading the checkpoint a restart resumes from
+    TEARDOWN = "teardown"  # the final save's wait, teardown hooks; after an error, Lightning's clean-up
 
     @property
     def label(self) -> str:
@@ -71,31 +61,18 @@ _NAME = re.compile(r"^attempt-(\d+)-rank-(\d+)\.json$")
 
 @dataclass(frozen=True)
 class HangNote:
-    """One rank's report of a hang.
+    """One rank's report of a hang."""
 
-    Attributes:
-        attempt: The attempt number (see ``attempts.json``).
-        rank: The global rank that reported.
-        section: Where the rank was (``Section`` value: ``"step"``, ``"save"``, ...).
-        step: The global step it had reached (``None`` before training).
-        seconds: How long it had made no progress.
-        timeout: The section's timeout it exceeded.
-        time: When it reported (wall clock, seconds since the epoch).
-        host: The rank's host.
-        pid: The rank's process id.
-        stacks: Its stacks file, relative to the run dir.
-    """
-
-    attempt: int
-    rank: int
-    section: str
-    step: int | None
-    seconds: float
-    timeout: float
-    time: float
+    attempt: int  # see ``attempts.json``
+    rank: int  # global rank
+    section: str  # a ``Section`` value: where the rank was
+    step: int | None  # the global step it had reached (``None`` before training)
+    seconds: float  # how long it had made no progress
+    timeout: float  # the section's timeout it exceeded
+    time: float  # when it reported (seconds since the epoch)
     host: str
     pid: int
-    stacks: str
+    stacks: str  # its stacks file, relative to the run dir
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,11 +88,6 @@ def stacks_path(run_dir: Path, attempt: int, rank: int) -> Path:
     return layout.hangs_dir(run_dir) / f"attempt-{attempt}-rank-{rank}.txt"
 
 
-def note_path(run_dir: Path, attempt: int, rank: int) -> Path:
-    """``<run dir>/hangs/attempt-<N>-rank-<R>.json``."""
-    return layout.hangs_dir(run_dir) / f"attempt-{attempt}-rank-{rank}.json"
-
-
 def write_stacks(path: Path, header: str) -> None:
     """Write ``header`` and every thread's Python stack (this process) to ``path``, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +99,7 @@ def write_stacks(path: Path, header: str) -> None:
 
 def write_note(run_dir: Path, note: HangNote) -> Path:
     """Record ``note`` as ``hangs/attempt-<N>-rank-<R>.json``; return the path."""
-    path = note_path(run_dir, note.attempt, note.rank)
+    path = layout.hangs_dir(run_dir) / f"attempt-{note.attempt}-rank-{note.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, note.to_dict())
     return path
@@ -156,12 +128,8 @@ def reported_ranks(run_dir: Path, attempt: int) -> set[int]:
         names = os.listdir(folder)
     except OSError:
         return set()
-    found = set()
-    for name in names:
-        match = _NAME.match(name)
-        if match and int(match.group(1)) == attempt:
-            found.add(int(match.group(2)))
-    return found
+    matches = (_NAME.match(name) for name in names)
+    return {int(m.group(2)) for m in matches if m and int(m.group(1)) == attempt}
 
 
 def prune(run_dir: Path, keep: set[int]) -> None:

@@ -1,10 +1,8 @@
 """Hydra's output dir of this launch, and whether a runs root inside it survives a restart.
 
-Hydra gives each local launch a new output dir (``outputs/<date>/<time>/``), and with
-``hydra.job.chdir=true`` makes it the working dir, so a relative ``RunDir(root="runs")`` lands in it:
-the next launch looks for the session under a different root and silently starts a new run. Only
-a job of hydra-submitit-launcher keeps its output dir across requeues (it is fixed at submission).
-Hydra is read only when the application has imported it.
+Hydra gives each local launch a new output dir (and with ``hydra.job.chdir=true`` makes it the working
+dir), so a relative runs root in it is not found by the next launch; only hydra-submitit-launcher keeps
+it across requeues. Hydra is read only when the application has imported it.
 """
 
 from __future__ import annotations
@@ -16,20 +14,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class HydraLaunch:
-    """What Hydra decided for this launch.
+    """What Hydra decided for this launch."""
 
-    Attributes:
-        output_dir: Hydra's output dir (``hydra.runtime.output_dir``).
-        chdir: Whether Hydra made it the working dir (``hydra.job.chdir``).
-        launcher: The launcher's ``_target_``.
-        config_file: The composed configuration Hydra saved for the launch (``.hydra/config.yaml``),
-            if it saves one.
-    """
-
-    output_dir: Path
-    chdir: bool
-    launcher: str
-    config_file: Path | None = None
+    output_dir: Path  # ``hydra.runtime.output_dir``
+    chdir: bool  # ``hydra.job.chdir``: the output dir is the working dir
+    launcher: str  # the launcher's ``_target_``
+    config_file: Path | None = None  # the composed configuration it saved (``.hydra/config.yaml``), if any
 
     @property
     def keeps_output_dir(self) -> bool:

@@ -1,15 +1,10 @@
-"""What the launcher configured, kept with the run: called by ``RunDir.setup``.
+"""What the launcher configured, kept with the run (called by ``RunDir.setup``).
 
-- **LightningCLI**: its ``SaveConfigCallback`` saves the configuration into the run dir, not the log
-  dir. Lightning's own behaviour (``RuntimeError`` when the file exists) would stop every restart.
-- **Hydra**: the composed configuration of the launch (``<output dir>/.hydra/config.yaml``) is copied
-  into the run dir as ``hydra_config.yaml``; a warning is given when the runs root is inside the
-  launch's output dir, which the next launch does not use.
-
-Either way a restart compares its configuration with the saved one: identical, one INFO line;
-changed, the earlier file is kept as ``config.1.yaml`` (``hydra_config.1.yaml``) and one warning names
-the changed keys. ``RunDir.setup`` runs before ``SaveConfigCallback.setup``: LightningCLI appends that
-callback after the configured ones.
+LightningCLI's ``SaveConfigCallback`` saves into the run dir, overwriting (Lightning's own
+``RuntimeError`` on an existing file would stop every restart); Hydra's composed configuration is
+copied as ``hydra_config.yaml``, and a runs root inside its per-launch output dir is warned about. A
+restart's changed configuration keeps the earlier file as ``config.1.yaml`` (``hydra_config.1.yaml``)
+and warns with the changed keys. ``RunDir.setup`` runs first: LightningCLI appends its callback last.
 """
 
 from __future__ import annotations
@@ -29,17 +24,12 @@ from lightning_resume.run_dir import hydra, saved_config
 
 log = logging.getLogger(__name__)
 
-#: Hydra's composed configuration, as kept in the run dir.
-HYDRA_CONFIG = "hydra_config.yaml"
+HYDRA_CONFIG = "hydra_config.yaml"  # Hydra's composed configuration, as kept in the run dir
 
 
 def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first: bool = True) -> None:
-    """Keep LightningCLI's and Hydra's configuration in ``run_dir`` (of run ``run_id`` under ``root``);
-    check Hydra's output dir.
-
-    ``first``: the first ``setup`` of this process. A later one (``trainer.test()`` after ``fit``) has
-    nothing to compare: the Hydra configuration it would find is the one this process saved.
-    """
+    """Keep LightningCLI's and Hydra's configuration in ``run_dir``; check Hydra's output dir (``first``
+    setup of this process only: a later one would find its own copy)."""
     for callback in _save_config_callbacks(trainer):
         _save_into_run_dir(run_dir, run_id, trainer, callback)
     launch = hydra.current_launch()
@@ -60,18 +50,15 @@ def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first:
 
 def _save_config_callbacks(trainer: pl.Trainer) -> list[Any]:
     """LightningCLI's ``SaveConfigCallback``s of ``trainer`` (none unless the application imports the CLI)."""
-    cli = sys.modules.get("lightning.pytorch.cli")
-    kind = getattr(cli, "SaveConfigCallback", None)
+    kind = getattr(sys.modules.get("lightning.pytorch.cli"), "SaveConfigCallback", None)
     if kind is None:
         return []
     return [cb for cb in trainer.callbacks if isinstance(cb, kind)]  # type: ignore[attr-defined]
 
 
 def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback: Any) -> None:
-    if callback.already_saved or not callback.save_to_log_dir:
-        return
-    if os.path.isabs(callback.config_filename):
-        return  # the user chose the place
+    if callback.already_saved or not callback.save_to_log_dir or os.path.isabs(callback.config_filename):
+        return  # nothing to save, or the user chose the place
     target = run_dir / callback.config_filename
     # SaveConfigCallback saves to os.path.join(trainer.log_dir, config_filename): an absolute name wins.
     callback.config_filename = str(target)
@@ -84,10 +71,8 @@ def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback
 
 
 def _compare_with_saved(run_id: str, target: Path, launcher: str, now_text: str) -> bool:
-    """Compare ``now_text`` with the configuration saved at ``target``; return whether to save it.
-
-    A changed or unusable saved file is kept under the next free ``<name>.<n>.yaml``, with one warning.
-    """
+    """Whether to save ``now_text`` at ``target``: a changed or unusable saved file is kept under the next
+    free ``<name>.<n>.yaml``, with one warning."""
     try:
         before = saved_config.read_config(target)
     except ValueError as e:

@@ -19,41 +19,31 @@
             hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
         .index/<session key>               the run dir a session key belongs to, relative to the root
         .handoff/<launch key>              rank 0's choice, for the other ranks of one launch
-
-Pure standard library.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path, PurePath
+from pathlib import Path
 
 INDEX_DIR = ".index"
 HANDOFF_DIR = ".handoff"
 RUN_META = "run_meta.json"
 STATUS = "status.json"
-#: One record per attempt of the run (``lightning_resume.run_dir.attempts``).
 ATTEMPTS = "attempts.json"
-#: ``ProgressWatchdog``'s settings and learned section times, for the next attempt and the tools.
 WATCHDOG = "watchdog.json"
-#: Stacks and notes of hung ranks: ``hangs/attempt-<N>-rank-<R>.txt`` and ``.json``.
 HANGS = "hangs"
-#: Held (advisory lock) by the live attempt that trains in a run dir.
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 LAST = "last"
 CKPT_SUFFIX = ".ckpt"
 LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
 SAVED_MARKER = ".saved"
-#: The step of the last save that a validation followed (that validation is redone on restart).
-VALIDATED_AFTER = ".validated-after"
-#: Links to the local loggers' version dirs: ``logs/<kind>``.
+VALIDATED_AFTER = ".validated-after"  # that validation is redone on restart
 LOGS = "logs"
 _DAY, _TIME = "[0-9]" * 8, "[0-9]" * 6
-#: Run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``.
-RUN_GLOB = f"{_DAY}/{_TIME}/*"
-#: How many folders a run dir sits below its root.
-RUN_DEPTH = 3
+RUN_GLOB = f"{_DAY}/{_TIME}/*"  # run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``
+RUN_DEPTH = 3  # how many folders a run dir sits below its root
 
 
 def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:
@@ -81,44 +71,28 @@ def is_root(path: Path) -> bool:
     return (path / INDEX_DIR).is_dir() or bool(run_dirs(path))
 
 
-def _place(parts: tuple[str, ...]) -> bool:
-    """Whether ``parts`` are ``(YYYYMMDD, HHMMSS, <run id>)``."""
+def root_of(run_dir: Path) -> Path:
+    """The root a run dir was created under (``IndexError``: too short a path for a run dir)."""
+    return run_dir.parents[RUN_DEPTH - 1]
+
+
+def is_run_place(root: Path, path: Path) -> bool:
+    """Whether ``path`` is where a run dir of ``root`` lives, ``YYYYMMDD/HHMMSS/<id>`` (symlinks resolved)."""
+    try:
+        parts = path.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return False
     if len(parts) != RUN_DEPTH:
         return False
     day, time = parts[:2]
     return len(day) == 8 and day.isdigit() and len(time) == 6 and time.isdigit() and bool(parts[2])
 
 
-def run_place(relative: PurePath) -> bool:
-    """Whether ``relative`` (a path relative to a root) is where a run dir lives."""
-    return _place(relative.parts)
-
-
-def root_of(run_dir: Path) -> Path:
-    """The root a run dir was created under (``root/YYYYMMDD/HHMMSS/<id>``).
-
-    Raises:
-        IndexError: ``run_dir`` is too short to be a run dir.
-    """
-    return run_dir.parents[RUN_DEPTH - 1]
-
-
-def is_run_place(root: Path, path: Path) -> bool:
-    """Whether ``path`` is where a run dir of ``root`` lives (symlinks resolved)."""
-    try:
-        relative = path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return run_place(relative)
-
-
 def checkpoint_dir(run_dir: Path) -> Path:
-    """``<run dir>/checkpoints``."""
     return run_dir / CHECKPOINTS
 
 
 def last_checkpoint(run_dir: Path) -> Path:
-    """``<run dir>/checkpoints/last.ckpt``."""
     return checkpoint_dir(run_dir) / LAST_CKPT
 
 
@@ -133,7 +107,6 @@ def validated_after(run_dir: Path) -> Path:
 
 
 def hangs_dir(run_dir: Path) -> Path:
-    """``<run dir>/hangs``: stacks and notes of hung ranks."""
     return run_dir / HANGS
 
 

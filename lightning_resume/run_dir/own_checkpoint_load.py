@@ -17,17 +17,9 @@ from lightning_resume.run_dir import own_hparams
 
 
 class OwnCheckpointLoad:
-    """Apply the rule to the strategy's next ``load_checkpoint`` when it loads one of the run's files.
-
-    The run's files are those in its run dir and in the ``dirpath`` of the Trainer's
-    ``ModelCheckpoint``s (``trainer.test(ckpt_path="best")``). Installed through
-    :class:`~lightning_resume._compat.lightning.NextLoad`: it removes itself at its first call, or by
-    :meth:`uninstall` when the stage loads nothing.
-
-    Args:
-        trainer: The trainer, in ``setup`` of a stage other than ``fit``.
-        run_dir: The run dir.
-    """
+    """Apply the rule to the strategy's next ``load_checkpoint`` (a :class:`NextLoad`, gone after one
+    call or :meth:`uninstall`) when it loads a file of the run (:meth:`owns`). Made in ``setup`` of a
+    stage other than ``fit``."""
 
     def __init__(self, trainer: pl.Trainer, run_dir: Path) -> None:
         self.trainer = trainer

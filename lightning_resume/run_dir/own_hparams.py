@@ -1,16 +1,11 @@
 """The objects ``save_hyperparameters()`` pickled into the run's own checkpoints, allowed back in.
 
-Lightning loads checkpoints with ``torch.load(weights_only=None)``, which torch >= 2.6 reads as
-``weights_only=True``: a checkpoint whose ``hyper_parameters`` hold objects (an ``nn.Module`` given
-to the module's ``__init__``, a ``functools.partial`` optimizer, as Hydra's ``_partial_`` makes) is
-refused with ``UnpicklingError`` ("Unsupported global"), and so is every restart of such a run.
-
-The rule: a load of the run's own checkpoint (the one a restart resumes from, or one of the run's
-files that ``validate``/``test``/``predict`` is given) may unpickle the classes and functions that
-the trained module's and data module's hyperparameters are made of *now*: the ones this process
-built from its own code and configuration, found by pickling ``hparams`` (without tensor data).
-Any other type stays refused, and the refusal is one line naming the type and the two ways to
-allow it. ``weights_only=False`` needs nothing; an explicit ``weights_only=True`` gets no allowance.
+torch >= 2.6 reads Lightning's ``torch.load(weights_only=None)`` as ``weights_only=True``, which refuses
+hyperparameters holding objects (an ``nn.Module``, Hydra's ``functools.partial``): every restart of
+such a run would fail. The rule: a load of the run's own checkpoint may unpickle the classes and
+functions the module's and data module's ``hparams`` are made of *now* (found by pickling them without
+tensor data); anything else stays refused, in one line naming the type and how to allow it. An
+explicit ``weights_only`` gets no allowance.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-#: ``torch.serialization.safe_globals`` and ``get_unsafe_globals_in_checkpoint`` exist (torch >= 2.5).
+#: ``safe_globals`` and ``get_unsafe_globals_in_checkpoint`` exist (torch >= 2.5).
 SUPPORTED = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
 
 
@@ -50,10 +45,8 @@ def _resolve(module: str, qualname: str) -> Any | None:
 
 
 def hparams_globals(*hparams: Any) -> dict[str, Any]:
-    """``{"module.qualname": object}`` for every class and function pickling ``hparams`` refers to.
-
-    Empty when they cannot be pickled (then no checkpoint holds them either).
-    """
+    """``{"module.qualname": object}`` for every class and function pickling ``hparams`` refers to
+    (none when they cannot be pickled: then no checkpoint holds them either)."""
     buffer = io.BytesIO()
     try:
         _GlobalsPickler(buffer, protocol=2, fix_imports=False).dump(list(hparams))
@@ -81,10 +74,7 @@ def allowing(allowed: Mapping[str, Any]) -> Iterator[None]:
     # torch's context removes on exit what it added, also what the user had allowed before: skip those.
     already = set(torch.serialization.get_safe_globals()) if SUPPORTED else set()
     extra = [obj for obj in allowed.values() if obj not in already]
-    if not extra:
-        yield
-        return
-    with torch.serialization.safe_globals(extra):
+    with torch.serialization.safe_globals(extra) if extra else contextlib.nullcontext():
         yield
 
 
@@ -113,15 +103,8 @@ def load(
 
 
 def refusal(path: str, error: BaseException, allowed: Mapping[str, Any], owner: str) -> str | None:
-    """One line saying which types ``weights_only`` refused in ``path``, or ``None`` if that is not why
-    loading it raised ``error``.
-
-    Args:
-        path: The checkpoint that failed to load.
-        error: What loading it raised.
-        allowed: What the rule allowed.
-        owner: The module whose hyperparameters were allowed (for the message).
-    """
+    """One line naming the types ``weights_only`` refused in ``path`` beyond ``allowed`` (the
+    hyperparameters of ``owner``), or ``None`` if that is not why loading it raised ``error``."""
     if not isinstance(error, pickle.UnpicklingError):
         return None
     refused = [name for name in unsafe_globals(path) if name not in allowed]

@@ -1,23 +1,12 @@
 """``RunLock``: one live attempt per run dir.
 
-Two attempts that share a session key (a job submitted twice with one explicit key, a rerun while
-the first is still running) would resolve to the same run dir and write into it at once. The
-process that trains in a run dir (global rank 0) holds an advisory lock (``flock``) on
-``<run dir>/.lock`` for as long as it uses the run dir; the kernel drops it when the process dies,
-however it dies, so a restart after a kill gets it. The lock file also says who holds it.
-
-Two things could still keep a dead attempt's lock alive, and both are handled here:
-
-- A child forked by the holder (a DataLoader worker) shares the lock's open file, and keeps the lock
-  as long as it lives: the OOM killer that SIGKILLs the trainer alone leaves its workers running for
-  a few seconds. Forked children close their copy at once (:func:`os.register_at_fork`).
-- A process that got the descriptor some other way (a fork without Python's hooks, a descriptor
-  passed on) keeps it. When the recorded owner is a process of this machine that no longer runs, the
-  lock is stale: the file is replaced by a fresh one, and the leftover holds a lock on a file nobody
-  uses. Taking the lock, writing the record and replacing a stale file all happen under a short lock
-  on the run dir itself, so a record is never read half-way through another attempt's acquisition.
-
-Filesystems without locks (some NFS set-ups) get no protection, and a debug line says so.
+Global rank 0 holds an advisory lock (``flock``) on ``<run dir>/.lock`` while it trains there, so that
+two attempts of one session (a job submitted twice, a rerun while the first runs) never share a run
+dir; the kernel drops it however the process dies, and the file records the holder. A dead holder's
+lock can survive in a forked child (a DataLoader worker outliving an OOM kill): children close their
+copy at once (:func:`os.register_at_fork`). A lock kept by some other process whose recorded owner is a
+dead process of this machine is stale: the file is replaced. Acquisitions run under a short lock on the
+run dir itself, so a record is never read half-written. Filesystems without locks get no protection.
 """
 
 from __future__ import annotations
@@ -28,10 +17,11 @@ import fcntl
 import json
 import logging
 import os
+import pwd
 import socket
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +31,10 @@ from lightning_resume.run_dir.status import RunStatus, read_status
 
 log = logging.getLogger(__name__)
 
-#: Errors that mean "this filesystem has no advisory locks".
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
-#: How long an acquisition waits for another one on the same run dir (they take microseconds).
-_GUARD_TIMEOUT = 30.0
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # this filesystem has no advisory locks
+_GUARD_TIMEOUT = 30.0  # how long an acquisition waits for another on the run dir (they take microseconds)
 
-# The locks this process holds; a forked child closes its copies (see the module docstring).
+# The locks this process holds; a forked child closes its copies.
 _HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
 _AT_FORK_REGISTERED = False
 
@@ -63,15 +51,8 @@ class RunLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock, or raise naming the live attempt that holds it.
-
-        A lock held by this very process (a second ``RunDir`` of one job) is shared, not refused. A
-        lock whose recorded owner is a dead process of this machine is stale and is taken over.
-
-        Raises:
-            RunDirError: another live process trains in this run dir, or the lock file cannot be
-                created or opened (a read-only filesystem, a run dir of another user).
-        """
+        """Take the lock: shared with this very process (a second ``RunDir`` of one job), taken over from
+        a dead process of this machine; :class:`RunDirError` when held by a live one or unusable."""
         if self._fd is not None:
             return
         for _ in range(3):  # a stale lock file replaced: take the fresh one
@@ -142,9 +123,8 @@ def in_use_error(run_dir: Path, owner: dict[str, Any]) -> RunDirError:
     )
 
 
-def live_holder(run_dir: Path) -> dict[str, Any] | None:
-    """The record of the live attempt holding ``run_dir``'s lock (``{}`` when it says nothing), or
-    ``None`` when no live attempt holds it. Takes nothing."""
+def _holder(run_dir: Path) -> dict[str, Any] | None:
+    """The record of whoever holds ``run_dir``'s lock (``None``: nobody, or no locks here). Takes nothing."""
     try:
         fd = os.open(run_dir / layout.LOCK, os.O_RDONLY)
     except OSError:
@@ -152,8 +132,7 @@ def live_holder(run_dir: Path) -> dict[str, Any] | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = _read_record(fd)
-        return None if is_gone(owner) else owner
+        return _read_record(fd)
     except OSError:
         return None
     finally:
@@ -161,27 +140,19 @@ def live_holder(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def in_use(run_dir: Path) -> bool:
-    """Whether an attempt may still be using ``run_dir``: what the tools that delete ask first.
+def live_holder(run_dir: Path) -> dict[str, Any] | None:
+    """The record of the live attempt holding ``run_dir``'s lock (``{}``: it says nothing), or ``None``."""
+    owner = _holder(run_dir)
+    return None if owner is None or is_gone(owner) else owner
 
-    Yes while its lock is held by a process not known to be gone. With the lock free, or where it
-    cannot tell (no locks on this filesystem, or locks that do not reach across hosts), a run whose
-    ``status.json`` says running is in use unless its recorded owner is a process of this machine
-    that no longer runs: a killed attempt on another host keeps its files until its restart.
-    """
-    try:
-        fd = os.open(run_dir / layout.LOCK, os.O_RDONLY)
-    except OSError:
-        fd = None
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return not is_gone(_read_record(fd))
-        except OSError:
-            pass  # no locks here: the status decides
-        finally:
-            os.close(fd)
+
+def in_use(run_dir: Path) -> bool:
+    """Whether an attempt may still be using ``run_dir`` (the tools that delete ask first): its lock's
+    holder is not known to be gone, or (no lock held, or no locks across hosts) ``status.json`` says
+    running and its recorded owner is not a dead process of this machine."""
+    owner = _holder(run_dir)
+    if owner is not None:
+        return not is_gone(owner)
     if read_status(run_dir)["status"] != RunStatus.RUNNING.value:
         return False
     return not is_gone(read_owner(run_dir / layout.LOCK))
@@ -252,10 +223,8 @@ def _ownership(folder: Path) -> str:
 
     def name(uid: int) -> str:
         try:
-            import pwd
-
             return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-        except (ImportError, KeyError):
+        except KeyError:
             return f"uid {uid}"
 
     try:
@@ -276,26 +245,22 @@ def _forget_in_children(lock: RunLock) -> None:
 def _close_in_child() -> None:
     """In a forked child: drop every run-dir lock the parent holds (the child never trains there)."""
     for lock in list(_HELD):
-        fd, lock._fd = lock._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    _HELD.clear()
+        lock.release()
 
 
 def _read_record(fd: int) -> dict[str, Any]:
     """The owner record through ``fd`` (``{}`` when it cannot be read)."""
-    try:
-        data = json.loads(os.pread(fd, 4096, 0))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _json_object(lambda: os.pread(fd, 4096, 0))
 
 
 def read_owner(path: Path) -> dict[str, Any]:
     """Who wrote the lock file last (``{}`` when it cannot be read)."""
+    return _json_object(path.read_text)
+
+
+def _json_object(read: Callable[[], str | bytes]) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -314,18 +279,14 @@ def own_record() -> dict[str, Any]:
 
 
 def is_gone(owner: dict[str, Any]) -> bool:
-    """Whether the recorded owner is a process of this machine (same host, boot and pid namespace)
-    that no longer runs: not running at all, a zombie, or its pid now taken by another process.
-
-    Unknown is never gone: a record of another machine, or one without these fields, keeps the lock.
-    """
+    """Whether the recorded owner is a process of this machine (host, boot and pid namespace) that no
+    longer runs (or is a zombie, or its pid is reused). Unknown, or another machine's, is never gone."""
     pid = owner.get("pid")
     if not isinstance(pid, int) or pid <= 0 or owner.get("host") != socket.gethostname():
         return False
-    if owner.get("boot") is None or owner.get("boot") != _boot_id():
-        return False
-    if owner.get("pid_namespace") is None or owner.get("pid_namespace") != _pid_namespace():
-        return False
+    for key, now in (("boot", _boot_id), ("pid_namespace", _pid_namespace)):
+        if owner.get(key) is None or owner.get(key) != now():
+            return False
     try:
         os.kill(pid, 0)  # works where /proc hides other users' processes (hidepid)
     except ProcessLookupError:
@@ -337,13 +298,11 @@ def is_gone(owner: dict[str, Any]) -> bool:
     return start is not None and (start == _ZOMBIE or start != owner.get("start"))
 
 
-#: What :func:`process_start_ticks` returns for a process that died and was not reaped yet.
-_ZOMBIE = -1
+_ZOMBIE = -1  # a process that died and was not reaped yet
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot); ``-1`` for a zombie (dead, its descriptors
-    closed, not reaped yet); ``None`` when that cannot be read."""
+    """When ``pid`` started (clock ticks since boot); ``-1`` for a zombie; ``None`` when unreadable."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return _ZOMBIE if fields[0] in ("Z", "X") else int(fields[19])

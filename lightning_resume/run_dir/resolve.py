@@ -1,7 +1,4 @@
-"""Decide which run directory a process uses: pure functions over a root folder and a session.
-
-The layout of the root is in :mod:`lightning_resume.run_dir.layout`.
-"""
+"""Decide which run directory a process uses, from a runs root (:mod:`.layout`) and a session."""
 
 from __future__ import annotations
 
@@ -33,22 +30,13 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 @dataclass(frozen=True)
 class Resolution:
-    """The outcome of run-dir resolution.
-
-    Attributes:
-        path: The run directory.
-        run_id: The run's unique id (the directory's name).
-        is_resumed: Whether this process continues an earlier attempt of the same run.
-        reason: One line saying why this directory was chosen.
-        owns_index: Whether the session index entry points at this run (an interactive rerun under
-            an already-recorded key does not own it).
-    """
+    """The outcome of run-dir resolution."""
 
     path: Path
-    run_id: str
-    is_resumed: bool
-    reason: str
-    owns_index: bool = False
+    run_id: str  # the directory's name
+    is_resumed: bool  # this process continues an earlier attempt of the same run
+    reason: str  # one line: why this directory
+    owns_index: bool = False  # the session's index entry points here (not so for a rerun beside it)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "path": str(self.path)})
@@ -56,39 +44,21 @@ class Resolution:
     @classmethod
     def from_json(cls, text: str) -> Resolution:
         data = json.loads(text)
-        return cls(
-            Path(data["path"]),
-            str(data["run_id"]),
-            bool(data["is_resumed"]),
-            str(data["reason"]),
-            bool(data["owns_index"]),
-        )
+        values = (Path(data["path"]), str(data["run_id"]), bool(data["is_resumed"]), str(data["reason"]))
+        return cls(*values, bool(data["owns_index"]))
 
 
-#: The longest file name a session key may become (filesystems allow 255 bytes; leave room).
-MAX_KEY_FILENAME = 200
+MAX_KEY_FILENAME = 200  # the longest file name a session key may become (filesystems allow 255 bytes)
 
 
 def key_filename(key: str) -> str:
-    """A file name for a session key: safe characters kept, anything else escaped as ``%XX``.
-
-    A leading ``.`` is escaped too, so that no key names ``.``, ``..`` or a hidden file.
-    """
+    """A file name for a session key: unsafe characters, and a leading ``.``, escaped as ``%XX``."""
     name = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in key) or "%00"
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
 def check_key(key: str, source: str) -> str:
-    """Return ``key`` if it can be a session key.
-
-    Args:
-        key: The key.
-        source: Where it came from, for the message (``"RunDir(key=...)"``, ``"$LIGHTNING_RESUME_KEY"``).
-
-    Raises:
-        ValueError: an empty key (use ``None`` for no key), one with control characters, or one too
-            long to be a file name.
-    """
+    """Return ``key`` if it can be a session key, else raise ``ValueError`` naming its ``source``."""
     if not isinstance(key, str) or not key.strip():
         raise ValueError(
             f"{source} must be a non-empty string, got {key!r}. Leave it unset (None) to use the scheduler's "
@@ -110,8 +80,8 @@ def index_path(root: Path, key: str) -> Path:
 
 
 def entry_text(root: Path, run_dir: Path) -> str:
-    """What the index records for ``run_dir``: its path relative to ``root`` (so that a root moved or
-    mounted elsewhere keeps working), or the absolute path of a dir outside it."""
+    """What the index records for ``run_dir``: its path relative to ``root`` (a moved root keeps working),
+    or the absolute path of a dir outside it."""
     try:
         return run_dir.relative_to(root).as_posix()
     except ValueError:
@@ -137,11 +107,7 @@ _ENTRY_HINTS = {
 
 
 def read_index(root: Path, key: str) -> Path | None:
-    """The run dir recorded for ``key``, or ``None`` when there is no entry.
-
-    Raises:
-        RunDirError: the entry cannot be read, is not UTF-8 text, or is empty.
-    """
+    """The run dir recorded for ``key``, or ``None`` (:class:`RunDirError`: unreadable, or empty)."""
     entry = index_path(root, key)
     try:
         text = entry.read_bytes().decode().strip()
@@ -194,8 +160,8 @@ def _read_meta_strict(run_dir: Path) -> dict[str, Any] | str:
 
 
 def own_run_dirs(root: Path, key: str) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """The run dirs under ``root`` stamped with session ``key`` in their ``run_meta.json``, and the
-    run dirs whose ``run_meta.json`` cannot be read (``(dir, why)``): they might be ``key``'s too."""
+    """The run dirs under ``root`` stamped with session ``key``, and ``(dir, why)`` for those whose
+    ``run_meta.json`` cannot be read (they might be ``key``'s too)."""
     stamped, unreadable = [], []
     for run_dir in layout.run_dirs(root):
         meta = _read_meta_strict(run_dir)
@@ -226,11 +192,7 @@ def _root_error(root: Path, action: str, error: OSError) -> RunDirError:
 
 
 def prepare_root(root: Path) -> None:
-    """Create ``root`` if needed.
-
-    Raises:
-        RunDirError: ``root`` (or a parent) is a file, or cannot be created.
-    """
+    """Create ``root`` if needed (:class:`RunDirError` when it is a file or cannot be created)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -244,15 +206,8 @@ def prepare_root(root: Path) -> None:
 
 
 def create_run(root: Path, session: Session, now: datetime | None = None) -> tuple[Path, str, RunLock]:
-    """Create a new, unique run dir with its ``run_meta.json``; return ``(path, run_id, lock)``.
-
-    The dir is locked before ``run_meta.json`` makes it a run dir, so that a launch racing this one
-    never finds it unlocked.
-
-    Raises:
-        RunDirError: the filesystem refused (full, read-only, no permission); no empty or half-made
-            run dir is left behind.
-    """
+    """Create a new run dir, locked before ``run_meta.json`` makes it one (a racing launch never finds it
+    unlocked); return ``(path, run_id, lock)``. :class:`RunDirError`: refused, nothing left behind."""
     now = now or datetime.now()
     run_id = uuid.uuid4().hex[:12]
     path = layout.new_run_dir(root, now, run_id)
@@ -310,19 +265,13 @@ def _write_meta(path: Path, run_id: str, session: Session, now: datetime) -> Non
 
 
 class Claim(NamedTuple):
-    """The run dir of a launch, and the lock that makes this launch its one live attempt.
-
-    Attributes:
-        resolution: Which run dir, and why.
-        lock: Held on ``resolution.path``; release it when the attempt stops using the run dir.
-    """
+    """The run dir of a launch, and its lock (released when the attempt stops using the run dir)."""
 
     resolution: Resolution
     lock: RunLock
 
 
-#: How often a launch looks again after losing a race for the index entry (each loss means another
-#: launch recorded the key meanwhile, so the next look finds its entry).
+#: How often a launch looks again after losing a race for the index entry (to a launch that recorded it).
 _TRIES = 5
 
 
@@ -330,15 +279,10 @@ def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
     """Choose and lock the run dir for the global-zero process of a launch.
 
     An explicit key, or a restart the scheduler reports, continues the key's run: the dir its index
-    entry names, or, without an entry, the one run dir stamped with the key (the entry is recreated),
-    or a fresh run when there is none. Launches of one explicit key at the same moment: one trains,
-    the others get :class:`RunDirError`. A SLURM or TorchElastic key without a restart (a rerun inside
-    one allocation) gets a fresh run dir; the index keeps naming the first.
-
-    Raises:
-        RunDirError: the key's run is in use by a live attempt, cannot be told apart (several dirs
-            stamped with the key, an unreadable ``run_meta.json``), or its entry is wrong (missing
-            dir, not a run dir of this key); or the root cannot be written.
+    entry names, else the one run dir stamped with the key (the entry is recreated), else a fresh run.
+    Of simultaneous launches of one explicit key, one trains. A scheduler key without a restart (a
+    rerun inside one allocation) gets a fresh run dir; the index keeps naming the first.
+    :class:`RunDirError`: the key's run is in use, ambiguous or wrongly indexed; the root is unwritable.
     """
     key = session.key
     if key is None:
@@ -350,7 +294,7 @@ def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
         if indexed is not None:
             if continues:
                 return _continue(root, key, indexed)
-            return _beside(root, session, now, indexed)
+            return _beside(create_run(root, session, now), key, indexed)
         if continues:
             found = _adopt(root, key)
             if found is _AGAIN:
@@ -404,14 +348,8 @@ _AGAIN = _Again()
 
 
 def _adopt(root: Path, key: str) -> Claim | _Again | None:
-    """Without an index entry: the one run dir stamped with ``key``, locked and recorded again.
-
-    ``None`` when no dir is stamped with the key.
-
-    Raises:
-        RunDirError: several dirs are stamped with the key, a ``run_meta.json`` cannot be read, or
-            the stamped dir is in use by a live attempt.
-    """
+    """Without an index entry: the one run dir stamped with ``key``, locked and recorded again (``None``:
+    there is none); :class:`RunDirError` when it is ambiguous or in use."""
     stamped, unreadable = own_run_dirs(root, key)
     if not stamped and not unreadable:
         return None
@@ -462,8 +400,8 @@ def _adopt(root: Path, key: str) -> Claim | _Again | None:
 
 
 def _fresh(root: Path, session: Session, now: datetime | None, continues: bool) -> Claim | None:
-    """A fresh run dir recorded for the session key; ``None`` when a racing launch of the same
-    continuing key recorded its own first (then this launch's dir is removed again)."""
+    """A fresh run dir recorded for the session key; ``None`` (and the dir removed) when a racing launch
+    of the same continuing key recorded its own first."""
     key = str(session.key)
     path, run_id, lock = create_run(root, session, now)
     try:
@@ -476,29 +414,19 @@ def _fresh(root: Path, session: Session, now: datetime | None, continues: bool) 
     if continues:
         _remove(path, lock, [path, path.parent, path.parent.parent])
         return None
-    owner = read_index(root, key)
+    return _beside((path, run_id, lock), key, read_index(root, key))
+
+
+def _beside(created: tuple[Path, str, RunLock], key: str, owner: Path | None) -> Claim:
+    """A fresh run dir (a rerun under a key without a restart); the index keeps naming ``owner``."""
+    path, run_id, lock = created
     reason = f"fresh run; session {key!r} already belongs to {str(owner)!r} (kept)"
     return Claim(Resolution(path, run_id, False, reason), lock)
 
 
-def _beside(root: Path, session: Session, now: datetime | None, indexed: Path) -> Claim:
-    """A rerun under a scheduler key without a restart (inside one allocation): a fresh run dir of its
-    own; the index keeps naming the first."""
-    path, run_id, lock = create_run(root, session, now)
-    reason = f"fresh run; session {session.key!r} already belongs to {str(indexed)!r} (kept)"
-    return Claim(Resolution(path, run_id, False, reason), lock)
-
-
 def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = False) -> None:
-    """Refuse anything but a run dir of ``key`` under ``root`` as the run dir of ``key``.
-
-    ``found_by_key``: ``run_dir`` was found by the key stamped in it, not through the index entry.
-
-    Raises:
-        RunDirError: the target is not at ``root/YYYYMMDD/HHMMSS/<id>``, has no readable
-            ``run_meta.json``, was created for
-            another session key, or holds the ``run_meta.json`` of another run.
-    """
+    """Raise :class:`RunDirError` unless ``run_dir`` is a run dir of ``key`` under ``root`` (with its own
+    ``run_meta.json``); ``found_by_key``: found by its stamp, not through the index entry."""
     entry = index_path(root, key)
     where = (
         f"The run dir {str(run_dir)!r} stamped with session {key!r}"
@@ -560,8 +488,7 @@ def process_start_time() -> float:
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])
-        # The boot time from the uptime (10 ms), not /proc/stat's btime (whole seconds): the start is
-        # compared with time.time() (a restart's overhead, the wait between attempts).
+        # Boot time from the uptime (10 ms), not /proc/stat's btime (whole s): compared with time.time().
         boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
@@ -570,13 +497,7 @@ def process_start_time() -> float:
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """One file of the session index, as found on disk.
-
-    Attributes:
-        path: The index file (its name is the escaped session key).
-        target: The run dir it records (``None`` when it cannot be read).
-        error: Why it cannot be read (empty when it can).
-    """
+    """One file of the session index (named by the escaped key), its run dir, or why it cannot be read."""
 
     path: Path
     target: Path | None

@@ -42,21 +42,17 @@ _LIVE: weakref.WeakSet[RunDir] = weakref.WeakSet()
 class RunDir(Callback):
     """Give the run a directory that a preempted, restarted job finds again.
 
-    The directory is decided when the callback is constructed, before ``Trainer.fit`` picks a
-    checkpoint or a logger creates its run. A fresh run gets ``root/YYYYMMDD/HHMMSS/<run_id>/``
-    with a ``run_meta.json``; the session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id,
-    or an explicit ``key``) is recorded in ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``,
-    a TorchElastic restart, or an explicit key that is already indexed) reuses the recorded directory.
-    All ranks of a launch use rank 0's choice.
+    The directory is decided at construction, before ``Trainer.fit`` picks a checkpoint or a logger
+    creates its run. A fresh run gets ``root/YYYYMMDD/HHMMSS/<run_id>/`` with a ``run_meta.json``, and
+    its session key (SLURM ``JOB_ID[_ARRAY_TASK_ID]``, TorchElastic's run id, or ``key``) is recorded in
+    ``root/.index/<key>``. A restart (``SLURM_RESTART_COUNT >= 1``, a TorchElastic restart, or an
+    explicit key already indexed) reuses the recorded directory. All ranks use rank 0's choice.
 
-    During ``fit`` it also points every ``ModelCheckpoint`` without a ``dirpath`` at
-    :attr:`checkpoint_dir`, checks at train start that the index still points at this run, stores the
-    run in every checkpoint and refuses, on a restart, a checkpoint written by a different run.
-    Under LightningCLI the configuration is saved in the run dir, and a restart with a changed
-    configuration warns with the changed keys; under Hydra, a root inside the launch's output dir is
-    warned about (the next launch gets another one). Global rank 0 records every attempt (its start,
-    resumed step, steps reached, newest durable checkpoint and how it ended) in ``attempts.json``,
-    which ``lightning-resume inspect`` and :class:`~lightning_resume.ProgressWatchdog` read.
+    During ``fit`` it points every ``ModelCheckpoint`` without a ``dirpath`` at :attr:`checkpoint_dir`,
+    checks that the index still points at this run, and refuses on a restart a checkpoint of another
+    run. It keeps LightningCLI's and Hydra's configuration (warning with the keys a restart changed,
+    or of a root Hydra's next launch would not find), and records every attempt in ``attempts.json``
+    (read by ``lightning-resume inspect`` and :class:`~lightning_resume.ProgressWatchdog`).
 
     Args:
         root: Folder that holds all runs and the session index.
@@ -66,6 +62,7 @@ class RunDir(Callback):
 
     Raises:
         RunDirError: when the directory cannot be decided without risking the run (see messages).
+        ValueError: an empty ``root`` or ``key``, or ``handoff_timeout`` not above 0.
 
     Example::
 
@@ -101,18 +98,13 @@ class RunDir(Callback):
         )
         _LIVE.add(self)
         self._attempts = AttemptRecorder(self.path)
-        # Processes spawned later by Lightning's DDP launcher re-run the script with this environment:
-        # the variable lets them adopt this choice instead of resolving again.
+        # Processes Lightning's DDP launcher spawns re-run the script with this environment: they adopt it.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
         PROCESS.announce(self._resolution)
         log.info("RunDir %s (%s)", self.path, self._resolution.reason)
 
     def _unused_twin(self) -> RunDir | None:
-        """An earlier ``RunDir`` of this process for the same session that no Trainer has used yet.
-
-        Two of them are almost always two ``RunDir``s meant for one Trainer (which Lightning refuses):
-        sharing the first one's run dir keeps a second, orphan run dir from being created.
-        """
+        """An earlier unused ``RunDir`` of this session in this process (meant for the same Trainer)."""
         if self._session.key is None:
             return None
         for other in list(_LIVE):
@@ -129,18 +121,16 @@ class RunDir(Callback):
         return None
 
     def _resolve_for_this_rank(self) -> resolve.Resolution:
+        launch = launch_key(os.environ)
         if not is_global_zero(os.environ):
-            inherited = os.environ.get(ENV["handoff"], "")
-            parent, _, payload = inherited.partition(":")
+            parent, _, payload = os.environ.get(ENV["handoff"], "").partition(":")
             if payload and parent == str(os.getppid()):
                 return resolve.Resolution.from_json(payload)
-            launch = launch_key(os.environ)
             if launch is not None:
                 return handoff.ask(self.root, launch, global_rank(os.environ), self.handoff_timeout)
         resolve.prepare_root(self.root)
         resolution, self._lock = resolve.claim(self.root, self._session)  # decided and locked at once
         weakref.finalize(self, self._lock.release)
-        launch = launch_key(os.environ)
         if launch is not None and expects_peers(os.environ):
             try:
                 self._answerer = handoff.Answerer(self.root, launch, resolution)
@@ -203,14 +193,8 @@ class RunDir(Callback):
         self._attempts.begin(trainer, stage)
 
     def _check_ranks_agree(self, trainer: pl.Trainer) -> None:
-        """Every rank is in the process group now: stop answering; refuse a split launch.
-
-        Ranks that took different run dirs (or disagree whether this is a restart) would wait on each
-        other's collectives for good; all of them raise instead.
-
-        Raises:
-            RunDirError: a rank's run dir or restart differs from rank 0's.
-        """
+        """Every rank is in the process group now: stop answering, and raise on every rank when they
+        disagree on the run dir or the restart (they would wait on each other's collectives for good)."""
         mine = (self.run_id, str(self.path), self.is_resumed)
         theirs = broadcast(trainer.strategy, mine)
         split = any_rank(trainer.strategy, tuple(theirs) != mine)
@@ -248,8 +232,7 @@ class RunDir(Callback):
     ) -> None:
         self._record_status(trainer, *self._attempts.stopped(trainer, exception))
         self._stop_answering()
-        # The lock stays until this process exits or fits again: a save may still be on its way
-        # (RequeueCheckpoint's, in a writer process), and no other attempt may start meanwhile.
+        # Keep the lock until exit or the next fit: a save (in a writer process) may still be on its way.
         self._uninstall_own_load()
 
     @override
@@ -276,11 +259,8 @@ class RunDir(Callback):
             answerer.stop()
 
     def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
-        """Write ``status.json`` (what ``lightning-resume inspect`` and ``gc`` read); rank 0 only.
-
-        Never raises: the status is a record for the tools, and an error here (a full disk) must not
-        replace the error that is ending ``fit`` or turn a finished run into a failed one.
-        """
+        """Write ``status.json`` on rank 0; never raises: an error here (a full disk) must not replace
+        the error ending ``fit``, or fail a finished run."""
         if not trainer.is_global_zero:
             return
         try:

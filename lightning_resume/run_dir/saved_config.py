@@ -1,14 +1,12 @@
 """A launcher's saved configuration in the run dir, compared across attempts: pure functions.
 
-LightningCLI saves the configuration of every launch; a restarted run saves it again. The run dir
-keeps the newest one under its own name and, when a restart's configuration differs, the earlier
-one beside it as ``config.1.yaml``, ``config.2.yaml``, ... (:func:`kept_name`). :func:`changes`
-says which keys differ, as dotted paths (``trainer.max_steps``, ``trainer.callbacks[0].init_args.root``).
+A restart whose configuration differs keeps the earlier one beside the newest as ``config.1.yaml``,
+``config.2.yaml``, ... (:func:`kept_name`); :func:`changes` names the differing keys as dotted paths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +15,14 @@ import yaml
 #: Top-level keys a restart may change without changing the run: ``RequeueCheckpoint`` resumes from
 #: ``last.ckpt`` whatever ``ckpt_path`` says (it applies to a run's first attempt only).
 IGNORED = frozenset({"ckpt_path"})
-#: Shown for a key that one side does not have.
-ABSENT = "<absent>"
+ABSENT = "<absent>"  # shown for a key that one side does not have
 
 Change = tuple[str, Any, Any]
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"trainer.max_steps": 5, "trainer.callbacks[0].class_path": ...}`` for nested dicts and lists.
-
-    An empty dict or list is a value of its own, so that ``{}`` and a missing key differ.
-    """
+    """``{"trainer.max_steps": 5, "trainer.callbacks[0].class_path": ...}`` for nested dicts and lists
+    (an empty one is a value of its own: ``{}`` and a missing key differ)."""
     if isinstance(data, Mapping) and data:
         flat: dict[str, Any] = {}
         for key, value in data.items():
@@ -41,13 +36,13 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: data}
 
 
-def changes(
-    before: Mapping[str, Any], now: Mapping[str, Any], ignored: Iterable[str] = IGNORED
-) -> list[Change]:
-    """``(key, before, now)`` for every differing leaf, sorted by key; top-level ``ignored`` keys skipped."""
-    skip = set(ignored)
-    old = {k: v for k, v in flatten(dict(before)).items() if k.split(".")[0].split("[")[0] not in skip}
-    new = {k: v for k, v in flatten(dict(now)).items() if k.split(".")[0].split("[")[0] not in skip}
+def changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
+    """``(key, before, now)`` for every differing leaf, sorted; top-level :data:`IGNORED` keys skipped."""
+
+    def kept(data: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in flatten(dict(data)).items() if k.split(".")[0].split("[")[0] not in IGNORED}
+
+    old, new = kept(before), kept(now)
     return [
         (key, old.get(key, ABSENT), new.get(key, ABSENT))
         for key in sorted(old.keys() | new.keys())
@@ -62,11 +57,7 @@ def describe(found: list[Change], limit: int = 12) -> str:
 
 
 def read_config(path: Path) -> dict[str, Any] | None:
-    """The YAML mapping saved in ``path``; ``None`` when there is none.
-
-    Raises:
-        ValueError: the file cannot be read or is not a YAML mapping.
-    """
+    """The YAML mapping saved in ``path``; ``None`` when there is none (``ValueError``: unusable)."""
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -19,10 +19,7 @@ def step_from_file(path: Path) -> int | None:
 
 
 def saved_step(path: Path) -> int | None:
-    """The step a checkpoint was saved at, from its manifest or a memory-mapped load; no checksum.
-
-    ``None`` when it cannot be told (a listing shows a blank step; ``inspect RUN_DIR`` says why).
-    """
+    """The step a checkpoint was saved at, from its manifest or a memory-mapped load (``None``: unknown)."""
     if path.is_dir():
         manifest = verify(path, DIRECTORY, checksums=False).manifest
         return manifest.global_step if manifest is not None else None

@@ -21,12 +21,9 @@ class RunStatus(str, enum.Enum):
     FINISHED = "finished"
     PREEMPTED = "preempted"
     FAILED = "failed"
-    #: ``ProgressWatchdog`` found a rank without progress and ended the attempt.
-    HUNG = "hung"
-    #: ``ProgressWatchdog`` stopped a run whose attempts keep ending without a new checkpoint.
-    CRASH_LOOP = "crash-loop"
-    #: Nothing readable was recorded.
-    UNKNOWN = "unknown"
+    HUNG = "hung"  # ``ProgressWatchdog`` found a rank without progress and ended the attempt
+    CRASH_LOOP = "crash-loop"  # ``ProgressWatchdog`` stopped attempts that keep ending without a checkpoint
+    UNKNOWN = "unknown"  # nothing readable was recorded
 
 
 def write_status(
@@ -36,12 +33,10 @@ def write_status(
     detail: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Record ``status`` at ``step`` (atomically), with this process's id and the time.
-
-    ``extra`` adds fields (a hang's ``{"hang": {...}}``); it cannot replace the standard ones.
-    """
-    record: dict[str, Any] = {**(extra or {})}
-    record |= {
+    """Record ``status`` at ``step`` (atomically), with this process's id and the time; ``extra`` adds
+    fields (a hang's ``{"hang": {...}}``), never replacing the standard ones."""
+    record: dict[str, Any] = {
+        **(extra or {}),
         "status": status.value,
         "step": step,
         "time": datetime.now().isoformat(timespec="seconds"),
@@ -57,7 +52,7 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((run_dir / layout.STATUS).read_text())
     except (OSError, ValueError):
-        return {"status": RunStatus.UNKNOWN.value}
+        data = None
     if not isinstance(data, dict) or "status" not in data:
         return {"status": RunStatus.UNKNOWN.value}
     return data

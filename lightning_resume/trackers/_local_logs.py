@@ -1,14 +1,10 @@
-"""TensorBoard and CSV logs of a restarted run: functions over their files.
+"""TensorBoard and CSV logs of a restart that resumes at logging step ``k``: what the interrupted
+attempt logged at steps ``>= k`` is dropped, so that every step appears once.
 
-A restarted attempt resumes at logging step ``k``; the interrupted attempt may have logged steps
-``>= k`` after its last checkpoint. They are dropped so that every step appears once:
-
-- TensorBoard: a ``SessionLog(START)`` event at step ``k`` (what ``SummaryWriter(purge_step=k)``
-  writes) makes TensorBoard's readers drop the earlier events at steps ``>= k``; the files keep them.
-  TensorBoard's server ignores the *first* START of a run, so a fresh run writes one at step 0.
-- CSV: ``CSVLogger`` deletes ``metrics.csv`` when it creates its writer in a non-empty dir, before any
-  callback hook. A restart therefore moves it aside (:data:`KEPT`) as soon as the run dir is known,
-  before ``fit``, and writes back the rows at steps ``< k`` once ``k`` is known.
+- TensorBoard: a ``SessionLog(START)`` at step ``k`` (as ``SummaryWriter(purge_step=k)``) makes readers
+  drop earlier events at steps ``>= k``; the server ignores a run's first START, so one goes at step 0.
+- CSV: ``CSVLogger`` deletes ``metrics.csv`` before any callback hook, so a restart moves it aside
+  (:data:`KEPT`) before ``fit`` and writes back the rows at steps ``< k``.
 """
 
 from __future__ import annotations
@@ -33,12 +29,8 @@ _EVENTS = "events.out.tfevents."
 
 
 def set_aside_metrics(log_dir: Path) -> bool:
-    """Move ``metrics.csv`` out of ``CSVLogger``'s way; return whether rows are kept for the restart.
-
-    A ``metrics.csv`` next to an older kept file is newer (the kept rows were merged into it before
-    it was written), so it replaces the kept file. A kept file alone is an earlier restart that died
-    before merging: it stays.
-    """
+    """Move ``metrics.csv`` out of ``CSVLogger``'s way (over an older kept file); return whether rows are
+    kept for the restart."""
     current, kept = log_dir / METRICS, log_dir / KEPT
     if current.is_file():
         replace_durably(current, kept)
@@ -74,11 +66,8 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def merge_kept_rows(log_dir: Path, resume_step: float = math.inf) -> list[str]:
-    """Write the kept rows at steps ``< resume_step``, then this attempt's rows, as ``metrics.csv``.
-
-    Written atomically; the kept file is removed afterwards. Returns the header, the sorted union of
-    both files' columns (what ``CSVLogger``'s writer must use from now on).
-    """
+    """Write the kept rows at steps ``< resume_step``, then this attempt's, as ``metrics.csv`` (atomically),
+    and remove the kept file. Returns the header, both files' columns, which the writer must use."""
     kept = log_dir / KEPT
     old_header, old_rows = _rows(kept)
     new_header, new_rows = _rows(log_dir / METRICS)
@@ -95,12 +84,8 @@ def merge_kept_rows(log_dir: Path, resume_step: float = math.inf) -> list[str]:
 
 
 def remove_new_log_dir(log_dir: Path, written_here: tuple[str, ...] = ()) -> bool:
-    """Remove a version dir that this process just made: empty, or only its own file(s).
-
-    torch's ``SummaryWriter`` names files ``events.out.tfevents.<time>.<host>.<pid>.<n>``; the caller
-    names the other files this process wrote there (``hparams.yaml`` of hyperparameters logged before
-    ``fit``). Anything else in the dir, or an event file of another process, keeps the dir.
-    """
+    """Remove a version dir that this process just made: empty, or only its own event files and
+    ``written_here``."""
     if not log_dir.is_dir():
         return False
     mine = f".{socket.gethostname()}.{os.getpid()}."
@@ -124,10 +109,7 @@ def has_other_events(log_dir: Path) -> bool:
 
 
 def write_purge_event(writer: Any, step: int) -> None:
-    """Append the ``SessionLog(START)`` event that ``SummaryWriter(purge_step=step)`` writes when created.
-
-    ``writer`` is the ``SummaryWriter`` of torch (which uses ``tensorboard``'s protos) or of tensorboardX.
-    """
+    """Append the ``SessionLog(START)`` of ``SummaryWriter(purge_step=step)`` (torch's or tensorboardX's)."""
     if type(writer).__module__.startswith("tensorboardX"):
         from tensorboardX.proto.event_pb2 import Event, SessionLog
     else:

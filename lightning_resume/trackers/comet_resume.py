@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 from lightning.pytorch.loggers import CometLogger, Logger
 from typing_extensions import override
 
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
-# comet_ml's documented configuration variables that this callback reads or sets.
+# comet_ml's documented variables this callback reads or sets.
 ENV = {
     "key": "COMET_EXPERIMENT_KEY",
     "project": "COMET_PROJECT_NAME",
@@ -26,31 +25,24 @@ ENV = {
 class CometResume(TrackerResume):
     """Make a restarted job continue the Comet experiment of its first attempt.
 
-    Records ``id`` (the experiment key), ``project``, ``workspace``, ``mode`` (``"online"`` or
-    ``"offline"``) and ``dir`` (the offline directory) in ``<run dir>/comet_resume.json`` and in every
-    checkpoint. On a restart it sets ``COMET_EXPERIMENT_KEY`` to the recorded key as soon as it and the
-    :class:`~lightning_resume.RunDir` exist; ``comet_ml.start`` (mode ``get_or_create``) then continues
-    that experiment. The variable is removed once the experiment exists.
+    Records ``id`` (the experiment key), ``project``, ``workspace``, ``mode`` and ``dir`` (the offline
+    directory) in ``<run dir>/comet_resume.json`` and in every checkpoint. On a restart it sets
+    ``COMET_EXPERIMENT_KEY`` once it and the :class:`~lightning_resume.RunDir` exist, so that
+    ``comet_ml.start`` continues that experiment; the variable is removed once it exists.
 
     Lightning's ``CometLogger`` starts its experiment in its constructor, so it must be built after
-    this callback and the ``RunDir``; :class:`lightning_resume.loggers.CometLogger` starts on first use
-    and works in any order (LightningCLI builds the logger first).
+    both; :class:`lightning_resume.loggers.CometLogger` starts on first use and works in any order.
 
-    Offline (``COMET_START_ONLINE=false``), every attempt writes its own archive
-    ``<offline dir>/<key>-<suffix>.zip`` with the same key, and ``comet upload`` appends them to one
-    experiment. Comet keeps an offline experiment's data in a temporary directory until the process
-    exits, so an attempt killed without warning (``SIGKILL``, out of memory) leaves an empty archive:
-    its steps since the start of that attempt are lost. A preemption signal is a normal exit and
-    loses nothing.
+    Offline (``COMET_START_ONLINE=false``), every attempt writes its own archive with the same key, and
+    ``comet upload`` appends them to one experiment. An attempt killed without warning (``SIGKILL``,
+    out of memory) leaves an empty archive: its steps are lost; a preemption signal loses nothing.
 
-    The restart is refused (one warning, a new experiment, the checkpoint resume proceeds) when the
-    experiment would be created elsewhere: ``COMET_PROJECT_NAME``, ``COMET_WORKSPACE``,
-    ``COMET_START_ONLINE`` or ``COMET_OFFLINE_DIRECTORY`` changed, or an argument given here differs from
-    the recorded experiment. Settings passed only to the logger are checked at ``setup``, once the
-    experiment exists.
+    The restart is refused (one warning, a new experiment) when ``COMET_PROJECT_NAME``,
+    ``COMET_WORKSPACE``, ``COMET_START_ONLINE`` or ``COMET_OFFLINE_DIRECTORY`` changed, or an argument
+    given here differs from the record. Settings given only to the logger are checked at ``setup``.
 
     Args:
-        project: The Comet project the logger logs to, checked against the recorded experiment.
+        project: The Comet project, checked against the recorded experiment.
         workspace: The Comet workspace, checked likewise.
         online: ``False`` for an offline experiment, checked likewise.
         offline_directory: Where offline archives go, checked likewise.
@@ -63,14 +55,13 @@ class CometResume(TrackerResume):
 
         from lightning_resume.loggers import CometLogger
 
-        trainer = Trainer(
-            logger=CometLogger(project="mnist"),
-            callbacks=[CometResume(project="mnist"), RunDir(root="runs"), RequeueCheckpoint()],
-        )
+        callbacks = [CometResume(project="mnist"), RunDir(root="runs"), RequeueCheckpoint()]
+        trainer = Trainer(logger=CometLogger(project="mnist"), callbacks=callbacks)
     """
 
     tracker = "comet"
     package = "comet_ml"
+    logger_class = CometLogger
     place_fields = ("project", "workspace", "mode", "dir")
     placement_env = (ENV["project"], ENV["workspace"], ENV["online"], ENV["dir"])
     handback_caveat = (
@@ -78,8 +69,7 @@ class CometResume(TrackerResume):
         "construct RunDir and CometResume before it, or use lightning_resume.loggers.CometLogger"
     )
 
-    # Alike in every tracker on purpose (a duplicate-code report flags them): explicit, typed place
-    # arguments are what LightningCLI parses and what is checked before the tracker creates its run.
+    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,
@@ -94,10 +84,6 @@ class CometResume(TrackerResume):
             None if offline_directory is None else str(Path(offline_directory).expanduser().resolve())
         )
         super().__init__()
-
-    @override
-    def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
-        return [logger for logger in trainer.loggers if isinstance(logger, CometLogger)]
 
     @override
     def _identity_of(self, logger: Logger) -> dict[str, Any]:

@@ -1,9 +1,5 @@
-"""``EnvOverlay``: environment variables set for a while and put back exactly as they were.
-
-The library writes ``os.environ`` only where a documented variable is the one way to tell another
-component something before it starts (a tracker's run id, the run dir for ranks a launcher spawns),
-and puts every such variable back through this class.
-"""
+"""``EnvOverlay``: environment variables set for a while and put back exactly as they were (the library
+sets one only where a documented variable is the one way to tell a component before it starts)."""
 
 from __future__ import annotations
 

@@ -63,27 +63,19 @@ def _is_remote(logger: Logger) -> bool:
 class LocalLoggerResume(Callback):
     """Keep a restarted job in the version dir of its ``TensorBoardLogger``/``CSVLogger``: one series per run.
 
-    Works for loggers you build and for the Trainer's default one (TensorBoard, or CSV when neither
-    ``tensorboard`` nor ``tensorboardX`` is installed). The first attempt records each logger's version
-    dir in ``<run dir>/tensorboard_resume.json`` / ``csv_resume.json`` and links it as
+    Works for your loggers and the Trainer's default one. The first attempt records each logger's
+    version dir in ``<run dir>/tensorboard_resume.json`` / ``csv_resume.json`` and links it as
     ``<run dir>/logs/tensorboard`` / ``logs/csv``. A restart (see :class:`~lightning_resume.RunDir`):
 
-    - logs into the recorded version dir again. A logger that numbers its versions would take the next
-      free ``version_N``: it is pointed back, and the dir it just made is removed. Hyperparameters
-      logged before ``fit`` (which makes that dir early) go to the recorded dir's ``hparams.yaml``.
-    - drops what the interrupted attempt logged after its last checkpoint, at the steps the restart
-      logs again, so that every step appears once. TensorBoard gets a ``SessionLog(START)`` event at
-      the resumed step, the event ``SummaryWriter(purge_step=...)`` writes: TensorBoard's readers then
-      drop the earlier events from that step on (the event files keep them). ``metrics.csv`` keeps
-      only the rows before it: the file is set aside as soon as both callbacks exist, before
-      ``CSVLogger`` would delete it, and written back once the resumed step is known.
+    - logs into the recorded version dir again (a logger that took the next ``version_N`` is pointed
+      back and the dir it made removed; hyperparameters logged before ``fit`` follow it).
+    - drops what the interrupted attempt logged at the steps the restart logs again: TensorBoard gets
+      the ``SessionLog(START)`` event of ``SummaryWriter(purge_step=...)`` at the resumed step, and
+      ``metrics.csv`` keeps only the rows before it.
 
-    A logger whose ``save_dir`` or ``name`` changed since the first attempt is not moved back: one
-    warning, and it logs where it is configured to. The first logger of each kind is handled; logs on
-    a remote filesystem (``s3://...``) are left as they are.
-
-    TensorBoardLogger's ``hp_metric`` placeholder is logged at step 0 by every attempt
-    (``TensorBoardLogger(default_hp_metric=False)`` turns it off).
+    A logger whose ``save_dir`` or ``name`` changed is not moved back (one warning). The first logger
+    of each kind is handled; remote logs (``s3://...``) are left as they are. TensorBoard's
+    ``hp_metric`` placeholder is logged at step 0 by every attempt (``default_hp_metric=False``).
 
     Raises:
         MissingCallbackError: at ``setup`` when no :class:`~lightning_resume.RunDir` was constructed.
@@ -192,8 +184,7 @@ class LocalLoggerResume(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # The first batch of a resumed attempt: Lightning has restored its loops (the logging step is
-        # adjusted after on_train_start) and logs this batch at logging_step(trainer).
+        # The first batch of a resumed attempt: the logging step is final only from here.
         if self._continued:
             self._trim(trainer, logging_step(trainer))
 
@@ -229,8 +220,7 @@ class LocalLoggerResume(Callback):
             self._finish(trainer)
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        # An attempt that ran no batch (a finished run started again, or stopped early) logged nothing
-        # to replace: the kept rows all go back.
+        # An attempt that ran no batch logged nothing to replace: the kept rows all go back.
         self._trim(trainer, None)
         for quiet in self._quiet:
             quiet.remove()
@@ -251,10 +241,8 @@ def _mark_first_start(logger: Any) -> None:
 
 
 def _link(link: Path, target: Path) -> None:
-    """``link`` -> ``target``, replaced atomically; a filesystem without symlinks goes without.
-
-    A target inside the run dir is linked relatively, so the run dir can be moved as a whole.
-    """
+    """``link`` -> ``target``, replaced atomically (relative inside the run dir, so it can be moved);
+    a filesystem without symlinks goes without."""
     run_dir = link.parent.parent
     value = Path(os.path.relpath(target, link.parent)) if target.is_relative_to(run_dir) else target
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from typing_extensions import override
@@ -18,16 +17,11 @@ from lightning_resume.trackers.tracker_resume import Handback, TrackerResume
 class MLflowResume(TrackerResume):
     """Make a restarted job continue the MLflow run of its first attempt, with no throwaway run.
 
-    Records ``id`` (the run id), ``experiment_id``, ``experiment_name``, ``tracking_uri`` and
-    ``run_name`` of the logger's run in ``<run dir>/mlflow_resume.json`` and in every checkpoint.
-
-    Lightning's ``MLFlowLogger`` creates its run when ``fit`` starts, before any callback hook, and
-    reads no run id from the environment, so the recorded run is handed back by
-    :class:`lightning_resume.loggers.MLFlowLogger` (Lightning's logger, which reads the run dir when it
-    starts). It continues the recorded run when its tracking store and experiment are the recorded
-    ones, and otherwise warns and creates a new run there: a run in another experiment or store is
-    never written into. With Lightning's own ``MLFlowLogger`` a restart creates a new run, and this
-    callback says so.
+    Records ``id``, ``experiment_id``, ``experiment_name``, ``tracking_uri`` and ``run_name`` of the
+    logger's run in ``<run dir>/mlflow_resume.json`` and in every checkpoint. Lightning's
+    ``MLFlowLogger`` reads no run id from the environment, so
+    :class:`lightning_resume.loggers.MLFlowLogger` continues the recorded run itself (see there); with
+    Lightning's own, a restart creates a new run, and this callback says so.
 
     Raises:
         ModuleNotFoundError: when mlflow is not installed.
@@ -37,23 +31,19 @@ class MLflowResume(TrackerResume):
 
         from lightning_resume.loggers import MLFlowLogger
 
-        trainer = Trainer(
-            logger=MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db"),
-            callbacks=[MLflowResume(), RunDir(root="runs"), RequeueCheckpoint()],
-        )
+        callbacks = [MLflowResume(), RunDir(root="runs"), RequeueCheckpoint()]
+        logger = MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db")
+        trainer = Trainer(logger=logger, callbacks=callbacks)
     """
 
     tracker = TRACKER
     package = "mlflow"
+    logger_class = LightningMLFlowLogger
     place_fields = PLACE_FIELDS
     handback_caveat = (
         "; or the logger is Lightning's MLFlowLogger, which cannot be told to continue a run: use "
         "lightning_resume.loggers.MLFlowLogger"
     )
-
-    @override
-    def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
-        return [logger for logger in trainer.loggers if isinstance(logger, LightningMLFlowLogger)]
 
     @override
     def _identity_of(self, logger: Logger) -> dict[str, Any]:
@@ -71,7 +61,6 @@ class MLflowResume(TrackerResume):
             self._check_continued(identity)  # Lightning's own logger: a new run, said once here
         return identity
 
-    # Each tracker's hooks have this shape on purpose: the base owns the logic, members fill one piece.
     @override
     def _hand_back(self, identity: Mapping[str, Any]) -> None:
         return None  # lightning_resume.loggers.MLFlowLogger continues the recorded run when it starts

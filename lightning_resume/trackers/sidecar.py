@@ -1,16 +1,9 @@
-"""Tracker resume sidecars: pure functions over a run dir and plain dicts.
-
-A sidecar is ``<run dir>/<tracker>_resume.json``: the identity of the tracker run that the run dir
-logs to, and the environment variables that decided where that run went, written atomically by
-rank 0 once the run exists and again at every checkpoint::
+"""Tracker resume sidecars, ``<run dir>/<tracker>_resume.json``: the tracker run the run dir logs to,
+and the variables that decided where it went. Written atomically by rank 0::
 
     {"format": 1, "tracker": "wandb", "global_step": 120, "written": "2026-01-01T12:00:00+00:00",
-     "identity": {"id": "3kx9a2", "project": "mnist", "entity": "lab", "name": null,
-                  "mode": "offline", "dir": "/scratch/me"},
+     "identity": {"id": "3kx9a2", "project": "mnist", "mode": "offline", "dir": "/scratch/me", ...},
      "environment": {"WANDB_PROJECT": null, "WANDB_ENTITY": "lab", "WANDB_MODE": "offline"}}
-
-A restart reads it back before the tracker creates a run, checks that the run about to be created
-goes to the same place, and only then hands the identity back to the tracker.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from lightning_resume._storage.atomic import write_json_atomic
 
 FORMAT = 1
 SUFFIX = "_resume.json"
-# Identity fields that are paths: compared after resolving, so "./logs" and "/abs/logs" are one place.
+# Identity fields compared as resolved paths.
 PATH_FIELDS = frozenset({"dir"})
 
 Conflict = tuple[str, Any, Any]
@@ -35,14 +28,8 @@ Conflict = tuple[str, Any, Any]
 
 @dataclass(frozen=True)
 class Sidecar:
-    """What a sidecar records.
-
-    Attributes:
-        identity: The tracker run (id, project, ...); ``None`` values mean "not known".
-        environment: The tracker's placement environment variables when the run was created
-            (``None`` for unset ones).
-        global_step: The trainer's global step at the last write.
-    """
+    """What a sidecar records: the run's ``identity`` (``None``: not known), the placement ``environment``
+    when it was created (``None``: unset) and the ``global_step`` at the last write."""
 
     identity: dict[str, Any]
     environment: dict[str, str | None] = field(default_factory=dict)
@@ -50,12 +37,11 @@ class Sidecar:
 
 
 def sidecar_path(run_dir: str | Path, tracker: str) -> Path:
-    """Where the sidecar of ``tracker`` lives in ``run_dir``."""
     return Path(run_dir) / f"{tracker}{SUFFIX}"
 
 
 def write_sidecar(path: str | Path, tracker: str, sidecar: Sidecar) -> None:
-    """Write ``sidecar`` atomically: a reader sees the previous file or this one, never a torn one."""
+    """Write ``sidecar`` atomically."""
     write_json_atomic(
         path,
         {
@@ -70,22 +56,8 @@ def write_sidecar(path: str | Path, tracker: str, sidecar: Sidecar) -> None:
 
 
 def read_sidecar(path: str | Path, tracker: str, required: Iterable[str] = ("id",)) -> Sidecar | None:
-    """Read a sidecar back; ``None`` when there is none.
-
-    Args:
-        path: The sidecar file.
-        tracker: The tracker the sidecar must belong to.
-        required: Identity fields that must be non-empty strings.
-
-    Raises:
-        ValueError: the file exists but cannot be read, is not JSON, belongs to another tracker or
-            lacks a required field. The message says which.
-
-    Example::
-
-        sidecar = read_sidecar(sidecar_path(run_dir, "wandb"), "wandb")
-        run_id = sidecar.identity["id"] if sidecar else None
-    """
+    """Read a sidecar back (``None`` when there is none); ``ValueError`` when it is unreadable, not JSON,
+    another tracker's or lacks a ``required`` identity field (a non-empty string)."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -106,14 +78,11 @@ def read_sidecar(path: str | Path, tracker: str, required: Iterable[str] = ("id"
         if not isinstance(value, str) or not value:
             raise ValueError(f"{str(path)!r} has no usable {name!r} (found {value!r})")
     environment = data.get("environment")
+    if not isinstance(environment, dict):
+        environment = {}
     step = data.get("global_step")
-    return Sidecar(
-        identity,
-        {str(k): None if v is None else str(v) for k, v in environment.items()}
-        if isinstance(environment, dict)
-        else {},
-        step if isinstance(step, int) else 0,
-    )
+    env = {str(k): None if v is None else str(v) for k, v in environment.items()}
+    return Sidecar(identity, env, step if isinstance(step, int) else 0)
 
 
 def _same(name: str, left: Any, right: Any) -> bool:
@@ -127,15 +96,8 @@ def _same(name: str, left: Any, right: Any) -> bool:
 def place_conflicts(
     recorded: Mapping[str, Any], now: Mapping[str, Any], fields: Iterable[str], known_only: bool = True
 ) -> list[Conflict]:
-    """The ``(field, recorded, now)`` triples where a run would go somewhere else than the recorded one.
-
-    Args:
-        recorded: The recorded identity.
-        now: The same fields for the run about to be created (or just created).
-        fields: The fields that say where a run lives (project, entity, mode, storage dir, ...).
-        known_only: Compare a field only when both sides have a value: what cannot be known before
-            the tracker creates its run is not a conflict. ``False`` compares every field.
-    """
+    """The ``(field, recorded, now)`` triples of ``fields`` where the run ``now`` goes elsewhere; with
+    ``known_only``, a field empty on either side (not known before the run exists) is no conflict."""
     return [
         (name, recorded.get(name), now.get(name))
         for name in fields
@@ -159,27 +121,15 @@ def describe(conflicts: Iterable[Conflict]) -> str:
 class Recorded(enum.Enum):
     """What a restart found in a tracker sidecar."""
 
-    #: No sidecar: the first attempt never created a tracker run (or it was deleted).
     MISSING = "missing"
-    #: A sidecar that cannot be used (see :attr:`RecordedRun.error`).
-    UNREADABLE = "unreadable"
-    #: The run would now be created somewhere else (see :attr:`RecordedRun.conflicts`).
-    ELSEWHERE = "elsewhere"
-    #: The recorded run can be continued.
+    UNREADABLE = "unreadable"  # see RecordedRun.error
+    ELSEWHERE = "elsewhere"  # the run would now be created elsewhere: see RecordedRun.conflicts
     CONTINUABLE = "continuable"
 
 
 @dataclass(frozen=True)
 class RecordedRun:
-    """The one check of a sidecar before a restart continues its tracker run.
-
-    Attributes:
-        found: The outcome.
-        path: The sidecar file.
-        sidecar: What it records (``None`` when missing or unreadable).
-        conflicts: ``(field, recorded, now)`` triples that make the run go elsewhere.
-        error: Why an unreadable sidecar cannot be used.
-    """
+    """The one check of a sidecar before a restart continues its tracker run."""
 
     found: Recorded
     path: Path
@@ -188,7 +138,7 @@ class RecordedRun:
     error: str = ""
 
     def refusal(self, tracker: str) -> str:
-        """The sentence that says the recorded run is not continued because it would go elsewhere."""
+        """Why the recorded run is not continued: it would go elsewhere."""
         assert self.sidecar is not None
         return (
             f"not continuing {tracker} run {self.sidecar.identity['id']!r} recorded in {str(self.path)!r}: "
@@ -207,17 +157,8 @@ def check_recorded(
     environment: Mapping[str, str | None] | None = None,
     known_only: bool = True,
 ) -> RecordedRun:
-    """Read ``tracker``'s sidecar in ``run_dir`` and check that its run would be continued in place.
-
-    Args:
-        run_dir: The run dir.
-        tracker: The tracker's name.
-        required: Identity fields a usable sidecar must have.
-        now: The place fields of the run about to be created.
-        fields: The identity fields that say where a run lives.
-        environment: The tracker's placement variables now (compared with the recorded ones), if any.
-        known_only: As for :func:`place_conflicts`.
-    """
+    """Read ``tracker``'s sidecar in ``run_dir`` and check that its run would be continued in place:
+    ``now``'s ``fields`` (see :func:`place_conflicts`) and the placement ``environment``, if given."""
     path = sidecar_path(run_dir, tracker)
     try:
         recorded = read_sidecar(path, tracker, required)

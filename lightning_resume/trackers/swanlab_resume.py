@@ -14,8 +14,7 @@ from typing_extensions import override
 from lightning_resume._compat.swanlab import swanlab_place
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
-# SwanLab's documented environment variables that this callback reads or sets
-# (https://docs.swanlab.cn/en/api/environment-variable.html).
+# SwanLab's documented variables this callback reads or sets (docs.swanlab.cn/en/api/environment-variable).
 ENV = {
     "run_id": "SWANLAB_RUN_ID",
     "resume": "SWANLAB_RESUME",
@@ -33,24 +32,20 @@ SwanLabMode = Literal["online", "offline", "local", "disabled"]
 class SwanLabResume(TrackerResume):
     """Make a restarted job continue the SwanLab experiment of its first attempt, with no throwaway run.
 
-    Records ``id``, ``name`` (the experiment name), ``project``, ``workspace``, ``mode`` and ``dir``
-    (the log dir) of the ``swanlab.integration.pytorch_lightning.SwanLabLogger``'s run in
-    ``<run dir>/swanlab_resume.json`` and in every checkpoint. On a restart (see
-    :class:`~lightning_resume.RunDir`) it sets SwanLab's documented ``SWANLAB_RUN_ID``,
-    ``SWANLAB_RESUME=allow`` and ``SWANLAB_EXP_NAME`` as soon as both callbacks exist, before Lightning
-    creates the run (``swanlab.init`` reads them, and the logger passes none of these unless you gave
-    them to it). They are removed again once the run exists. Without the name, an offline run would get
-    a new random experiment name on every restart.
+    Records ``id``, ``name``, ``project``, ``workspace``, ``mode`` and ``dir`` (the log dir) of the
+    ``swanlab.integration.pytorch_lightning.SwanLabLogger``'s run in ``<run dir>/swanlab_resume.json``
+    and in every checkpoint. On a restart it sets ``SWANLAB_RUN_ID``, ``SWANLAB_RESUME=allow`` and
+    ``SWANLAB_EXP_NAME`` (else an offline run gets a new random name) once it and the
+    :class:`~lightning_resume.RunDir` exist, before Lightning creates the run; they are removed once
+    the run exists.
 
-    The restart is refused (one warning, a fresh SwanLab run, the checkpoint resume proceeds) when the
-    run would be created somewhere else: ``SWANLAB_PROJ_NAME``, ``SWANLAB_WORKSPACE``, ``SWANLAB_MODE``
-    or ``SWANLAB_LOG_DIR`` changed since the run was created, or an argument given here differs from
-    the recorded run. Settings passed only to the ``SwanLabLogger`` are visible once the run exists;
-    a change there is reported by a warning at ``setup``. Pass them here as well to have them checked
-    before the run is created.
+    The restart is refused (one warning, a fresh run) when ``SWANLAB_PROJ_NAME``,
+    ``SWANLAB_WORKSPACE``, ``SWANLAB_MODE`` or ``SWANLAB_LOG_DIR`` changed, or an argument given here
+    differs from the record. Settings given only to the logger are checked at ``setup``: pass them
+    here too.
 
     Args:
-        project: The project the logger logs to, checked against the recorded run before resuming.
+        project: The project, checked against the recorded run before resuming.
         workspace: The workspace, checked likewise.
         mode: ``"online"``, ``"offline"``, ``"local"`` or ``"disabled"``, checked likewise.
         log_dir: The logger's ``log_dir``, checked likewise.
@@ -63,10 +58,8 @@ class SwanLabResume(TrackerResume):
 
         from swanlab.integration.pytorch_lightning import SwanLabLogger
 
-        trainer = Trainer(
-            logger=SwanLabLogger(project="mnist", mode="offline"),
-            callbacks=[RunDir(root="runs"), SwanLabResume(project="mnist"), RequeueCheckpoint()],
-        )
+        callbacks = [RunDir(root="runs"), SwanLabResume(project="mnist"), RequeueCheckpoint()]
+        trainer = Trainer(logger=SwanLabLogger(project="mnist", mode="offline"), callbacks=callbacks)
     """
 
     tracker = "swanlab"
@@ -74,8 +67,7 @@ class SwanLabResume(TrackerResume):
     place_fields = ("project", "workspace", "mode", "dir")
     placement_env = (ENV["project"], ENV["workspace"], ENV["mode"], ENV["dir"])
 
-    # Alike in every tracker on purpose (a duplicate-code report flags them): explicit, typed place
-    # arguments are what LightningCLI parses and what is checked before the tracker creates its run.
+    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,

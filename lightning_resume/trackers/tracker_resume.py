@@ -37,21 +37,18 @@ log = logging.getLogger(__name__)
 class Handback(enum.Enum):
     """What binding to the run dir did about the recorded tracker run."""
 
-    UNBOUND = "unbound"  # no RunDir yet
-    FRESH = "fresh"  # a fresh run: nothing recorded
+    UNBOUND = "unbound"
+    FRESH = "fresh"
     MISSING = "missing"  # a restart without a sidecar
-    UNREADABLE = "unreadable"  # a restart with an unusable sidecar
-    REFUSED = "refused"  # the recorded run would go elsewhere, or a variable decides otherwise
+    UNREADABLE = "unreadable"
+    REFUSED = "refused"  # the run would go elsewhere, or a variable already decides it
     HANDED_BACK = "handed back"  # the tracker's variables now name the recorded run
     DELEGATED = "delegated"  # the tracker's logger picks the recorded run up itself
 
 
 def require_tracker(package: str, extra: str) -> None:
-    """Fail early, without importing it, when a tracker package is not installed.
-
-    Raises:
-        ModuleNotFoundError: with the install command.
-    """
+    """Raise ``ModuleNotFoundError`` with the install command, without importing, when ``package`` is
+    missing."""
     if importlib.util.find_spec(package) is None:
         raise ModuleNotFoundError(
             f'{package!r} is not installed. Install it with: pip install "lightning-resume[{extra}]"'
@@ -61,23 +58,19 @@ def require_tracker(package: str, extra: str) -> None:
 class TrackerResume(Callback):
     """Keep a restarted job logging to the tracker run its first attempt created.
 
-    Each member of the family (:class:`~lightning_resume.WandbResume`,
-    :class:`~lightning_resume.SwanLabResume`, :class:`~lightning_resume.TrackioResume`) fills in how to
-    find its loggers, how to read a live run's identity, what is known about the next run before the
-    tracker creates it, and how to hand a recorded identity back. This base owns the hooks:
+    Each subclass (:class:`~lightning_resume.WandbResume`, :class:`~lightning_resume.SwanLabResume`,
+    ...) says how to find its loggers, read a run's identity and hand a recorded identity back. This
+    base owns the hooks:
 
-    - **Bind** (when both this callback and the :class:`~lightning_resume.RunDir` exist, in any order):
-      on a restart, read ``<run dir>/<tracker>_resume.json``; if the run about to be created would go
-      to the recorded place, hand the identity back to the tracker (its documented environment
-      variables), so the logger continues the recorded run when Lightning creates it. A sidecar that
-      is unreadable, or a recorded place that differs from what is configured now, gives one warning
-      and a fresh tracker run; the checkpoint resume proceeds either way.
-    - **setup** (the first hook, just after Lightning created the run): put the environment back,
-      check the created run (warn when it is not the one handed back), and write the sidecar.
+    - **Bind** (once this callback and the :class:`~lightning_resume.RunDir` exist, in any order): on a
+      restart, read ``<run dir>/<tracker>_resume.json`` and, if the next run would go to the recorded
+      place, hand the identity back (the tracker's documented environment variables). An unreadable
+      sidecar or a changed place gives one warning and a fresh run; the checkpoint resume proceeds.
+    - **setup** (just after Lightning created the run): put the environment back, check the created
+      run, and write the sidecar.
     - **Every checkpoint**: write the sidecar again, and store the identity in the checkpoint.
 
-    Only rank 0 writes. Several loggers of the same tracker are fine while they log to one run;
-    loggers that log to different runs of one tracker are refused with a ``ValueError``.
+    Only rank 0 writes. Several loggers of one tracker must log to one run.
 
     Raises:
         ModuleNotFoundError: when the tracker is not installed.
@@ -89,18 +82,20 @@ class TrackerResume(Callback):
         trainer = Trainer(logger=WandbLogger(project="mnist"), callbacks=[WandbResume(), RunDir()])
     """
 
-    #: Short tracker name, used for the sidecar file and messages.
+    #: Tracker name, for the sidecar file and messages.
     tracker: ClassVar[str] = ""
-    #: The import name of the tracker package and the ``lightning-resume`` extra that installs it.
+    #: The tracker package's import name, and the ``lightning-resume`` extra that installs it.
     package: ClassVar[str] = ""
-    #: Identity fields that say where a run lives; a difference means "another place".
+    #: Identity fields that say where a run lives.
     place_fields: ClassVar[tuple[str, ...]] = ()
     #: Identity fields a usable sidecar must have.
     required_fields: ClassVar[tuple[str, ...]] = ("id",)
-    #: The tracker's documented variables that decide where a new run goes, recorded in the sidecar.
+    #: The tracker's variables that decide where a new run goes, recorded in the sidecar.
     placement_env: ClassVar[tuple[str, ...]] = ()
     #: A tracker-specific reason a handed-back identity can be ignored, for the warning.
     handback_caveat: ClassVar[str] = ""
+    #: The tracker's Lightning logger class.
+    logger_class: ClassVar[type[Logger]]
 
     def __init__(self) -> None:
         require_tracker(self.package, self.package)
@@ -118,21 +113,18 @@ class TrackerResume(Callback):
 
     def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
         """The trainer's loggers of this tracker."""
-        raise NotImplementedError
+        return [logger for logger in trainer.loggers if isinstance(logger, self.logger_class)]
 
     def _identity_of(self, logger: Logger) -> dict[str, Any]:
         """The identity of the run ``logger`` logs to (creating it if needed; rank 0 only)."""
         raise NotImplementedError
 
     def _expected(self) -> dict[str, Any]:
-        """Place fields the next run will certainly have, known before the tracker starts (explicit args)."""
+        """Place fields the next run will certainly have (the explicit arguments)."""
         return {}
 
     def _hand_back(self, identity: Mapping[str, Any]) -> dict[str, str] | None:
-        """The environment variables that make the tracker continue ``identity``.
-
-        ``None`` means the tracker's logger picks the recorded run up itself.
-        """
+        """The variables that make the tracker continue ``identity`` (``None``: its logger does it)."""
         raise NotImplementedError
 
     # -- binding: before the tracker creates its run ----------------------------------------------
@@ -143,19 +135,14 @@ class TrackerResume(Callback):
         return None if self._run_dir is None else sidecar_path(self._run_dir, self.tracker)
 
     def _on_run_dir(self, resolution: Resolution) -> None:
-        self._run_dir = resolution.path
+        self._run_dir = path = resolution.path
         self._restart = resolution.is_resumed
         self._environment = {name: os.environ.get(name) for name in self.placement_env}
         if not resolution.is_resumed:
             self._outcome = Handback.FRESH
             return
         check = check_recorded(
-            resolution.path,
-            self.tracker,
-            self.required_fields,
-            self._expected(),
-            self.place_fields,
-            self._environment,
+            path, self.tracker, self.required_fields, self._expected(), self.place_fields, self._environment
         )
         if check.found is Recorded.UNREADABLE:
             self._outcome = Handback.UNREADABLE
@@ -209,7 +196,7 @@ class TrackerResume(Callback):
         )
 
     def _restore_env(self) -> None:
-        """Put back the variables set for the hand-back: later runs in this process must not inherit them."""
+        """Put back the hand-back's variables: later runs in this process must not inherit them."""
         self._overlay.restore()
 
     def _warn(self, message: str) -> None:

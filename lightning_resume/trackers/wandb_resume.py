@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger, WandbLogger
 from typing_extensions import override
 
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
-# wandb's documented environment variables that this callback reads or sets.
+# wandb's documented variables this callback reads or sets.
 ENV = {
     "run_id": "WANDB_RUN_ID",
     "project": "WANDB_PROJECT",
@@ -36,25 +35,19 @@ class WandbResume(TrackerResume):
 
     Records ``id``, ``project``, ``entity``, ``name``, ``mode`` and ``dir`` (wandb's root dir) of the
     :class:`~lightning.pytorch.loggers.WandbLogger`'s run in ``<run dir>/wandb_resume.json`` and in every
-    checkpoint. On a restart (see :class:`~lightning_resume.RunDir`) it sets ``WANDB_RUN_ID`` to the
-    recorded id as soon as both callbacks exist, before Lightning creates the run: ``WandbLogger``
-    passes no id of its own and ``resume="allow"``, so ``wandb.init`` continues the recorded run. The
-    variable is removed again once the run exists.
+    checkpoint. On a restart it sets ``WANDB_RUN_ID`` once it and the :class:`~lightning_resume.RunDir`
+    exist (in any order), before Lightning creates the run, so ``wandb.init`` continues the recorded
+    run; the variable is removed once the run exists.
 
-    The restart is refused (one warning, a fresh wandb run, the checkpoint resume proceeds) when the
-    run would be created somewhere else: ``WANDB_PROJECT``, ``WANDB_ENTITY`` or ``WANDB_MODE`` changed
-    since the run was created, or an argument given here differs from the recorded run. Settings passed
-    only to the ``WandbLogger`` (including its ``save_dir``) are not visible before the run exists; a
-    change there is reported by a warning at ``setup`` (wandb then creates a new run with the same id
-    in the new place). Pass them here as well to have them checked before the run is created.
+    The restart is refused (one warning, a fresh run) when ``WANDB_PROJECT``, ``WANDB_ENTITY`` or
+    ``WANDB_MODE`` changed, or an argument given here differs from the record. Settings given only to
+    the ``WandbLogger`` are checked at ``setup``, after the run exists: pass them here too.
 
-    Needs a :class:`~lightning_resume.RunDir` (in any order). wandb reads ``WANDB_RUN_ID`` once per
-    process, when its session starts: construct this callback before anything starts one
-    (``wandb.login()``, ``wandb.setup()``, ``wandb.init()``, or the ``WandbLogger``'s ``experiment``);
-    otherwise wandb creates a new run and ``setup`` says so.
+    wandb reads ``WANDB_RUN_ID`` once per process, when its session starts: construct this callback
+    before ``wandb.login()``, ``wandb.setup()``, ``wandb.init()`` or the logger's ``experiment``.
 
     Args:
-        project: The project the logger logs to, checked against the recorded run before resuming.
+        project: The project, checked against the recorded run before resuming.
         entity: The entity (user or team), checked likewise.
         mode: ``"online"``, ``"offline"``, ``"disabled"`` or ``"shared"``, checked likewise.
         save_dir: wandb's root directory (``WandbLogger(save_dir=...)``), checked likewise.
@@ -65,15 +58,14 @@ class WandbResume(TrackerResume):
 
     Example::
 
-        trainer = Trainer(
-            logger=WandbLogger(project="mnist"),
-            callbacks=[WandbResume(project="mnist"), RunDir(root="runs"), RequeueCheckpoint()],
-        )
+        callbacks = [WandbResume(project="mnist"), RunDir(root="runs"), RequeueCheckpoint()]
+        trainer = Trainer(logger=WandbLogger(project="mnist"), callbacks=callbacks)
         trainer.fit(model)  # a requeued job continues the same wandb run
     """
 
     tracker = "wandb"
     package = "wandb"
+    logger_class = WandbLogger
     place_fields = ("project", "entity", "mode", "dir")
     # WANDB_DIR is not among them: WandbLogger passes its own save_dir (default ".") over it.
     placement_env = (ENV["project"], ENV["entity"], ENV["mode"])
@@ -82,8 +74,7 @@ class WandbResume(TrackerResume):
         "or wandb.init() earlier in this process): wandb reads WANDB_RUN_ID once, when its session starts"
     )
 
-    # Alike in every tracker on purpose (a duplicate-code report flags them): explicit, typed place
-    # arguments are what LightningCLI parses and what is checked before the tracker creates its run.
+    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,
@@ -98,10 +89,6 @@ class WandbResume(TrackerResume):
         self.mode = normalize_mode(mode)
         self.save_dir = None if save_dir is None else str(Path(save_dir).expanduser().resolve())
         super().__init__()
-
-    @override
-    def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
-        return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
 
     @override
     def _identity_of(self, logger: Logger) -> dict[str, Any]:

@@ -1,11 +1,7 @@
 """What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit.
 
-Runs on the watchdog thread while the main thread may be stuck anywhere, so it takes no lock the main
-thread may hold: no logging (one line goes straight to file descriptor 2), no Lightning, no
-collective. Each rank acts alone; a rank that is slow to see its own deadline is given a few seconds
-(``linger``) to leave its stacks too before this one exits (its peers' collectives fail when it does).
-
-Pure standard library.
+Runs on the watchdog thread while the main thread may hold any lock: no logging (lines go straight
+to fd 2), no Lightning, no collective.
 """
 
 from __future__ import annotations
@@ -34,19 +30,12 @@ LINGER_SECONDS = 3.0
 
 @dataclass(frozen=True)
 class Who:
-    """This rank, as far as its hang report needs to know.
-
-    Attributes:
-        rank: Global rank.
-        world_size: Number of ranks (1 when unknown).
-        run_dir: The run dir (``None``: stacks go to standard error only).
-        attempt: The attempt number (``None``: worked out from the run dir when needed).
-    """
+    """This rank, as its hang report needs it."""
 
     rank: int
-    world_size: int
-    run_dir: Path | None
-    attempt: int | None
+    world_size: int  # 1 when unknown
+    run_dir: Path | None  # None: stacks go to standard error only
+    attempt: int | None  # None: worked out from the run dir when needed
 
 
 def _say(line: str) -> None:
@@ -56,8 +45,7 @@ def _say(line: str) -> None:
 
 
 def _attempt_number(run_dir: Path) -> int:
-    """This attempt's number when nobody told it: rank 0 records it at ``setup``, which hangs before it
-    have not reached."""
+    """This attempt's number, for a hang before ``setup`` (where rank 0 records it)."""
     history = attempts.read(run_dir)
     return history.next_number(hangs.read_notes(run_dir))
 
@@ -72,17 +60,11 @@ def act_on_hang(
     linger: float = LINGER_SECONDS,
     exit: Callable[[int], NoReturn] = os._exit,
 ) -> NoReturn:
-    """Write this rank's stacks and note, record the hang (rank 0), requeue once (rank 0), exit.
+    """Write this rank's stacks and note, record the hang and requeue once (rank 0), exit with ``exit_code``.
 
-    Args:
-        who: This rank.
-        progress: The overdue progress.
-        seconds: How long the rank made no progress.
-        environ: The environment (the scheduler ids, for the requeue).
-        requeue: Whether rank 0 may requeue the job (SLURM; torchrun restarts by itself).
-        exit_code: The exit status.
-        linger: Seconds to wait for every rank's note before exiting.
-        exit: Ends the process (``os._exit``; a test passes something that raises).
+    ``seconds`` is the time without progress; ``requeue`` lets rank 0 requeue a SLURM job; before
+    exiting, a rank waits up to ``linger`` seconds for its peers' notes (their collectives fail once it
+    exits). ``exit`` ends the process (a test passes something that raises).
     """
     where = f"{progress.section.label} " + (
         "before training" if progress.step is None else f"at step {progress.step}"

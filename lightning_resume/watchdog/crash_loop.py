@@ -1,9 +1,5 @@
-"""The crash-loop rule: attempts in a row that ended badly without a new durable checkpoint.
-
-``ProgressWatchdog`` stops the next attempt when there are ``max_attempts_without_progress`` of them;
-``lightning-resume inspect`` shows the count and ``reset-crash-loop`` starts it again. Pure standard
-library, over the run's attempt history (:mod:`lightning_resume.run_dir.attempts`).
-"""
+"""The crash-loop rule: attempts in a row that ended badly without a new durable checkpoint
+(``ProgressWatchdog`` stops at ``max_attempts_without_progress``; ``reset-crash-loop`` resets)."""
 
 from __future__ import annotations
 
@@ -17,13 +13,8 @@ STREAK_BREAKERS = frozenset({Cause.FINISHED, Cause.PREEMPTED})
 
 
 def without_progress(history: History, before: int | None = None) -> list[Attempt]:
-    """The latest attempts in a row (before attempt ``before``) that ended badly without a new checkpoint.
-
-    The run goes back to where it was each time: ``failed``, ``hung``, ``killed`` or
-    ``crash-loop-stop`` with no newer durable checkpoint than it started from. A ``finished`` or
-    ``preempted`` attempt, one that made a new checkpoint, or a reset (``reset_after``) ends the run
-    of them. Open records count only when they are not ``before`` (they were killed).
-    """
+    """The latest attempts in a row (before ``before``) that ended badly without a new checkpoint; a
+    ``finished``/``preempted`` attempt, a checkpoint or a reset ends the streak (open records: killed)."""
     streak: list[Attempt] = []
     for attempt in reversed(history.attempts):
         if before is not None and attempt.number >= before:

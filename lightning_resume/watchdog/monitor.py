@@ -1,15 +1,8 @@
 """A per-rank watchdog thread: acts when the main thread reports no progress within its section's timeout.
 
-The main thread only replaces one immutable :class:`Progress` (a single attribute assignment, no lock),
-so a report costs well under a microsecond and the thread can read it at any time. The thread sleeps
-until the current deadline (at most ``poll`` seconds at a time), so it runs while the main thread is
-blocked in C (a collective, a read on a dead filesystem) and fires within ``poll`` of the deadline.
-
-If the main thread holds the GIL forever (C code that never releases it), no Python thread can run:
-a :class:`Backstop` then has :mod:`faulthandler`'s own C thread dump the stacks to stderr and exit with
-status 1, :data:`Backstop.MARGIN` seconds after the Python watchdog would have acted.
-
-Pure standard library.
+A report replaces one immutable :class:`Progress` (no lock, well under a microsecond); the thread
+sleeps until the deadline, so it runs while the main thread is blocked in C. If the main thread never
+releases the GIL, a :class:`Backstop` (faulthandler's C thread) dumps the stacks and exits.
 """
 
 from __future__ import annotations
@@ -28,21 +21,13 @@ from lightning_resume.watchdog.timeouts import Section
 
 @dataclass(frozen=True)
 class Progress:
-    """What the main thread last reported.
-
-    Attributes:
-        section: Where the rank is.
-        step: The global step it has reached (``None`` before training).
-        since: ``time.monotonic()`` when the section began or last made progress.
-        timeout: Seconds it may go without progress.
-        until: Stop watching once this returns ``True`` (checked by the thread).
-    """
+    """What the main thread last reported."""
 
     section: Section
-    step: int | None
-    since: float
-    timeout: float
-    until: Callable[[], bool] | None = None
+    step: int | None  # None before training
+    since: float  # time.monotonic() when the section began or last made progress
+    timeout: float  # seconds it may go without progress
+    until: Callable[[], bool] | None = None  # stop watching once this returns True
 
     @property
     def deadline(self) -> float:
@@ -50,11 +35,8 @@ class Progress:
 
 
 class Backstop:
-    """:mod:`faulthandler`'s C-level timer, kept armed past the Python watchdog's deadline.
-
-    Re-arming starts a thread (about 50 us), so it is re-armed only when a deadline would come too
-    close: at most once per section timeout plus :data:`MARGIN`.
-    """
+    """faulthandler's C-level timer, kept armed ``MARGIN`` past the Python watchdog's deadline; re-arming
+    starts a thread (~50 us), so it is armed for twice that and re-armed only when a deadline comes close."""
 
     #: Seconds after the Python watchdog's deadline that the backstop fires.
     MARGIN = 60.0
@@ -84,32 +66,16 @@ class Backstop:
 def _stderr() -> IO[Any] | None:
     """The process's standard error, if it is a real file descriptor (faulthandler writes to one)."""
     stream = sys.__stderr__
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         if stream is not None:
             stream.fileno()
             return stream
-    except (OSError, ValueError, AttributeError):
-        pass
     return None
 
 
 class Watchdog:
-    """A daemon thread that calls ``on_hang(progress, seconds)`` when progress is overdue.
-
-    ``on_hang`` runs on the watchdog thread and is expected to end the process; if it returns, the
-    thread stops.
-
-    Args:
-        on_hang: Called once with the overdue :class:`Progress` and the seconds without progress.
-        poll: Longest sleep between two looks at the progress.
-        backstop: Whether to keep :class:`Backstop` armed.
-
-    Example::
-
-        dog = Watchdog(lambda p, s: os._exit(75))
-        dog.start()
-        dog.report(Progress(Section.STEP, 12, time.monotonic(), timeout=300.0))
-    """
+    """A daemon thread that calls ``on_hang(progress, seconds)`` once when progress is overdue (it should
+    end the process), looking at least every ``poll`` seconds; ``backstop`` keeps a :class:`Backstop`."""
 
     def __init__(
         self, on_hang: Callable[[Progress, float], None], poll: float = 0.5, backstop: bool = True
@@ -153,7 +119,7 @@ class Watchdog:
 
     @property
     def _watching(self) -> bool:
-        """Started and not stopped (cheaper than asking the thread: this runs at every report)."""
+        """Started and not stopped (cheaper than asking the thread, at every report)."""
         return self._thread is not None and not self._stop.is_set()
 
     @property

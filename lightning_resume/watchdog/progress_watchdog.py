@@ -59,31 +59,25 @@ def _on_hang(ref: weakref.ReferenceType[ProgressWatchdog], progress: Progress, s
 class ProgressWatchdog(Callback):
     """Turn a hung rank into a clean restart, and a run that keeps failing into a clear stop.
 
-    **Hangs.** Each rank runs a watchdog thread (no extra process) that knows which section the rank
-    is in (start-up until the first step has ended, a training step, validation, an epoch end, a
-    checkpoint save, the checkpoint load, teardown) and how long that section may take: the timeout
-    given here, or ``timeout_multiple`` times the slowest time seen for it (never below
-    ``min_timeout``; ``initial_timeout`` while none was seen). The slowest times are kept in the run
-    dir's ``watchdog.json``, so the next attempt starts with them. The thread works while the main
-    thread is blocked in C (a collective waiting for a dead peer, a read on a stuck filesystem). When
-    a rank goes past its timeout, its watchdog writes every thread's Python stack to
-    ``<run dir>/hangs/attempt-<N>-rank-<R>.txt``, logs one line naming the file, records the hang in
-    ``status.json`` (rank 0) and ends the process with :attr:`HANG_EXIT_CODE`: torchrun's
-    ``--max-restarts`` restarts the group, and under SLURM rank 0 requeues the job once (through the
-    same path as :class:`~lightning_resume.PreemptionHandler`). Every rank's own watchdog fires, so no
-    rank waits for a stuck one; the restart resumes from the last durable ``last.ckpt``, exactly.
+    **Hangs.** Each rank runs a watchdog thread that knows which section the rank is in (start-up
+    until the first step has ended, a training step, validation, an epoch end, a save, the load,
+    teardown) and how long it may take (:class:`~lightning_resume.WatchdogTimeouts`; learned times
+    are kept in the run dir's ``watchdog.json`` for the next attempt). The thread works while the
+    main thread is blocked in C (a collective waiting for a dead peer, a stuck filesystem). Past its
+    timeout, a rank writes every thread's stack to ``<run dir>/hangs/attempt-<N>-rank-<R>.txt``, logs
+    one line, records the hang in ``status.json`` (rank 0) and exits with :attr:`HANG_EXIT_CODE`:
+    torchrun's ``--max-restarts`` restarts the group, and under SLURM rank 0 requeues the job once.
+    The restart resumes from the last durable ``last.ckpt``.
 
-    **Crash loops.** :class:`~lightning_resume.RunDir` records every attempt in ``attempts.json``.
-    When the last ``max_attempts_without_progress`` attempts all ended failed, hung or killed without a
-    new durable checkpoint, the next attempt stops at ``setup``, before training: it logs one line
-    (the steps reached, the last error or hang, where the stacks are), does not requeue, and raises
-    :class:`~lightning_resume.CrashLoopStopped`, which exits with :attr:`CRASH_LOOP_EXIT_CODE`. Once
-    the cause is fixed, ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train.
+    **Crash loops.** When the last ``max_attempts_without_progress`` attempts (``attempts.json``) all
+    ended failed, hung or killed without a new durable checkpoint, the next attempt stops at
+    ``setup``: it logs one line, does not requeue, and raises
+    :class:`~lightning_resume.CrashLoopStopped` (exit status :attr:`CRASH_LOOP_EXIT_CODE`). Once the
+    cause is fixed, ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train.
 
-    Needs a :class:`~lightning_resume.RunDir` in the same Trainer. In a process that is one rank of
-    several (torchrun, ``srun`` with several tasks, the ranks Lightning's launcher starts), the
-    start-up clock starts when the callback is constructed, so that the process-group set-up is
-    covered: construct it just before the Trainer. A lone process (a notebook, say) is watched from
+    Needs a :class:`~lightning_resume.RunDir` in the same Trainer. In one rank of several (torchrun,
+    ``srun``, Lightning's launcher) the start-up clock starts at construction, to cover the
+    process-group set-up: construct it just before the Trainer. A lone process is watched from
     ``setup`` on.
 
     Args:
@@ -105,10 +99,9 @@ class ProgressWatchdog(Callback):
         trainer = Trainer(callbacks=callbacks)
     """
 
-    #: Exit status of a rank that hung (a failure to restart from; sysexits' EX_TEMPFAIL).
+    #: Exit status of a rank that hung (sysexits' EX_TEMPFAIL: restart).
     HANG_EXIT_CODE = HANG_EXIT_CODE
-    #: Exit status of an attempt stopped by the crash-loop rule: do not requeue (as NVIDIA's
-    #: ``nvidia-resiliency-ext`` uses).
+    #: Exit status of an attempt stopped by the crash-loop rule: do not requeue (as nvidia-resiliency-ext).
     CRASH_LOOP_EXIT_CODE = CRASH_LOOP_EXIT_CODE
 
     def __init__(
@@ -138,8 +131,7 @@ class ProgressWatchdog(Callback):
         self._dog = self._new_watchdog()
         self._report()
         if expects_peers(os.environ) or os.environ.get(ENV["elastic_run"]):
-            # One rank of several: watch from now, so that the process-group set-up is covered. A
-            # lone process (a notebook, say) may wait long before fit: it is watched from setup.
+            # One rank of several: cover the process-group set-up. A lone process is watched from setup.
             self._dog.start()
         PROCESS.when_ready(self._bind)
 
@@ -167,11 +159,8 @@ class ProgressWatchdog(Callback):
         self._report()
 
     def _leave_nested(self, trainer: pl.Trainer) -> None:
-        """End a nested section, and go on with the section it interrupted (its time so far kept).
-
-        A save is counted here (it ends at whatever hook comes next); validation batches and the
-        load are counted by their own hooks.
-        """
+        """End a nested section and go on with the one it interrupted, its time so far kept (a save is
+        counted here; validation and load by their hooks)."""
         if self._section not in _NESTED or self._outer is None:
             return
         now = time.monotonic()
@@ -229,10 +218,8 @@ class ProgressWatchdog(Callback):
             self._first_batch = None
             self._report()
             self._dog.start()
-        stop: str | None = None
         number = run_dir.attempts.begin(trainer, stage)
-        if trainer.is_global_zero:
-            stop = self._crash_loop(run_dir)
+        stop = self._crash_loop(run_dir) if trainer.is_global_zero else None
         number, stop = broadcast(trainer.strategy, (number, stop))
         self._who = Who(trainer.global_rank, trainer.world_size, run_dir.path, number)
         self._timeouts.merge(learned.read_slowest(run_dir.path))
@@ -311,6 +298,9 @@ class ProgressWatchdog(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._leave_nested(trainer)
+        self._end_epoch_end(trainer)
+
+    def _end_epoch_end(self, trainer: pl.Trainer) -> None:
         if self._section is Section.EPOCH_END:
             self._observe(Section.EPOCH_END, time.monotonic() - self._since, trainer)
             self._enter(Section.STEP, trainer)
@@ -320,12 +310,9 @@ class ProgressWatchdog(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._leave_nested(trainer)
-        if self._section is Section.STARTUP:
-            if self._first_batch is None:
-                self._first_batch = time.monotonic()
-        elif self._section is Section.EPOCH_END:
-            self._observe(Section.EPOCH_END, time.monotonic() - self._since, trainer)
-            self._enter(Section.STEP, trainer)
+        if self._section is Section.STARTUP and self._first_batch is None:
+            self._first_batch = time.monotonic()
+        self._end_epoch_end(trainer)
 
     @override
     def on_train_batch_end(
@@ -344,8 +331,7 @@ class ProgressWatchdog(Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Lightning calls this as the checkpoint is assembled; the write, and any wait until it is
-        # durable, follow before training calls another hook, which ends the section.
+        # Called as the checkpoint is assembled; the write and any wait follow, until the next hook.
         if self._section is not Section.SAVE:
             self._enter(Section.SAVE, trainer)
 
@@ -373,7 +359,7 @@ class ProgressWatchdog(Callback):
     ) -> None:
         if self._dog.fired is not None:
             # This rank's watchdog is acting on a hang (this error is a peer's collective failing as it
-            # exited): the watchdog's report and exit status are the ones that tell what happened.
+            # exited): let the watchdog's report and exit status tell what happened.
             time.sleep(60)
         if trainer.state.fn != "fit":
             return

@@ -1,12 +1,5 @@
-"""The sections a rank goes through, and how long each may take before the rank counts as hung.
-
-A section's timeout is the one the user gave, or ``multiple`` times the slowest time seen for it
-(never below ``min_timeout``), or ``initial_timeout`` while nothing was seen. The slowest times are kept
-in ``<run dir>/watchdog.json`` so that the next attempt starts with them; the file also records the
-settings, for ``lightning-resume inspect`` and ``doctor``.
-
-Pure standard library.
-"""
+"""How long each section of training may take before a rank counts as hung: given, or learned from
+the slowest times seen, kept in ``<run dir>/watchdog.json`` with the settings."""
 
 from __future__ import annotations
 
@@ -31,16 +24,16 @@ def _seconds(name: str, value: float | None) -> float | None:
 @dataclass(frozen=True)
 class WatchdogTimeouts:
     """How long each section of training may take before :class:`~lightning_resume.ProgressWatchdog`
-    takes a rank for hung: a fixed number of seconds, or learned (``None``): ``multiple`` times the
-    slowest time seen for it, never below ``minimum``, ``initial`` while none was seen.
+    takes a rank for hung: fixed seconds, or learned (``None``): ``multiple`` times the slowest time
+    seen, never below ``minimum``, ``initial`` while none was seen.
 
     Args:
         step: Seconds a training step (with fetching its batch) may take.
         first_step: Seconds from the callback's construction (or ``setup``) to the end of the first
-            training step, less the checkpoint load and the sanity check (compilation, data warm-up).
+            step, less the load and the sanity check (compilation, data warm-up).
         validation: Seconds one validation batch may take.
-        epoch_end: Seconds from an epoch's last step to the next epoch's first, its validation and saves
-            excepted (epoch-end hooks, new data iterators).
+        epoch_end: Seconds from an epoch's last step to the next one's first, validation and saves
+            excepted.
         save: Seconds a checkpoint save may hold training (waits until durable included).
         load: Seconds a restart may take to load its checkpoint.
         teardown: Seconds the end of ``fit`` may take (the last save's wait, teardown hooks).
@@ -101,14 +94,7 @@ _FIELDS = {
 
 
 class Timeouts:
-    """The slowest time seen per section, and the timeout each section has now.
-
-    Example::
-
-        timeouts = Timeouts(WatchdogTimeouts(minimum=2.0))
-        timeouts.observe(Section.STEP, 0.4)
-        timeouts.timeout(Section.STEP)  # 2.0 (5 x 0.4 is below the floor)
-    """
+    """The slowest time seen per section, and the timeout each section has now."""
 
     def __init__(self, settings: WatchdogTimeouts, slowest: Mapping[Section, float] | None = None) -> None:
         self.settings = settings

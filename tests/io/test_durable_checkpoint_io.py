@@ -25,7 +25,7 @@ from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
 from lightning_resume._storage.catalog import Status, check_file
 from lightning_resume._storage.manifest import manifest_path, read_entries
 from lightning_resume.io import CheckpointSettings
-from lightning_resume.io._protocol import settings_of
+from lightning_resume.io.settings import settings_of
 
 
 def verifies(path: Path) -> bool:

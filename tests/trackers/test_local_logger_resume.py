@@ -20,7 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_resume import LocalLoggerResume, RequeueCheckpoint, RunDir
-from lightning_resume._compat.quiet_lightning import QuietLightning
+from lightning_resume._compat.lightning import QuietLightning
 from lightning_resume.trackers import _local_logs
 
 pytest.importorskip("tensorboard")

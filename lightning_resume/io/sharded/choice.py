@@ -1,10 +1,5 @@
-"""The checkpoint directory a restart resumes from: verified by every rank together, with fallback.
-
-``Callback.setup`` runs after the process group exists and before the checkpoint is read (strategies
-that restore after setup read it after ``on_fit_start``): every rank verifies its share of the
-candidates there (:func:`choose`), and ``last.ckpt`` is repointed to the one chosen
-(:func:`prepare_resume`). The candidates and their order are ``_storage.catalog``'s, as for files.
-"""
+"""The checkpoint directory a restart resumes from, verified by every rank together in ``setup`` (after
+the process group exists, before the checkpoint is read), with fallback; ``last.ckpt`` is repointed to it."""
 
 from __future__ import annotations
 
@@ -29,13 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Choice:
-    """The checkpoint directory a restart resumes from.
-
-    Attributes:
-        path: The chosen directory.
-        manifest: Its manifest (``None`` for a directory written by plain Lightning, unverified).
-        rejected: ``"<name>: <reason>"`` for each candidate that did not verify before it.
-    """
+    """The directory a restart resumes from, its manifest and the candidates ``rejected`` before it."""
 
     path: Path
     manifest: DirectoryManifest | None
@@ -43,17 +32,12 @@ class Choice:
 
 
 def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
-    """Verify the candidates on every rank together; return the first that verifies everywhere.
-
-    Each rank checksums its share of each candidate's files; one all-reduce per candidate agrees. A
-    directory without a manifest (plain Lightning's) is used unverified, as a file without one is.
-    Raises ``CheckpointVerificationError`` (on every rank) when no candidate verifies.
-    """
+    """Verify the candidates on every rank together (each its share of the files, one all-reduce per
+    candidate); return the first that verifies everywhere, else raise ``CheckpointVerificationError``."""
     strategy = trainer.strategy
     rank, world = trainer.global_rank, trainer.world_size
     kind = DirectoryKind(pointer.name)
-    listed = [str(p) for p in candidates(pointer)] if trainer.is_global_zero else []
-    names = broadcast(strategy, listed)
+    names = broadcast(strategy, [str(p) for p in candidates(pointer)] if trainer.is_global_zero else [])
     rejected: list[str] = []
     newer = bool(names)
     for name in names:
@@ -64,10 +48,9 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
         newer = newer and verdict.newer
         reasons = sorted({r for r in gather_objects(strategy, None if ok else verdict.reason) if r})
         rejected.append(f"{Path(name).name}: {'; '.join(reasons)}")
-    if not names:
-        found = f"nothing at {str(pointer)!r} and no committed checkpoint directory beside it"
-    else:
-        found = "; ".join(rejected)
+    found = (
+        "; ".join(rejected) or f"nothing at {str(pointer)!r} and no committed checkpoint directory beside it"
+    )
     raise CheckpointVerificationError(
         f"This restart cannot resume: no checkpoint directory in {str(pointer.parent)!r} verifies ({found}). "
         f"{remedy(newer, 'the checkpoint directory (or its mirror)')}, or start a new run.",
@@ -77,16 +60,11 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
 
 
 def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
-    """In ``setup`` of a restart: clean up, verify, fall back, repoint ``last.ckpt`` (every rank).
-
-    A candidate that does not verify is skipped with one warning and deleted once a fallback is chosen,
-    so that retention never keeps it in place of a good one. Raises ``CheckpointVerificationError``.
-    """
+    """In ``setup`` of a restart (every rank): clean up, :func:`choose`, repoint ``last.ckpt``. Candidates
+    that do not verify are deleted with a warning: retention must never keep them in place of good ones."""
     strategy = trainer.strategy
-    if trainer.is_global_zero:
-        removed = clean_up(pointer, keep, restart=True)
-        if removed:
-            log.info("removed %d leftover(s) of interrupted saves in %s", len(removed), pointer.parent)
+    if trainer.is_global_zero and (removed := clean_up(pointer, keep, restart=True)):
+        log.info("removed %d leftover(s) of interrupted saves in %s", len(removed), pointer.parent)
     barrier(strategy, "lightning_resume.clean")
     choice = choose(trainer, pointer)
     if trainer.is_global_zero:
@@ -100,8 +78,7 @@ def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
                 f"did not verify: {' | '.join(choice.rejected)}. Resuming from {choice.path.name} "
                 f"({_describe(choice.manifest)}) instead, the newest checkpoint that verifies."
             )
-        target = resolve_pointer(pointer)
-        if target is None or target.name != choice.path.name:
+        if (target := resolve_pointer(pointer)) is None or target.name != choice.path.name:
             swap_pointer(pointer, choice.path.name)
         if choice.manifest is not None and choice.manifest.world_size != trainer.world_size:
             # The data and random states follow the rules of RequeueCheckpoint's exact resume (issue 25).

@@ -1,10 +1,6 @@
-"""A sharded save: what each rank wrote, the manifest assembled from it, the commit.
-
-Every rank writes into one fresh ``.lr-save-<pid>-<hex>`` directory, fsyncs and hashes its files and
-records them in ``.lr-part-<rank>.json``; then one process hashes the rest, builds the manifest and
-commits (``_storage.commit``, then retention). The ranks meet in the part files, not in a collective.
-Pure standard library (and ``xxhash``): no torch, no Lightning.
-"""
+"""A sharded save: every rank fsyncs and hashes its files in the save directory and records them in
+``.lr-part-<rank>.json``; one process hashes the rest, builds the manifest and commits. The ranks meet in
+the part files, not in a collective. No torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -19,14 +15,7 @@ from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, fsync_file,
 from lightning_resume._storage.catalog import verify
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import commit, prune
-from lightning_resume._storage.kinds import (
-    DIRECTORY,
-    MANIFEST_NAME,
-    DirectoryKind,
-    Step,
-    resolve_pointer,
-    unobserved,
-)
+from lightning_resume._storage.kinds import MANIFEST_NAME, DirectoryKind, Step, resolve_pointer, unobserved
 from lightning_resume._storage.manifest import DirectoryManifest, FileEntry, check_metadata, checksum_file
 from lightning_resume._storage.store import LocalStore, walk_files
 
@@ -46,22 +35,19 @@ def list_files(directory: Path) -> list[str]:
 
 def dcp_files_of(directory: Path, rank: int) -> list[str]:
     """The files DCP's ``FileSystemWriter`` wrote for ``rank``: ``__<rank>_<n>.distcp``."""
-    prefix = f"__{rank}_"
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if n.startswith(prefix) and n.endswith(".distcp"))
+    return sorted(n for n in names if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
 
 
-def hash_files(directory: Path, names: Iterable[str], fsync: bool = True) -> list[FileEntry]:
-    """Fsync (unless ``fsync=False``) and hash ``names`` under ``directory``."""
+def hash_files(directory: Path, names: Iterable[str]) -> list[FileEntry]:
+    """Fsync and hash ``names`` under ``directory``."""
     entries = []
     for name in sorted(names):
-        if fsync:
-            fsync_file(directory / name)
-        size, checksum = checksum_file(directory / name)
-        entries.append(FileEntry(name, size, checksum))
+        fsync_file(directory / name)
+        entries.append(FileEntry(name, *checksum_file(directory / name)))
     return entries
 
 
@@ -70,11 +56,7 @@ def part_path(directory: Path, rank: int) -> Path:
 
 
 def write_part(directory: Path, rank: int, entries: Sequence[FileEntry], error: str | None = None) -> None:
-    """Record the files ``rank`` wrote and hashed, or why it could not: renamed into place whole.
-
-    Not fsynced: a part only carries checksums to the manifest, which is; after a crash the directory
-    is uncommitted, and thrown away.
-    """
+    """Record the files ``rank`` hashed, or its ``error`` (not fsynced: a crash discards the directory)."""
     path = part_path(directory, rank)
     fd, temporary = temp_sibling(path)
     with os.fdopen(fd, "w") as handle:
@@ -83,8 +65,7 @@ def write_part(directory: Path, rank: int, entries: Sequence[FileEntry], error: 
 
 
 def read_parts(directory: Path, world_size: int) -> dict[str, FileEntry]:
-    """Every rank's recorded files by name; ``FileNotFoundError`` naming the ranks that recorded nothing
-    yet, ``RuntimeError`` when a rank recorded that it failed."""
+    """Every rank's recorded files by name (``FileNotFoundError``, or ``RuntimeError`` for a failed rank)."""
     found: dict[str, FileEntry] = {}
     missing = []
     for rank in range(world_size):
@@ -113,37 +94,29 @@ def parts_complete(directory: Path, world_size: int) -> bool:
 def build_manifest(
     directory: Path, world_size: int, required: Sequence[str] = (), **fields: Any
 ) -> DirectoryManifest:
-    """The manifest of a save directory every rank recorded its part of (``fields``: its other fields).
-
-    Files no rank claimed (``.metadata``, ``meta.pt``...) are fsynced and hashed here, and every folder
-    fsynced. ``FileNotFoundError``: a rank recorded no part, or a ``required`` file is missing.
-    """
+    """The manifest of a save directory, with ``fields``; files no rank claimed are fsynced, hashed here."""
     claimed = read_parts(directory, world_size)
     names = list_files(directory)
-    missing = [n for n in required if n not in names]
-    if missing:
+    if missing := [n for n in required if n not in names]:
         raise FileNotFoundError(f"{str(directory)!r} has no {', '.join(missing)}: the save is incomplete")
     entries = {e.name: e for e in hash_files(directory, [n for n in names if n not in claimed])}
     entries.update({n: claimed[n] for n in names if n in claimed})
     for folder, _, _ in os.walk(directory):
         fsync_dir(folder)
-    metadata = dict(check_metadata(fields.pop("metadata", {}) or {}))
+    fields["metadata"] = dict(check_metadata(fields.get("metadata") or {}))
     files = tuple(entries[n] for n in sorted(entries))
-    return DirectoryManifest(
-        files, world_size=world_size, required=tuple(required), metadata=metadata, **fields
-    )
+    return DirectoryManifest(files, world_size=world_size, required=tuple(required), **fields)
 
 
 def read_manifest(directory: Path) -> DirectoryManifest | None:
     """The manifest of a checkpoint directory (or a link to one), ``None`` when it has no readable one."""
-    return verify(directory, DIRECTORY, checksums=False).manifest
+    return verify(directory, DirectoryKind(), checksums=False).manifest
 
 
 def commit_directory(
     save_dir: Path, pointer: Path, manifest: DirectoryManifest, keep: int, on_step: Step = unobserved
 ) -> Path:
-    """Commit ``save_dir`` as the directory ``pointer`` (``last.ckpt``) names, the part files removed,
-    then prune to ``keep`` (see ``_storage.commit``). On an ``OSError`` the pointer is as it was."""
+    """Commit ``save_dir`` (its part files removed) as what ``pointer`` names, then prune to ``keep``."""
     for part in save_dir.glob(f"{PART_PREFIX}*"):
         part.unlink()
     kind = DirectoryKind(pointer.name)

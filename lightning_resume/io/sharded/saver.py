@@ -1,16 +1,9 @@
-"""``DirectorySaver``: sharded checkpoints written aside and committed atomically, in the background.
+"""``DirectorySaver``: sharded checkpoints written into a fresh directory and committed atomically.
 
-``RequeueCheckpoint`` hands it every save of a strategy that writes a directory (``ModelParallelStrategy``,
-``FSDPStrategy(state_dict_type="sharded")``, DeepSpeed); the plugin's settings apply here instead
-(``io._protocol.settings_of``). Synchronous: every rank calls ``trainer.save_checkpoint(<fresh
-directory>)``, fsyncs and hashes what it wrote; global rank 0 commits. Asynchronous (DCP strategies):
-the state is copied into reused host buffers on the training thread, then a thread of ours runs
+Asynchronous saves (DCP strategies) copy the state into reused host buffers, then a thread of ours runs
 ``dcp.save`` on a gloo group of its own (on the default group its collectives would interleave with
-training's; this is what ``dcp.async_save``'s thread does, without a new executor per save), fsyncs,
-hashes and, on rank 0, commits; ranks report through part files, so no collective of the training
-group runs off the main thread. One save is in flight; its error is raised on every rank by the next
-save, ``wait`` or ``close``.
-"""
+training's), fsyncs, hashes and, on rank 0, commits; ranks report through part files, so no collective
+of the training group runs off the main thread. A failed save is raised on every rank by the next call."""
 
 from __future__ import annotations
 
@@ -18,7 +11,6 @@ import contextlib
 import io
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,30 +31,17 @@ from lightning_resume._warnings import warn
 from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.io.durable_checkpoint_io import manifest_versions
 from lightning_resume.io.settings import CheckpointSettings, settings_of
-from lightning_resume.io.sharded import parts
-from lightning_resume.io.sharded.dcp import (
-    dcp_state,
-    layout_of,
-    model_key,
-    required_files,
-    save_planner,
-    uses_dcp,
-    without_torch_crc32,
-)
+from lightning_resume.io.sharded import dcp, parts
 
 log = logging.getLogger(__name__)
 
-#: How long global rank 0's writer thread waits for the other ranks' part files.
-PART_TIMEOUT = 600.0
+PART_TIMEOUT = 600.0  #: seconds global rank 0's writer thread waits for the other ranks' part files
 _POLL = 0.01
+_Action = Callable[[], None]
 
 
 class DirectorySaver:
-    """Write sharded checkpoints into fresh directories and commit them as ``pointer`` (every rank).
-
-    Global rank 0 calls ``on_commit`` after each commit (maybe from the writer thread) and uploads to
-    ``mirror``; in an asynchronous save it waits ``part_timeout`` seconds for the other ranks' files.
-    """
+    """Write sharded checkpoints into fresh directories and commit them as ``pointer`` (every rank)."""
 
     def __init__(
         self,
@@ -85,43 +64,31 @@ class DirectorySaver:
         self._group: Any = None
         self._stager: Any = None
         self._cleaned = False
-        self._lock = threading.Lock()
+        self._told_sync = False
         self._last_write: WriteStats | None = None
 
     @property
     def last_write(self) -> WriteStats | None:
-        """Global rank 0: how the newest committed save was written (``seconds``: from the hand-off to
-        the writer, or the start of a synchronous save's commit, until the commit), a new object at
-        every commit (``RequeueCheckpoint`` times the save's time to durable from it); ``None`` before
-        the first one and on the other ranks."""
+        """Global rank 0: how the newest committed save was written (a new object at every commit)."""
         return self._last_write
 
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
-        """A saver with the settings of the strategy's checkpoint plugin (defaults without one)."""
         settings = settings_of(trainer.strategy.checkpoint_io)
         return cls(
             pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
         )
 
-    # -- save ------------------------------------------------------------------------------------
-
     def save(self, trainer: pl.Trainer) -> None:
-        """Save the trainer's state as a new checkpoint directory and commit it (every rank).
-
-        Raises:
-            RuntimeError: the previous asynchronous save failed on some rank (``last.ckpt`` still names
-                the checkpoint before it), or this synchronous save failed.
-        """
+        """Save the trainer's state as a new checkpoint directory and commit it (every rank); raise
+        ``RuntimeError`` when this save or the asynchronous one before failed on some rank."""
         error, before = self._finish_pending()
-        strategy = trainer.strategy
-        parent = self.pointer.parent
         if trainer.is_global_zero and not self._cleaned:
             # Leftovers of processes that are gone; a restart cleaned up in setup already.
             parts.clean_up(self.pointer, self.keep)
             self._cleaned = True
-        use_async = self.settings.asynchronous and self._supports_async(strategy)
-        chosen = new_save_dir(parent, create=use_async) if trainer.is_global_zero else None
+        use_async = self.settings.asynchronous and self._supports_async(trainer.strategy)
+        chosen = new_save_dir(self.pointer.parent, create=use_async) if trainer.is_global_zero else None
         # One gather, not two collectives: the save before failed on no rank, and rank 0's directory.
         save_dir = Path(self._agree(trainer, error, before, chosen) or "")
         if use_async:
@@ -130,9 +97,9 @@ class DirectorySaver:
             self._save_now(trainer, save_dir)
 
     def _supports_async(self, strategy: Any) -> bool:
-        if uses_dcp(strategy) and saves_directory(strategy):
+        if dcp.uses_dcp(strategy) and saves_directory(strategy):
             return True
-        if not getattr(self, "_told_sync", False):
+        if not self._told_sync:
             self._told_sync = True
             log.info("%s writes its own checkpoints: saving synchronously", type(strategy).__name__)
         return False
@@ -141,7 +108,7 @@ class DirectorySaver:
         return {
             "global_step": int(trainer.global_step),
             "epoch": int(trainer.current_epoch),
-            "layout": layout_of(trainer.strategy, writer),
+            "layout": dcp.layout_of(trainer.strategy, writer),
             "versions": manifest_versions(),
             "metadata": dict(self.settings.metadata),
         }
@@ -149,7 +116,7 @@ class DirectorySaver:
     def _save_now(self, trainer: pl.Trainer, save_dir: Path) -> None:
         strategy = trainer.strategy
         rank, world = trainer.global_rank, trainer.world_size
-        with without_torch_crc32():  # our manifest checksums every file
+        with dcp.without_torch_crc32():  # our manifest checksums every file
             trainer.save_checkpoint(save_dir, weights_only=False)  # every rank; ends with a barrier
         if not broadcast(strategy, save_dir.is_dir()):
             # An unknown strategy wrote one file: commit it as a file.
@@ -161,28 +128,27 @@ class DirectorySaver:
         error = None
         if trainer.is_global_zero:
             fields = self._fields(trainer, f"{type(strategy).__name__}.save_checkpoint")
-            required = required_files(strategy)
-            started = time.monotonic()
-            error = _attempt(lambda: self._commit(save_dir, world, required, fields, started))
+            required = dcp.required_files(strategy)
+            error = _attempt(partial(self._commit, save_dir, world, required, fields, time.monotonic()))
         self._agree(trainer, error, save_dir)
 
     def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
         strategy = trainer.strategy
         checkpoint = capture_checkpoint(trainer, save_dir)  # every rank; ends with a barrier
-        state = dcp_state(strategy, checkpoint)
+        state = dcp.dcp_state(strategy, checkpoint)
         # Lightning's meta.pt, serialised now: it may hold live tensors.
         meta = _serialised(checkpoint) if trainer.is_global_zero else None
         if self._group is None:
             self._group = cpu_group(strategy)
         staged = self._stage(state)
-        fields = self._fields(trainer, f"dcp.save in a thread ({model_key(strategy)})")
+        fields = self._fields(trainer, f"dcp.save in a thread ({dcp.model_key(strategy)})")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
         self._async_used = True
         self._pending_dir = save_dir
         write = partial(self._write, staged, save_dir)
         commit = partial(
-            self._commit, save_dir, trainer.world_size, required_files(strategy), fields, time.monotonic()
+            self._commit, save_dir, trainer.world_size, dcp.required_files(strategy), fields, time.monotonic()
         )
         self._pending = self._pool.submit(self._finish, write, save_dir, meta, trainer.global_rank, commit)
 
@@ -194,8 +160,7 @@ class DirectorySaver:
             if not isinstance(self._stager, ReusedBufferStager):
                 self._stager = ReusedBufferStager()
             return self._stager.stage(state)
-        # GPU-resident or unusual tensors: DCP's own stager (pinned host memory where CUDA is present),
-        # synchronous: it has copied when it returns.
+        # GPU-resident or unusual tensors: DCP's own stager (pinned where CUDA is), synchronous.
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if not isinstance(self._stager, DefaultStager):
@@ -205,22 +170,15 @@ class DirectorySaver:
 
     def _write(self, staged: dict[str, Any], save_dir: Path) -> None:
         """DCP's save of the staged copy (the writer thread; what ``dcp.async_save``'s thread runs)."""
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import save
 
         try:
-            with without_torch_crc32():
-                dcp.save(staged, checkpoint_id=save_dir, process_group=self._group, planner=save_planner())
+            with dcp.without_torch_crc32():
+                save(staged, checkpoint_id=save_dir, process_group=self._group, planner=dcp.save_planner())
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             raise RuntimeError(f"torch.distributed.checkpoint failed: {type(e).__name__}: {e}") from e
 
-    def _finish(
-        self,
-        write: Callable[[], None],
-        save_dir: Path,
-        meta: bytes | None,
-        rank: int,
-        commit: Callable[[], None],
-    ) -> None:
+    def _finish(self, write: _Action, save_dir: Path, meta: bytes | None, rank: int, commit: _Action) -> None:
         """The writer thread: DCP's files, ``meta.pt``, this rank's part; rank 0 then commits."""
         try:
             write()
@@ -242,8 +200,7 @@ class DirectorySaver:
     def _commit(
         self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any], started: float
     ) -> None:
-        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror
-        (``started``: the hand-off to the writer, for :attr:`last_write`)."""
+        """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror."""
         deadline = time.monotonic() + self.part_timeout
         while not parts.parts_complete(save_dir, world):
             if time.monotonic() > deadline:
@@ -263,36 +220,25 @@ class DirectorySaver:
             self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: committed)
 
     def _agree(
-        self,
-        trainer: pl.Trainer,
-        error: BaseException | None,
-        save_dir: Path | None,
-        new_dir: Path | None = None,
+        self, trainer: pl.Trainer, error: BaseException | None, target: Path | None, new: Path | None = None
     ) -> str | None:
-        """Every rank learns whether any rank failed (one gather, which is also a barrier), and global rank
-        0's ``new_dir``, which it returns; all raise when a rank failed (rank 0 removes both directories)."""
+        """One gather (a barrier): rank 0's ``new`` directory, or raise on every rank when any failed."""
         message = None if error is None else f"rank {trainer.global_rank}: {type(error).__name__}: {error}"
-        chosen = None if new_dir is None else str(new_dir)
+        chosen = None if new is None else str(new)
         gathered = gather_objects(trainer.strategy, (message, chosen))
         problems = [m for m, _ in gathered if m]
         if not problems:
             return gathered[0][1]
         if trainer.is_global_zero:
-            for folder in (save_dir, new_dir):
-                if folder is not None:
-                    shutil.rmtree(folder, ignore_errors=True)
+            for folder in filter(None, (target, new)):
+                shutil.rmtree(folder, ignore_errors=True)
         raise RuntimeError(
-            f"Saving the sharded checkpoint into {str(save_dir)!r} failed ({' | '.join(problems)}). "
+            f"Saving the sharded checkpoint into {str(target)!r} failed ({' | '.join(problems)}). "
             f"{self.pointer.name} still names the previous checkpoint."
         ) from error
 
-    # -- wait and close --------------------------------------------------------------------------
-
     def wait(self, trainer: pl.Trainer) -> None:
-        """Wait for the save in flight; every rank raises if it failed on any rank (every rank calls this).
-
-        When this returns on any rank, global rank 0 has committed the save.
-        """
+        """Wait for the save in flight (every rank): raise if it failed on any rank, else it is committed."""
         if self._async_used:
             self._agree(trainer, *self._finish_pending())
 
@@ -310,9 +256,7 @@ class DirectorySaver:
             self.mirror.wait(mirror.timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
-        """Finish the save in flight and stop the writer thread; ``collective`` (every rank calls this):
-        raise ``RuntimeError`` when it failed on any rank, else (after an exception, other ranks may be
-        gone) wait for this rank only and warn on failure."""
+        """Finish the save in flight and stop; ``collective=False``: this rank only, warning on failure."""
         try:
             if collective:
                 self.wait(trainer)
@@ -348,7 +292,6 @@ def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirroring | None:
 
 
 def _serialised(checkpoint: dict[str, Any]) -> bytes:
-    """``checkpoint`` as ``torch.save`` writes it."""
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     return buffer.getvalue()

@@ -1,8 +1,5 @@
-"""The ranks' side of notices in ``PreemptionHandler``: agree on one act, share the notice acted on.
-
-Only the polling ranks see notices; every rank must act at the same step. All ranks call these
-functions at the same batch, from the training thread (collectives through ``_collectives``).
-"""
+"""The ranks' side of notices: agree on one act and share the notice acted on (only polling ranks see
+notices, but every rank acts at the same step). All ranks call these at the same batch: collectives."""
 
 from __future__ import annotations
 
@@ -23,11 +20,7 @@ def agree(strategy: Strategy, wanted: Act) -> Act:
 
 
 def shared_notice(strategy: Strategy, wanted: Wanted, agreed: Act) -> Notice:
-    """The notice of the first rank that wanted ``agreed`` (a notice's save or stop), on every rank.
-
-    Raises:
-        RuntimeError: no rank gave a notice for ``agreed`` (a bug: the agreement came from one).
-    """
+    """The notice of the first rank that wanted ``agreed`` (a notice's save or stop), on every rank."""
     for act, notice in gather_objects(strategy, wanted):
         if act == agreed and notice is not None:
             return notice

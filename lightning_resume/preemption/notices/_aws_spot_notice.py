@@ -3,49 +3,40 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 from lightning_resume._scheduler.machine import on_aws
 from lightning_resume.preemption.notices._http import fetch
 from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.preemption.notices._notice import Notice, parse_iso_time
 
-#: Seconds a session token lives (IMDSv2 allows up to six hours).
-TOKEN_TTL = 21600
+TOKEN_TTL = 21600  # seconds a session token lives (IMDSv2 allows up to six hours)
 
 
 def parse_instance_action(body: str, received: float) -> Notice:
-    """The notice in ``/latest/meta-data/spot/instance-action``: ``{"action": "terminate", "time": "...Z"}``.
-
-    Raises:
-        ValueError: the answer is not that object.
-    """
+    """The notice in ``spot/instance-action``: ``{"action": "terminate", "time": "...Z"}``, or ValueError."""
     try:
         answer = json.loads(body)
         action, when = answer["action"], answer["time"]
+        if not isinstance(action, str) or not isinstance(when, str):
+            raise TypeError("action and time must be strings")
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"unexpected instance-action answer {body[:200]!r}") from e
-    if not isinstance(action, str) or not isinstance(when, str):
-        raise ValueError(f"unexpected instance-action answer {body[:200]!r}")
     return Notice("aws-spot", action, parse_iso_time(when), detail=body.strip(), received=received)
 
 
 class AwsSpotNotice(MetadataServerNotice):
     """An EC2 spot instance's interruption notice: ``terminate``, ``stop`` or ``hibernate`` two minutes ahead.
 
-    Reads ``/latest/meta-data/spot/instance-action`` from the instance metadata service with an IMDSv2
-    session token (``PUT /latest/api/token``, renewed before it expires); ``404`` means no interruption
-    is scheduled. Applies on EC2 machines (told by their firmware strings), or anywhere when
-    ``endpoint`` is given. AWS recommends polling every 5 seconds.
-
-    In a container on EC2, IMDSv2 needs a hop limit of 2 (``aws ec2 modify-instance-metadata-options
-    --http-put-response-hop-limit 2``); with the default 1 the token request gets no answer and the
-    handler warns once.
+    Reads ``/latest/meta-data/spot/instance-action`` with an IMDSv2 session token (renewed before it
+    expires); ``404`` means no interruption is scheduled. Applies on EC2 machines (their firmware
+    strings), or anywhere when ``endpoint`` is given. In a container, IMDSv2 needs a hop limit of 2
+    (``aws ec2 modify-instance-metadata-options --http-put-response-hop-limit 2``); with the default 1
+    the token request gets no answer and the handler warns once.
 
     Args:
         endpoint: The metadata server's base URL (default ``http://169.254.169.254``), e.g. a local
             server that imitates it in a test.
-        interval: Seconds between two polls.
+        interval: Seconds between two polls (AWS recommends 5).
         timeout: Seconds to wait for one answer.
 
     Raises:
@@ -63,9 +54,7 @@ class AwsSpotNotice(MetadataServerNotice):
         super().__init__(endpoint, interval=interval, timeout=timeout)
         self._token: tuple[str, float] | None = None  # the token and when to renew it
 
-    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """An EC2 machine (its firmware strings)."""
-        return on_aws(machine)
+    _on_this_cloud = staticmethod(on_aws)
 
     def _poll(self, now: float) -> Notice | None:
         status, body = fetch(

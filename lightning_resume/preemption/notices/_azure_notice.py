@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lightning_resume._scheduler.machine import on_azure
@@ -13,8 +12,7 @@ from lightning_resume.preemption.notices._notice import Notice, parse_http_time
 
 EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
-#: The event types that stop the machine.
-STOPPING_EVENTS = ("Preempt", "Terminate")
+STOPPING_EVENTS = ("Preempt", "Terminate")  # the event types that stop the machine
 
 
 @dataclass(frozen=True)
@@ -27,14 +25,8 @@ class ScheduledStop:
 
 
 def parse_scheduled_events(body: str, vm_name: str) -> list[ScheduledStop]:
-    """The ``Preempt`` and ``Terminate`` events of ``vm_name`` in a Scheduled Events answer.
-
-    Events of other machines of the same availability set or scale set are listed too; they are
-    left out. Names compare without case, as Azure's do.
-
-    Raises:
-        ValueError: the answer is not a Scheduled Events document.
-    """
+    """The ``Preempt`` and ``Terminate`` events of ``vm_name`` (without case, as Azure's names compare) in a
+    Scheduled Events answer, which lists other machines of the set too; ValueError for another document."""
     try:
         events = json.loads(body)["Events"]
         if not isinstance(events, list):
@@ -55,13 +47,12 @@ def parse_scheduled_events(body: str, vm_name: str) -> list[ScheduledStop]:
 class AzureNotice(MetadataServerNotice):
     """An Azure machine's ``Preempt`` (spot eviction, 30 seconds or more ahead) or ``Terminate`` event.
 
-    Reads Scheduled Events (``/metadata/scheduledevents?api-version=2020-07-01``, header
-    ``Metadata: true``) and keeps the events whose ``Resources`` name this machine (its name is read
-    once from ``/metadata/instance/compute/name``). The deadline is the event's ``NotBefore``; an
-    event already started has none, and counts as due when first seen. Applies on Azure machines
-    (their fixed chassis asset tag), or anywhere when ``endpoint`` is given. The first request to
-    Scheduled Events can take a while on a new machine (Azure turns the service on then): the
-    handler warns once if it times out, and the next polls go on.
+    Reads Scheduled Events (``/metadata/scheduledevents``, header ``Metadata: true``) and keeps the events
+    whose ``Resources`` name this machine (``/metadata/instance/compute/name``, read once). The deadline
+    is the event's ``NotBefore``; an event already started has none and is due when first seen. Applies
+    on Azure machines (their chassis asset tag), or anywhere when ``endpoint`` is given. The first
+    request can take a while on a new machine (Azure turns the service on then): the handler warns once
+    if it times out, and polling goes on.
 
     Args:
         endpoint: The metadata server's base URL (default ``http://169.254.169.254``).
@@ -84,25 +75,21 @@ class AzureNotice(MetadataServerNotice):
         self._vm_name: str | None = None
         self._first_seen: dict[str, float] = {}  # by event id: when a started event was first seen
 
-    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """An Azure machine (its chassis asset tag)."""
-        return on_azure(machine)
+    _on_this_cloud = staticmethod(on_azure)
 
     def _poll(self, now: float) -> Notice | None:
         stops = parse_scheduled_events(self._get(EVENTS_PATH), self._machine_name())
         if not stops:
             return None
-        deadlines = [
-            (
-                stop.not_before
-                if stop.not_before is not None
-                else self._first_seen.setdefault(stop.event_id, now),
-                stop,
-            )
-            for stop in stops
-        ]
-        deadline, first = min(deadlines, key=lambda pair: pair[0])
-        return Notice(self.name, first.event_type, deadline, detail=f"event {first.event_id}", received=now)
+
+        def deadline(stop: ScheduledStop) -> float:  # a started event is due when first seen
+            if stop.not_before is not None:
+                return stop.not_before
+            return self._first_seen.setdefault(stop.event_id, now)
+
+        first = min(stops, key=deadline)
+        when = deadline(first)
+        return Notice(self.name, first.event_type, when, detail=f"event {first.event_id}", received=now)
 
     def _machine_name(self) -> str:
         if self._vm_name is None:

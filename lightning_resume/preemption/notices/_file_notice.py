@@ -10,8 +10,7 @@ from lightning_resume.preemption.notices._notice import Notice, parse_deadline
 from lightning_resume.preemption.notices._notice_source import NoticeSource
 from lightning_resume.run_dir.resolve import process_start_time
 
-#: Bytes of the file read for its deadline.
-MAX_BYTES = 4096
+MAX_BYTES = 4096  # bytes of the file read for its deadline
 
 
 class FileNotice(NoticeSource):
@@ -20,13 +19,10 @@ class FileNotice(NoticeSource):
     The file's appearance is the notice. It may hold the deadline, as seconds since the epoch
     (``date -d '+25 seconds' +%s > FILE``) or an ISO 8601 time (``2026-05-01T12:00:00Z``); empty, the
     notice has no deadline (the handler saves and trains on until the signal). A file older than this
-    process (left by an earlier attempt) is ignored with one warning, so that a restart does not stop
-    at once: delete it between attempts. A file written after the process started counts, also one
-    written while it was still importing, before this source existed. Node-local: the first process
-    of each node polls it.
-
-    In a Kubernetes pod, a ``preStop`` hook that writes the file and then sleeps gives the job the
-    hook's time before the SIGTERM::
+    process (left by an earlier attempt) is ignored with one warning: delete it between attempts. One
+    written since the process started counts, even before this source existed. Node-local: the first
+    process of each node polls it. In a Kubernetes pod, a ``preStop`` hook that writes the file and
+    then sleeps gives the job the hook's time before the SIGTERM::
 
         lifecycle:
           preStop:
@@ -56,8 +52,7 @@ class FileNotice(NoticeSource):
         if path is not None and not str(path).strip():
             raise ValueError(f"path must be a file path or None, got {path!r}.")
         self.path = Path(path) if path is not None else None
-        # A file older than this process is left from an earlier attempt; one written since, while the
-        # job was still importing (a preStop hook at the start of an attempt), is this attempt's notice.
+        # Not construction time: a preStop hook may write the file while the job is still importing.
         self._since = process_start_time()
 
     @property

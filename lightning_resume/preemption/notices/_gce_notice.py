@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from lightning_resume._scheduler.machine import on_gce
 from lightning_resume.preemption.notices._http import fetch
 from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.preemption.notices._notice import Notice
 
-#: From the preemption (or spot stop) notice to the forced stop.
-PREEMPTION_SECONDS = 30.0
-#: From a terminating host-maintenance notice to the stop.
-MAINTENANCE_SECONDS = 60.0
+PREEMPTION_SECONDS = 30.0  # from the preemption (or spot stop) notice to the forced stop
+MAINTENANCE_SECONDS = 60.0  # from a terminating host-maintenance notice to the stop
 
 
 def parse_preempted(body: str) -> bool:
-    """``instance/preempted``: ``TRUE`` or ``FALSE``.
-
-    Raises:
-        ValueError: anything else.
-    """
+    """``instance/preempted``: ``TRUE`` or ``FALSE``; ValueError for anything else."""
     value = body.strip().upper()
     if value not in ("TRUE", "FALSE"):
         raise ValueError(f"unexpected instance/preempted answer {body[:200]!r}")
@@ -30,11 +23,7 @@ def parse_preempted(body: str) -> bool:
 
 def parse_maintenance_event(body: str) -> str | None:
     """``instance/maintenance-event``: the event if it stops the machine (``TERMINATE_ON_HOST_MAINTENANCE``),
-    else ``None`` (``NONE``, or a live migration).
-
-    Raises:
-        ValueError: not an event name.
-    """
+    else ``None`` (``NONE``, or a live migration); ValueError for no event name."""
     value = body.strip()
     if not re.fullmatch(r"[A-Z_]+", value):
         raise ValueError(f"unexpected instance/maintenance-event answer {body[:200]!r}")
@@ -44,12 +33,10 @@ def parse_maintenance_event(body: str) -> str | None:
 class GceNotice(MetadataServerNotice):
     """A Compute Engine machine's preemption (spot or preemptible) or terminating host maintenance.
 
-    Reads ``instance/preempted`` (``TRUE`` once the machine is being preempted: about 30 seconds
-    before it stops) and ``instance/maintenance-event`` (``TERMINATE_ON_HOST_MAINTENANCE`` about 60
-    seconds before a maintenance stop; ``MIGRATE_ON_HOST_MAINTENANCE`` is a live migration and no
-    notice) with the header ``Metadata-Flavor: Google``. The deadline counts from when the notice
-    was first seen. Applies on Compute Engine machines (firmware strings), or anywhere when
-    ``endpoint`` is given.
+    Reads ``instance/preempted`` (``TRUE`` about 30 seconds before a preemption stop) and
+    ``instance/maintenance-event`` (``TERMINATE_ON_HOST_MAINTENANCE`` about 60 seconds before a
+    maintenance stop; a live migration is no notice). The deadline counts from when the notice was
+    first seen. Applies on Compute Engine machines (firmware strings), or anywhere with ``endpoint``.
 
     Args:
         endpoint: The metadata server's base URL (default ``http://169.254.169.254``, the address of
@@ -72,9 +59,7 @@ class GceNotice(MetadataServerNotice):
         super().__init__(endpoint, interval=interval, timeout=timeout)
         self._first_seen: dict[str, float] = {}  # the deadline counts from the first sighting
 
-    def _on_this_cloud(self, machine: Mapping[str, str]) -> bool:
-        """A Compute Engine machine (its firmware strings)."""
-        return on_gce(machine)
+    _on_this_cloud = staticmethod(on_gce)
 
     def _poll(self, now: float) -> Notice | None:
         if parse_preempted(self._get("preempted")):

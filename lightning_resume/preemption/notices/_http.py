@@ -6,21 +6,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
-#: More than any metadata answer a notice source reads; a server that sends more is cut off here.
+#: More than any metadata answer a source reads; the rest is cut off.
 MAX_BYTES = 1 << 16
 
 
 def fetch(
     url: str, *, timeout: float, method: str = "GET", headers: Mapping[str, str] | None = None
 ) -> tuple[int, str]:
-    """``(HTTP status, body)`` of one request; an error status is returned, not raised.
-
-    Metadata servers are link-local: a ``http_proxy`` set for the job must not be used for them.
-
-    Raises:
-        OSError: no answer (connection refused, time-out, DNS failure): ``urllib.error.URLError``,
-            ``TimeoutError``.
-    """
+    """``(HTTP status, body)`` of one request, never through a ``http_proxy`` (metadata servers are
+    link-local); an error status is returned, no answer raises ``OSError``."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
     try:
@@ -32,20 +26,12 @@ def fetch(
 
 
 def endpoint_url(endpoint: str | None) -> str | None:
-    """A source's ``endpoint`` argument: a base URL without its trailing slash, or ``None``.
-
-    Raises:
-        TypeError: not a string.
-        ValueError: an empty string.
-    """
+    """A source's ``endpoint`` argument without its trailing slash; TypeError or ValueError if not a URL."""
     if endpoint is None:
         return None
+    message = f"endpoint must be a base URL such as 'http://127.0.0.1:8080', or None; got {endpoint!r}."
     if not isinstance(endpoint, str):
-        raise TypeError(
-            f"endpoint must be a base URL such as 'http://127.0.0.1:8080', or None; got {endpoint!r}."
-        )
+        raise TypeError(message)
     if not endpoint.strip():
-        raise ValueError(
-            f"endpoint must be a base URL such as 'http://127.0.0.1:8080', or None; got {endpoint!r}."
-        )
+        raise ValueError(message)
     return endpoint.strip().rstrip("/")

@@ -9,17 +9,13 @@ from lightning_resume._scheduler.machine import read_machine
 from lightning_resume.preemption.notices._http import endpoint_url
 from lightning_resume.preemption.notices._notice_source import NoticeSource
 
-#: Where EC2, Compute Engine and Azure serve instance metadata (Compute Engine's
-#: ``metadata.google.internal``, by address: no DNS lookup to fail).
+#: Where EC2, Compute Engine and Azure serve metadata (``metadata.google.internal`` by address: no DNS).
 LINK_LOCAL_ENDPOINT = "http://169.254.169.254"
 
 
 class MetadataServerNotice(NoticeSource):
-    """A notice a cloud machine reads from its instance metadata server.
-
-    Applies on that cloud's machines (told by :meth:`_on_this_cloud` from the firmware strings,
-    without a network call), or anywhere when ``endpoint`` points at another server.
-    """
+    """A notice read from a cloud's instance metadata server: applies on that cloud's machines (told by
+    :meth:`_on_this_cloud` from the firmware strings), or anywhere when ``endpoint`` points at a server."""
 
     #: The metadata server polled when no ``endpoint`` is given.
     default_endpoint: ClassVar[str] = LINK_LOCAL_ENDPOINT

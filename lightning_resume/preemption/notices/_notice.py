@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-#: The kind of a notice that is a known end (a job's time limit) rather than a warning.
+#: The kind of a notice that is a known end (a job's time limit), not a warning.
 TIME_LIMIT = "time-limit"
 
 
@@ -56,11 +56,7 @@ def format_time(seconds: float) -> str:
 
 
 def parse_iso_time(text: str) -> float:
-    """Seconds since the epoch of an ISO 8601 time such as ``2026-05-01T12:00:00Z`` (no zone: UTC).
-
-    Raises:
-        ValueError: ``text`` is not such a time.
-    """
+    """Seconds since the epoch of an ISO 8601 time such as ``2026-05-01T12:00:00Z`` (no zone: UTC)."""
     value = text.strip()
     if value.endswith(("Z", "z")):
         value = value[:-1] + "+00:00"  # Python < 3.11 does not read "Z"
@@ -71,11 +67,7 @@ def parse_iso_time(text: str) -> float:
 
 
 def parse_http_time(text: str) -> float:
-    """Seconds since the epoch of an RFC 1123 time such as ``Mon, 19 Sep 2016 18:29:47 GMT`` (Azure).
-
-    Raises:
-        ValueError: ``text`` is not such a time.
-    """
+    """Seconds since the epoch of an RFC 1123 time such as ``Mon, 19 Sep 2016 18:29:47 GMT`` (Azure)."""
     try:
         stamp = parsedate_to_datetime(text.strip())
     except (TypeError, IndexError) as e:  # what older Pythons raise for text that is no date
@@ -86,22 +78,12 @@ def parse_http_time(text: str) -> float:
 
 
 def parse_local_time(text: str) -> float:
-    """Seconds since the epoch of ``2026-05-01T12:00:00`` in the local time zone (how ``scontrol`` prints).
-
-    Raises:
-        ValueError: ``text`` is not such a time.
-    """
+    """Seconds since the epoch of ``2026-05-01T12:00:00`` in the local time zone (how ``scontrol`` prints)."""
     return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
 
 
 def parse_deadline(text: str) -> float | None:
-    """A deadline written into a notice file: seconds since the epoch, or an ISO 8601 time.
-
-    Returns ``None`` for an empty text (a notice without a deadline).
-
-    Raises:
-        ValueError: the text is neither.
-    """
+    """A notice file's deadline: seconds since the epoch, an ISO 8601 time, or ``None`` for an empty text."""
     value = text.strip()
     if not value:
         return None

@@ -14,15 +14,12 @@ from lightning_resume.preemption.notices._notice import Notice
 class NoticeSource:
     """Something that warns before a preemption: a cloud's metadata server, the scheduler, a file.
 
-    :class:`~lightning_resume.PreemptionHandler` polls every source that :meth:`applies` from a
-    thread of its own, every :attr:`interval` seconds, and acts on the notices (see
-    ``PreemptionHandler(on_notice=...)``). :meth:`poll` never raises: an error (no answer within
-    :attr:`timeout`, a refused connection, an error status, an answer it cannot read) is kept in
-    :attr:`last_error` and the poll returns ``None``; the handler warns once per source.
-
-    A source of your own subclasses this class, sets :attr:`name` (and :attr:`scope` for a job-wide
-    source), and implements ``_poll(now)``, which may raise; ``applies()`` is ``True`` unless
-    overridden.
+    :class:`~lightning_resume.PreemptionHandler` polls every source that :meth:`applies` from a thread of
+    its own, every :attr:`interval` seconds. :meth:`poll` never raises: an error (no answer within
+    :attr:`timeout`, a refused connection, an error status, an unreadable answer) is kept in
+    :attr:`last_error` and the poll returns ``None``; the handler warns once per source. A source of your
+    own sets :attr:`name` (and :attr:`scope` for a job-wide source) and implements ``_poll(now)``, which
+    may raise; ``applies()`` is ``True`` unless overridden.
 
     Args:
         interval: Seconds between two polls.
@@ -42,7 +39,7 @@ class NoticeSource:
                 return Notice(self.name, "terminate", deadline=answer.time) if answer else None
     """
 
-    #: The source's name in notices and log lines.
+    #: The name in notices and log lines.
     name: ClassVar[str] = "notice"
     #: ``"node"``: a notice about this machine, polled by the first process of each node;
     #: ``"job"``: about the whole job, polled by global rank 0 only.

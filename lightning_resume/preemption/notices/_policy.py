@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from lightning_resume.preemption.notices._notice import Notice
 
-#: What ``PreemptionHandler(on_notice=...)`` accepts.
-ON_NOTICE = ("save_and_continue", "stop")
+ON_NOTICE = ("save_and_continue", "stop")  # what PreemptionHandler(on_notice=...) accepts
 #: Seconds from the start of a save until it is durable, assumed before any save was measured.
 DEFAULT_SECONDS_TO_DURABLE = 30.0
 
@@ -32,8 +31,8 @@ def stop_time(deadline: float, seconds_to_durable: float, margin: float) -> floa
 
 
 def expected_seconds_to_durable(*measured: float | None, recorded: float | None = None) -> float:
-    """The longest time to durable measured in this attempt; before any, the one ``recorded`` in the
-    run's attempt history (an earlier attempt's saves of ``last.ckpt``), else the default."""
+    """The longest time to durable measured in this attempt, else the one ``recorded`` in the run's attempt
+    history, else the default."""
     known = [seconds for seconds in measured if seconds is not None]
     if known:
         return max(known)
@@ -50,23 +49,10 @@ def decide(
     on_notice: str,
     saved: bool,
 ) -> tuple[Act, Notice | None]:
-    """What the notices ask for at a check at wall-clock time ``now``, and the notice that asks.
-
-    Args:
-        notices: The notices given so far.
-        now: ``time.time()`` at this check.
-        seconds_to_durable: Expected seconds from the start of a save until it is durable.
-        margin: Seconds kept free before a deadline.
-        period: Seconds until the next check (the time between recent checks).
-        on_notice: ``"save_and_continue"`` or ``"stop"``.
-        saved: A save for a notice was already made.
-
-    Returns:
-        ``STOP`` when waiting for the next check would start the last save too late for a deadline,
-        or for a warning when ``on_notice`` is ``"stop"`` or its deadline leaves no room for a save
-        now and one more later; ``SAVE`` for a warning not yet saved for; ``NONE`` otherwise. A time
-        limit (a known end, not a warning) asks for nothing until its stop time.
-    """
+    """What the notices ask for at a check at ``now``, and the notice that asks: ``STOP`` when waiting
+    ``period`` (to the next check) would start the last save too late for a deadline, or for a warning when
+    ``on_notice`` is ``"stop"`` or there is no room for a save now and one more later; ``SAVE`` for a
+    warning not yet ``saved`` for; else ``NONE`` (a time limit asks for nothing until its stop time)."""
     warning: Notice | None = None
     for notice in sorted(notices, key=lambda n: n.deadline if n.deadline is not None else math.inf):
         if notice.deadline is not None and now + period >= stop_time(

@@ -14,18 +14,14 @@ from lightning_resume.preemption.notices._notice_source import NoticeSource
 
 log = logging.getLogger(__name__)
 
-#: Failed polls in a row before the warning: one lost answer is no reason to alarm anyone.
+#: Failed polls in a row before the warning: one lost answer is no reason for alarm.
 FAILURES_TO_WARN = 3
 
 
 class NoticePoller:
-    """Polls each source every ``source.interval`` seconds, off the training thread.
-
-    Keeps the newest notice of each source, with the time it was first seen. A notice, once given,
-    stands (a later empty answer does not take it back) unless its source is not
-    :attr:`~NoticeSource.standing`; a failed poll never takes one back. A source whose polls fail
-    :data:`FAILURES_TO_WARN` times in a row is warned about, once; training never waits for a poll.
-    """
+    """Polls each source every ``source.interval`` s on a daemon thread, keeping its newest notice (with
+    when it was first seen). An empty answer takes a notice back only from a source that is not
+    :attr:`~NoticeSource.standing`; :data:`FAILURES_TO_WARN` failed polls in a row are warned about once."""
 
     def __init__(self, sources: Sequence[NoticeSource]) -> None:
         self.sources = list(sources)

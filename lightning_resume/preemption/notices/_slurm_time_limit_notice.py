@@ -18,28 +18,17 @@ log = logging.getLogger(__name__)
 
 #: Seconds an empty accounting record is read again, before the job counts as without ``--signal``.
 SIGNAL_READ_SECONDS = 60.0
-#: Seconds between polls until the job's ``--signal`` is known.
-UNSETTLED_POLL_SECONDS = 5.0
+UNSETTLED_POLL_SECONDS = 5.0  # between polls until the job's --signal is known
 
 
 def parse_end_time_variable(value: str) -> float | None:
-    """``$SLURM_JOB_END_TIME`` (seconds since the epoch; SLURM 23.02 and later set it).
-
-    ``None`` for ``0`` or less (no end time).
-
-    Raises:
-        ValueError: not a whole number.
-    """
+    """``$SLURM_JOB_END_TIME`` (SLURM >= 23.02): seconds since the epoch, ``None`` for 0 or less (no end)."""
     seconds = int(value.strip())
     return float(seconds) if seconds > 0 else None
 
 
 def parse_scontrol_end_time(text: str) -> float | None:
-    """``EndTime=`` in ``scontrol show job`` output (local time); ``None`` when unlimited (``Unknown``).
-
-    Raises:
-        ValueError: no ``EndTime`` field, or a value that is not a time.
-    """
+    """``EndTime=`` in ``scontrol show job`` output (local time); ``None`` when unlimited (``Unknown``)."""
     found = re.search(r"(?:^|\s)EndTime=(\S+)", text)
     if found is None:
         raise ValueError(f"no EndTime in scontrol's answer {text[:200]!r}")
@@ -50,18 +39,15 @@ def parse_scontrol_end_time(text: str) -> float | None:
 class SlurmTimeLimitNotice(NoticeSource):
     """The SLURM job's time limit, as a notice whose deadline is the job's end time.
 
-    The end time comes from ``$SLURM_JOB_END_TIME`` where SLURM sets it (23.02 and later), else from
-    ``scontrol show job $SLURM_JOB_ID`` (``EndTime=``), read again every ``interval`` seconds (the
-    limit can be changed while the job runs). A job without a time limit gets no notice.
-    :class:`~lightning_resume.PreemptionHandler` does not save when it first sees this notice: it
-    stops when the end time less the measured time to a durable checkpoint, a margin and one step
-    comes, saves ``last.ckpt``, requeues the job (``scontrol requeue``) and exits, before SLURM
-    kills the job at its limit. Applies in a SLURM job (``$SLURM_JOB_ID`` set); job-wide, so only
-    global rank 0 polls it. A job submitted with ``--signal`` (SLURM's own warning before the time
-    limit, as submitit's jobs are) gets no notice: that signal is its warning, as before. Until the
-    job's accounting record tells whether it has one (seconds after it starts; up to
-    :data:`SIGNAL_READ_SECONDS` on a busy ``slurmdbd``), the time limit counts: the notice is taken
-    back if a ``--signal`` shows up, and when the limit is removed.
+    The end time comes from ``$SLURM_JOB_END_TIME`` (SLURM 23.02 and later), else from ``scontrol show
+    job`` (``EndTime=``), read every ``interval`` seconds (the limit can change while the job runs).
+    :class:`~lightning_resume.PreemptionHandler` saves nothing when it first sees this notice: when the
+    end time less the measured time to durable, a margin and one step comes, it saves ``last.ckpt``,
+    requeues the job and exits, before SLURM kills it at its limit. Applies in a SLURM job; job-wide
+    (global rank 0 polls it). A job without a time limit, or submitted with ``--signal`` (SLURM's own
+    warning, as submitit's jobs are), gets no notice. Until the accounting record tells whether there is
+    a ``--signal`` (up to :data:`SIGNAL_READ_SECONDS` on a busy ``slurmdbd``), the limit counts: the
+    notice is taken back if one shows up, and when the limit is removed.
 
     Args:
         interval: Seconds between two reads of the end time.
@@ -90,11 +76,8 @@ class SlurmTimeLimitNotice(NoticeSource):
         return bool(os.environ.get(ENV["slurm_job"]))
 
     def end_time(self, environ: Mapping[str, str] | None = None) -> float | None:
-        """The job's end time (seconds since the epoch), ``None`` without a time limit or outside SLURM.
-
-        Raises:
-            ValueError: the end time cannot be read (``scontrol`` missing or failing, an unreadable answer).
-        """
+        """The job's end time (seconds since the epoch), ``None`` without a time limit or outside SLURM;
+        ValueError when ``scontrol`` is missing or fails, or its answer is unreadable."""
         env = os.environ if environ is None else environ
         variable = env.get(ENV["slurm_end_time"], "").strip()
         if variable:
@@ -113,11 +96,8 @@ class SlurmTimeLimitNotice(NoticeSource):
         return self._signal is not False
 
     def warning_signal(self) -> SlurmSignal | None:
-        """The job's ``--signal`` (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the batch script).
-
-        Read until it is settled: the accounting record of a job that just started can still be
-        empty, and is read again (for up to :data:`SIGNAL_READ_SECONDS`).
-        """
+        """The job's ``--signal`` (``sacct``'s submit line, ``$SBATCH_SIGNAL``, the batch script), read again
+        while a new job's accounting record is still empty (up to :data:`SIGNAL_READ_SECONDS`)."""
         if self._signal is not False:
             return self._signal if isinstance(self._signal, SlurmSignal) else None
         job = os.environ.get(ENV["slurm_job"], "").strip()
@@ -133,16 +113,13 @@ class SlurmTimeLimitNotice(NoticeSource):
         if found is not None or recorded or time.monotonic() - self._first_read > SIGNAL_READ_SECONDS:
             self._signal = found
             if found is not None:
+                name = found.name.removeprefix("SIG")
                 log.info(
-                    "job %s warns itself with --signal=%s@%g: no time-limit notice",
-                    job,
-                    found.name.removeprefix("SIG"),
-                    found.lead,
+                    "job %s warns itself with --signal=%s@%g: no time-limit notice", job, name, found.lead
                 )
         return found
 
-    def _next_poll_in(self) -> float:
-        # Until the job's --signal is known, soon again: the accounting record comes within seconds.
+    def _next_poll_in(self) -> float:  # soon while the --signal is unknown: the record comes within seconds
         return min(self.interval, UNSETTLED_POLL_SECONDS) if self._signal is False else self.interval
 
     def _poll(self, now: float) -> Notice | None:

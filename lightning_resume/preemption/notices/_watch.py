@@ -1,9 +1,5 @@
-"""``NoticeWatch``: the notice side of ``PreemptionHandler``, kept apart from the callback.
-
-Which sources this process polls (by scope and rank), what the notices ask for at each check, and
-what was done about them (for the log line and the stop report). No Lightning and no collectives
-here: the callback agrees with the other ranks on what :meth:`NoticeWatch.wanted` returns.
-"""
+"""``NoticeWatch``: the notice side of ``PreemptionHandler``: which sources this process polls, what they
+ask for at each check, what was done about them. No Lightning, no collectives (the callback agrees)."""
 
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ from lightning_resume.run_dir.binding import PROCESS
 
 log = logging.getLogger(__name__)
 
-#: How many recent intervals between checks the expected next one is taken from (their maximum).
+#: The recent intervals between checks whose maximum is the expected next one.
 PERIOD_WINDOW = 8
 
 
@@ -46,12 +42,7 @@ def auto_sources() -> list[NoticeSource]:
 
 
 def resolve_sources(notices: Any) -> list[NoticeSource]:
-    """``PreemptionHandler(notices=...)`` as a list of sources.
-
-    Raises:
-        ValueError: a string other than ``"auto"``.
-        TypeError: anything but ``"auto"``, ``None``, a source or a sequence of sources.
-    """
+    """``PreemptionHandler(notices=...)`` (``"auto"``, ``None``, a source or a sequence of them) as a list."""
     if isinstance(notices, str):
         if notices != "auto":
             raise ValueError(
@@ -75,24 +66,14 @@ def resolve_sources(notices: Any) -> list[NoticeSource]:
 
 @dataclass
 class NoticeRecord:
-    """What was done about the notice acted on.
-
-    Attributes:
-        notice: The notice.
-        decided: ``time.time()`` when the ranks agreed to act on it.
-        saved_step: The step of the save made for it while training went on (``None``: none).
-        notice_to_durable: Seconds from the notice (for a time limit: from the decision to stop) until
-            its first save was durable.
-        durable: ``time.time()`` when that save was durable.
-        last_durable: ``time.time()`` when the newest save after the notice was durable.
-    """
+    """What was done about the notice acted on (times are ``time.time()``)."""
 
     notice: Notice
-    decided: float
-    saved_step: int | None = None
-    notice_to_durable: float | None = None
-    durable: float | None = None
-    last_durable: float | None = None
+    decided: float  # when the ranks agreed to act on it
+    saved_step: int | None = None  # the step of its save while training went on
+    notice_to_durable: float | None = None  # seconds from the notice (time limit: decision) to durable
+    durable: float | None = None  # when that save was durable
+    last_durable: float | None = None  # when the newest save after the notice was durable
 
     def steps_gained(self, final_step: int | None) -> int:
         """Steps trained after the notice's save and kept by the final one (0 when it stopped at once)."""
@@ -124,17 +105,8 @@ class NoticeRecord:
 
 
 class NoticeWatch:
-    """The notices of one ``PreemptionHandler``: sources, poller, decisions and their record.
-
-    Args:
-        notices: ``"auto"``, ``None`` or sources (see ``PreemptionHandler``).
-        on_notice: ``"save_and_continue"`` or ``"stop"``.
-        margin: Seconds kept free before a deadline.
-
-    Raises:
-        ValueError: an unknown ``on_notice`` or ``notices`` string, a non-positive ``margin``.
-        TypeError: ``notices`` or ``margin`` of the wrong type.
-    """
+    """The notices of one ``PreemptionHandler``: sources, poller, decisions and their record; the arguments
+    are the handler's ``notices``, ``on_notice`` and ``notice_margin``, checked as it documents."""
 
     def __init__(self, notices: Any, on_notice: str, margin: float) -> None:
         if on_notice not in ON_NOTICE:
@@ -153,20 +125,13 @@ class NoticeWatch:
         self._periods: collections.deque[float] = collections.deque(maxlen=PERIOD_WINDOW)
 
     def start(self, local_rank: int, global_rank: int) -> list[NoticeSource]:
-        """Start polling the sources this process polls; return them.
-
-        Node-wide sources are polled by local rank 0 of each node, job-wide ones by global rank 0,
-        and each only where it applies (no network call to tell).
-        """
+        """Start polling the sources this process polls (node-wide ones on local rank 0, job-wide ones on
+        global rank 0, each where it applies); return them."""
         self.stop()
         self.record, self.measured, self._last_check = None, None, None  # a new fit
         self.recorded = recorded_to_durable(PROCESS.current.path) if PROCESS.current is not None else None
         self._periods.clear()
-        mine = [
-            source
-            for source in self.sources
-            if (source.scope == "job" and global_rank == 0) or (source.scope != "job" and local_rank == 0)
-        ]
+        mine = [s for s in self.sources if (global_rank if s.scope == "job" else local_rank) == 0]
         polled = [source for source in mine if _applies(source)]
         for source in mine:
             if source not in polled and not self.auto:
@@ -230,15 +195,13 @@ class NoticeWatch:
                 f"about {format_time(stop)} (the deadline less {seconds:.1f} s to durable and the "
                 f"{self.margin:g} s margin) or a preemption signal"
             )
+        before = ""
+        if notice.deadline is not None and record.durable is not None:
+            before = f" and {notice.deadline - record.durable:.1f} s before the deadline"
         return (
             f"Preemption notice from {notice.describe()}: last.ckpt durable at step {record.saved_step}, "
-            f"{record.notice_to_durable or 0.0:.3f} s after the notice"
-            + (
-                f" and {notice.deadline - record.durable:.1f} s before the deadline"
-                if notice.deadline is not None and record.durable is not None
-                else ""
-            )
-            + f"; training goes on until {until}"
+            f"{record.notice_to_durable or 0.0:.3f} s after the notice{before}; "
+            f"training goes on until {until}"
         )
 
     def _tick(self) -> None:

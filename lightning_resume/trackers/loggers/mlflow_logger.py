@@ -18,17 +18,12 @@ from lightning_resume.trackers.sidecar import Recorded, check_recorded
 log = logging.getLogger(__name__)
 
 TRACKER = "mlflow"
-#: Where an MLflow run lives: a run id means something only in one tracking store, and the
-#: experiment is where the user looks for it.
+#: Where an MLflow run lives (a run id means something only in one tracking store).
 PLACE_FIELDS = ("tracking_uri", "experiment_name")
 
 
 def normalize_uri(uri: str | None) -> str | None:
-    """One spelling per local store: ``./mlruns``, ``file:./mlruns`` and ``file:///abs/mlruns`` alike.
-
-    Local file stores become ``file:/abs/path``, SQLite files ``sqlite:////abs/path``;
-    other URIs (servers, databases) are kept as they are.
-    """
+    """One spelling per local store (``file:/abs/path``, ``sqlite:////abs/path``); other URIs as they are."""
     if not uri:
         return uri
     if uri.startswith("sqlite:///"):
@@ -45,27 +40,20 @@ class MLFlowLogger(_LightningMLFlowLogger):
     """Lightning's ``MLFlowLogger``; after a restart it continues the MLflow run of the first attempt.
 
     Takes the arguments of :class:`lightning.pytorch.loggers.MLFlowLogger`. On a restart of a
-    :class:`~lightning_resume.RunDir` whose :class:`~lightning_resume.MLflowResume` recorded a run, the
-    logger continues that run (no new run is created), provided its tracking store and experiment
-    name are the recorded ones; otherwise it warns and creates a new run where it is configured to.
-    An explicit ``run_id`` wins. The continued run is set back to ``RUNNING``.
+    :class:`~lightning_resume.RunDir` whose :class:`~lightning_resume.MLflowResume` recorded a run, it
+    continues that run (set back to ``RUNNING``) when its tracking store and experiment name are the
+    recorded ones; otherwise it warns and creates a new run. An explicit ``run_id`` wins.
 
-    Lightning's logger creates its run when ``fit`` starts, before any callback hook, and reads no run
-    id from the environment: the logger itself has to consult the run dir, which is why
-    ``MLflowResume`` needs this class.
-
-    MLflow cannot delete logged points: after a kill without warning (``SIGKILL``), the steps between
-    the last checkpoint and the kill appear twice in a metric's history (the earlier timestamps are
-    the killed attempt's); after a preemption signal, nothing is logged twice.
+    MLflow cannot delete logged points: after a ``SIGKILL``, the steps between the last checkpoint and
+    the kill appear twice in a metric's history; after a preemption signal, nothing does.
 
     Example::
 
         from lightning_resume.loggers import MLFlowLogger
 
-        trainer = Trainer(
-            logger=MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db"),
-            callbacks=[RunDir(root="runs"), RequeueCheckpoint(), MLflowResume()],
-        )
+        callbacks = [RunDir(root="runs"), RequeueCheckpoint(), MLflowResume()]
+        logger = MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db")
+        trainer = Trainer(logger=logger, callbacks=callbacks)
     """
 
     @property

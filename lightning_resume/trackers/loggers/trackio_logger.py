@@ -19,8 +19,7 @@ from lightning_resume.trackers.sidecar import Recorded, check_recorded
 log = logging.getLogger(__name__)
 
 TRACKER = "trackio"
-#: Identity fields that say where a trackio run lives (``url``, a Space or server, is recorded only:
-#: trackio rewrites the ``space_id`` it is given, so it cannot be compared before the run exists).
+#: Where a trackio run lives (``url`` is only recorded: trackio rewrites the ``space_id`` it is given).
 PLACE_FIELDS = ("project", "dir")
 
 Resume = Literal["never", "allow", "must"]
@@ -38,11 +37,8 @@ def import_trackio() -> Any:
 
 
 def storage_dir() -> Path:
-    """Where trackio keeps its local databases in this process.
-
-    trackio reads ``TRACKIO_DIR`` once, when it is first imported, into ``trackio.utils.TRACKIO_DIR``;
-    that module attribute (not the variable now) is the truth. A test pins it.
-    """
+    """Where trackio keeps its local databases: ``trackio.utils.TRACKIO_DIR``, read from the variable
+    when trackio is first imported (a test pins it)."""
     return Path(import_trackio().utils.TRACKIO_DIR).expanduser().resolve()
 
 
@@ -79,28 +75,22 @@ def _params_dict(params: Mapping[str, Any] | Namespace) -> dict[str, Any]:
 class TrackioLogger(Logger):
     """Log metrics and hyperparameters to `trackio <https://github.com/gradio-app/trackio>`_.
 
-    A first-class Lightning logger: ``Trainer(logger=TrackioLogger(project="mnist"))`` or
-    ``class_path: lightning_resume.loggers.TrackioLogger`` in LightningCLI YAML. ``name`` is the trackio
-    project and ``version`` the run name. The trackio run is created on first use of ``experiment``
-    (Lightning does that at the start of ``fit``) and finished by ``finalize``; used again afterwards
+    ``name`` is the trackio project and ``version`` the run name. The run is created at the first
+    ``experiment`` (when ``fit`` starts) and finished by ``finalize``; used again afterwards
     (``trainer.test`` after ``fit``), the logger continues the same run.
 
-    Resume: trackio continues a run by its *name*. A fresh start follows ``resume`` (trackio's own
-    rule: ``"never"`` always creates a run, ``"allow"`` continues the run called ``name`` if it exists,
-    ``"must"`` requires it). On a restart of a :class:`~lightning_resume.RunDir` whose
-    :class:`~lightning_resume.TrackioResume` recorded a run, the logger continues that run whatever
-    ``resume`` says, provided the project and the storage dir (``TRACKIO_DIR``) are the recorded ones
-    and no other run of the project has the recorded name; otherwise it warns and creates a new run. An
-    explicit ``name`` that differs from the recorded one wins.
-
-    trackio reads ``TRACKIO_DIR`` when it is first imported, which this logger does lazily: set the
-    variable before the first ``experiment``.
+    trackio continues a run by *name*. A fresh start follows ``resume``. On a restart of a
+    :class:`~lightning_resume.RunDir` whose :class:`~lightning_resume.TrackioResume` recorded a run, the
+    logger continues that run when the project and storage dir (``TRACKIO_DIR``, read when trackio is
+    first imported: set it before the first ``experiment``) are the recorded ones and no other run of
+    the project has its name; otherwise it warns and creates a new run. An explicit other ``name`` wins.
 
     Args:
         project: The trackio project.
         name: The run name (trackio generates one when ``None``).
         group: The run's group in the dashboard.
-        resume: trackio's resume rule for a fresh start: ``"never"``, ``"allow"`` or ``"must"``.
+        resume: trackio's rule for a fresh start: ``"never"`` (a new run), ``"allow"`` (continue the run
+            called ``name`` if any) or ``"must"``.
         prefix: A string put before every metric key, joined with ``"-"``.
         space_id: A Hugging Face Space to log to (``None``: local only, or ``TRACKIO_SPACE_ID``).
         auto_log_cpu: Log CPU and memory use in the background (``None``: trackio decides).
@@ -115,10 +105,8 @@ class TrackioLogger(Logger):
 
         from lightning_resume.loggers import TrackioLogger
 
-        trainer = Trainer(
-            logger=TrackioLogger(project="mnist"),
-            callbacks=[RunDir(root="runs"), TrackioResume(), RequeueCheckpoint()],
-        )
+        callbacks = [RunDir(root="runs"), TrackioResume(), RequeueCheckpoint()]
+        trainer = Trainer(logger=TrackioLogger(project="mnist"), callbacks=callbacks)
     """
 
     LOGGER_JOIN_CHAR = "-"
