@@ -70,7 +70,7 @@ def test_a_requeue_killed_while_importing_counts_from_the_gap_in_the_restart_cou
     tmp_path: Path, baseline: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Launch r0 dies before RunDir exists: no record, but r1 sees the restart count and the report and
-    the ``"auto"`` interval count it (tests/run/test_cadence.py counts gaps between two records)."""
+    the ``"auto"`` interval count it (tests/last_ckpt/test_cadence.py counts gaps between two records)."""
     root, out = tmp_path / "runs", tmp_path / "out.pt"
     common = ("--key", "gap", "--every", "auto")
 

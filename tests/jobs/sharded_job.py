@@ -154,7 +154,7 @@ class Harness(pl.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-# -- another number of ranks (tests/callbacks/test_world_size.py) ----------------------------------
+# -- another number of ranks (tests/exact_resume/test_world_change.py) ----------------------------------
 
 
 class EpochLog(pl.Callback):

@@ -203,7 +203,7 @@ def _append(path: str, text: str) -> None:
         f.write(text)
 
 
-# -- preemption notices (tests/callbacks/test_notices.py) ------------------------------------------
+# -- preemption notices (tests/preemption/test_notices.py) ------------------------------------------
 
 
 def add_notice_arguments(p: argparse.ArgumentParser) -> None:
@@ -281,7 +281,7 @@ def notice_callbacks(args: argparse.Namespace) -> list[pl.Callback]:
 
 # -- end of preemption notices ---------------------------------------------------------------------
 
-# -- another number of ranks (tests/callbacks/test_world_size.py) ----------------------------------
+# -- another number of ranks (tests/exact_resume/test_world_change.py) ----------------------------------
 
 
 def add_world_size_arguments(p: argparse.ArgumentParser) -> None:

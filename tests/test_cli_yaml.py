@@ -1,6 +1,6 @@
 """A stock ``LightningCLI(Model, Data)`` with RunDir and RequeueCheckpoint in its YAML: a killed job
 resumes exactly, with one configuration, saved in the run dir; a restart with a changed configuration
-says which keys changed and keeps the earlier file."""
+says which keys changed and keeps the earlier file; and YAML builds every public object with every setting."""
 
 from __future__ import annotations
 
@@ -107,3 +107,74 @@ def test_stock_cli_resumes_exactly_with_its_config_in_the_run_dir(tmp_path: Path
     assert third.stderr.count("changed since its previous attempt") == 1
     assert yaml.safe_load((run_dir / "config.1.yaml").read_text())["trainer"]["max_epochs"] == 2
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 3
+
+
+EVERY_SETTING = """
+trainer:
+  max_steps: 1
+  limit_val_batches: 0
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  default_root_dir: {root}
+  plugins:
+    - class_path: lightning_resume.DurableCheckpointIO
+      init_args:
+        asynchronous: false
+        dirpath: {root}/local
+        keep: 2
+        metadata: {{experiment: yaml}}
+        mirror:
+          class_path: lightning_resume.Mirror
+          init_args: {{url: "file://{root}/mirror", options: {{auto_mkdir: true}}, wait: false, timeout: 60}}
+  callbacks:
+    - class_path: lightning_resume.RunDir
+      init_args: {{root: {root}/runs}}
+    - class_path: lightning_resume.ProgressWatchdog
+      init_args:
+        timeouts:
+          step: 1
+          first_step: 2
+          validation: 3
+          epoch_end: 4
+          save: 5
+          load: 6
+          teardown: 7
+          multiple: 8
+          minimum: 9
+          initial: 10
+        max_attempts_without_progress: 11
+        requeue: false
+"""
+
+BUILD = """
+import sys
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning_resume import ProgressWatchdog
+cli = LightningCLI(BoringModel, run=False, save_config_callback=None, args=["--config", sys.argv[1]])
+io = cli.trainer.strategy.checkpoint_io
+(watchdog,) = [c for c in cli.trainer.callbacks if isinstance(c, ProgressWatchdog)]
+print(io.settings.asynchronous, io.settings.dirpath.name, io.settings.keep, dict(io.settings.metadata))
+print(io.settings.mirror)
+print(watchdog.timeouts, watchdog.max_attempts_without_progress, watchdog.requeue)
+"""
+
+
+def test_yaml_builds_the_plugin_and_the_watchdog_with_every_setting(tmp_path: Path) -> None:
+    config, script = tmp_path / "every.yaml", tmp_path / "build.py"
+    config.write_text(EVERY_SETTING.format(root=tmp_path))
+    script.write_text(BUILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(config)], env=job_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    plugin, mirror, watchdog = proc.stdout.strip().splitlines()[-3:]
+    assert plugin == "False local 2 {'experiment': 'yaml'}"
+    assert mirror == (
+        f"Mirror(url='file://{tmp_path}/mirror', options={{'auto_mkdir': True}}, wait=False, timeout=60.0)"
+    )
+    assert watchdog == (
+        "WatchdogTimeouts(step=1.0, first_step=2.0, validation=3.0, epoch_end=4.0, save=5.0, load=6.0, "
+        "teardown=7.0, multiple=8.0, minimum=9.0, initial=10.0) 11 False"
+    )

@@ -148,7 +148,7 @@ def test_epoch_metrics_of_each_rank_after_a_kill_under_ddp(tmp_path: Path) -> No
     # Two ranks, 6 batches each per epoch: the kill at step 11 resumes epoch 1 at step 10. val_loss is
     # logged without sync_dist, so each rank's ReduceLROnPlateau and EarlyStopping follow its own
     # value: at epoch 1's end rank 1 lowers its learning rate only if it resumed with its own
-    # scheduler state, not rank 0's (the unit tests: tests/resume/test_per_rank_states.py).
+    # scheduler state, not rank 0's (the unit tests: tests/exact_resume/test_per_rank_states.py).
     args = (*BY_EPOCHS, "--devices", "2")
     reference_run(tmp_path / "reference", *args)
     kill_and_resume(tmp_path, tmp_path / "reference", 11, 10, *args)

@@ -1,6 +1,6 @@
 """Each DDP rank's scheduler and callback states: taken from the dict a rank built, put back into the
 one rank 0 wrote. No Trainer: two ranks are two dicts, as ``dump_checkpoint`` builds them
-(the real two-rank kill is ``tests/callbacks/test_epoch_boundaries.py``, marked slow)."""
+(the real two-rank kill is ``tests/last_ckpt/test_epoch_boundary.py``, marked slow)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ resumes exactly; a job that keeps failing stops with its own status; a slow, hea
 
 The faults come from ``tests/jobs/watchdog_job.py``. Timeouts are short (a few seconds), given as
 arguments, so a hang is caught quickly; ``scontrol`` is a stand-in that logs its calls where a test
-checks the requeue (``tests/run/test_requeue.py``).
+checks the requeue (``tests/preemption/test_requeue.py``).
 """
 
 from __future__ import annotations

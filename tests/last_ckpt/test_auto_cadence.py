@@ -51,7 +51,7 @@ def test_a_kill_shortens_the_interval_and_doctor_and_inspect_show_it(
     shown_by_doctor_and_inspect(root, last.run_dir, second.cadence, capsys)
 
 
-@pytest.mark.slow  # the default run has the kill case; tests/run/test_cadence.py counts this one too
+@pytest.mark.slow  # the default run has the kill case; tests/last_ckpt/test_cadence.py counts this one too
 def test_a_preemption_saved_at_its_signal_still_shortens_the_interval(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:
