@@ -5,6 +5,8 @@
 #   make lint       ruff check
 #   make typecheck  mypy (config in pyproject.toml)
 #   make test       lint + typecheck + pytest   (what CI runs, via .ci/run)
+#   make test-edge  the exactness core again, on the lowest Lightning, pytorch_lightning and torch declared
+#                   (a second venv, .venv-edge; .ci/run runs it after make test)
 #   make test-gpu   the GPU checks (tests/gpu; skipped without a CUDA device)
 #   make clean      remove .venv, build artefacts and tool caches
 #
@@ -34,7 +36,12 @@ LINT_PATHS := $(wildcard lightning_resume tests benchmarks docs)
 # Keep loggers/hubs from touching the network during tests.
 TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFFLINE=1
 
-.PHONY: venv demo lint typecheck test test-gpu clean
+# The lowest versions declared in pyproject.toml (and lightning_resume/_compat/versions.py), with the
+# torchdata that goes with that torch.
+EDGE_VENV := .venv-edge
+EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 torchdata==0.10.1
+
+.PHONY: venv demo lint typecheck test test-edge test-gpu clean
 
 venv: $(STAMP)
 
@@ -64,10 +71,20 @@ test: venv lint typecheck
 	bash tests/slurm/cluster.sh start
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
+# The tests marked `edge` (the internals pins, random kills with plain and stateful loaders, a kill right
+# after an epoch-end save, accumulation, DDP, the standalone package) on the lowest versions declared.
+test-edge:
+	test -x $(EDGE_VENV)/bin/python || $(PY) -m venv $(EDGE_VENV)
+	$(EDGE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(EDGE_VENV)/bin/python -m pip install -q $(EDGE_SPEC)
+	$(EDGE_VENV)/bin/python -m pip install -q -e ".[data,tensorboard,standalone]" $(EDGE_SPEC) \
+		"pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
+	$(TEST_ENV) $(EDGE_VENV)/bin/python -m pytest -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
+
 # Everything in tests/gpu, slow cases included; the cases marked `gpu` need a CUDA device.
 test-gpu: venv
 	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/gpu $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(EDGE_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -15,6 +15,8 @@ pl = pytest.importorskip("pytorch_lightning")
 
 import lightning_resume  # noqa: E402
 
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
+
 
 def run(root: Path, out: Path, *args: str | int, **env: str | int) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "jobs.pl_job", "--root", str(root), "--out", str(out), *map(str, args)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_resume._compat.versions import TESTED, installed, untested
 from lightning_resume._scheduler.environment import ENV, KeySource, on_slurm, read_session, under_submitit
 from lightning_resume._scheduler.slurm import slurm_output
 from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
@@ -368,7 +369,7 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
             f"collectives fail after {seconds} ({origin}), before ProgressWatchdog's step timeout "
             f"({step:.0f} s in {run_dir.name}): a hang ends as a collective error, without the stacks"
         )
-        hint = "lower ProgressWatchdog(step_timeout=...) or raise DDPStrategy(timeout=...)"
+        hint = "lower WatchdogTimeouts(step=...) or raise DDPStrategy(timeout=...)"
         return [Finding(Level.WARN, "hang detection", what, hint)]
     what = (
         f"ProgressWatchdog ends a hang after ~{step:.0f} s (step timeout in {run_dir.name}); collectives "
@@ -388,10 +389,30 @@ def cadence_checks(root: Path) -> list[Finding]:
     return []
 
 
+def version_checks() -> list[Finding]:
+    """Lightning and torch against the range the internals seam was pinned on."""
+    found = []
+    for distribution in TESTED:
+        version, problem = installed(distribution), untested(distribution)
+        if version is None:
+            continue
+        if problem is None:
+            found.append(Finding(Level.OK, distribution, f"{version}: within the tested range"))
+            continue
+        hint = (
+            "lightning_resume reaches into a few internals of it (all in lightning_resume/_compat): run "
+            "the pins, `pytest tests/_compat` from a checkout of lightning_resume, or use a tested version"
+        )
+        level = Level.ERROR if "older" in problem else Level.WARN
+        found.append(Finding(level, distribution, problem, hint))
+    return found
+
+
 def run_checks(root: Path, environ: Mapping[str, str], write_bytes: int = DEFAULT_BYTES) -> list[Finding]:
     """All checks, in the order they are shown (``write_bytes=0`` skips the timed write)."""
     speed = measure_root(root, write_bytes)  # once, for the write speed and the grace windows
     return [
+        *version_checks(),
         *scheduler_checks(environ),
         *signal_checks(environ),
         *storage_checks(root, environ),

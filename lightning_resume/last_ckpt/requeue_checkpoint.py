@@ -18,6 +18,8 @@ from typing_extensions import override
 from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
 from lightning_resume._collectives import broadcast
 from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning
+from lightning_resume._compat.versions import untested
+from lightning_resume._warnings import warn
 from lightning_resume.exact_resume.exact_resume import ExactResume
 from lightning_resume.exceptions import Preempted
 from lightning_resume.last_ckpt.cadence import Cadence, checked_interval, checked_seconds
@@ -39,6 +41,24 @@ def _last_step(trainer: pl.Trainer) -> bool:
     """Whether ``max_steps`` ends ``fit`` at this step: saved here, a run trained longer continues this
     epoch as an uninterrupted run does (the epoch end Lightning runs next belongs to this attempt only)."""
     return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+
+
+def _warn_if_untested(trainer: pl.Trainer) -> None:
+    """One warning per process on a Lightning outside the tested range (its internals may have moved)."""
+    distribution = (
+        "pytorch-lightning" if type(trainer).__module__.startswith("pytorch_lightning") else "lightning"
+    )
+    problem = untested(distribution)
+    if problem is not None and distribution not in _WARNED:
+        _WARNED.add(distribution)
+        warn(
+            f"{problem}: lightning_resume reaches into a few of its internals (lightning_resume/_compat), "
+            "and a change there can make a resume fail or, rarely, differ. `lightning-resume doctor` says "
+            "which versions were tested; run `pytest tests/_compat` from a checkout to check this one."
+        )
+
+
+_WARNED: set[str] = set()
 
 
 class RequeueCheckpoint(LastCheckpointCallback):
@@ -164,6 +184,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._trainer = trainer
         if stage != "fit":
             return
+        _warn_if_untested(trainer)
         self._boundary.attach(trainer)
         self._exact.attach(
             trainer,

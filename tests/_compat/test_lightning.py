@@ -51,6 +51,8 @@ from lightning_resume._compat.lightning import (
 from lightning_resume.exact_resume.remaining_order import RemainingOrder
 from lightning_resume.last_ckpt.redirect import RedirectFirstLoad
 
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
+
 
 class Recorder(BoringModel):
     def __init__(self) -> None:
@@ -141,7 +143,10 @@ def test_train_loader_states_live_where_the_fit_loop_reads_them(tmp_path: Path) 
             found = train_loader_states(ckpt)
             assert found is not None
             state = dict(found[0])
-            state.update(_num_yielded=5, _sampler_iter_yielded=5, _sampler_iter_state={"samples_yielded": 5})
+            state.update(_num_yielded=5, _sampler_iter_yielded=5)
+            # torchdata 0.10 keeps a sampler position in _index_sampler_state, 0.11 in _sampler_iter_state
+            where = "_index_sampler_state" if state.get("_index_sampler_state") else "_sampler_iter_state"
+            state[where] = {"samples_yielded": 5}
             assert replace_train_loader_states(ckpt, [state])
 
     model = Seen()
@@ -448,7 +453,8 @@ def test_the_reported_checkpoint_path_is_what_lightning_logs_as_restored(
     caplog.set_level(logging.INFO)
     again.fit(BoringModel(), ckpt_path=tmp_path / "two.ckpt")
     restored = [r.getMessage() for r in caplog.records if "Restored all states" in r.getMessage()]
-    assert restored == [f"Restored all states from the checkpoint at {tmp_path / 'also-two.ckpt'}"]
+    # (one record per handler Lightning's logger reaches: two on some versions)
+    assert set(restored) == {f"Restored all states from the checkpoint at {tmp_path / 'also-two.ckpt'}"}
     assert again.ckpt_path == str(tmp_path / "also-two.ckpt")
 
 
@@ -598,6 +604,7 @@ class _Last(LastCheckpointCallback):
 def test_an_on_exception_checkpoint_is_what_fit_resumes_from_and_no_default_checkpoint_is_added(
     tmp_path: Path,
 ) -> None:
+
     first = tiny_fit(tmp_path, 3)
     first.save_checkpoint(tmp_path / "mine.ckpt")
     again = tiny_trainer(_Last(tmp_path / "mine.ckpt"), tmp_path=tmp_path, max_steps=5, max_epochs=None)

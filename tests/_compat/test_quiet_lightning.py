@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_resume import RequeueCheckpoint, RunDir
 from lightning_resume.run_dir.binding import PROCESS
 
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
+
 NOT_RESUMABLE = "your dataloader is not resumable"
 
 

@@ -7,9 +7,12 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+import pytest
 from private_names import package_touches, private_overrides
 
 import lightning_resume
+
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
 
 PACKAGE = Path(lightning_resume.__file__).parent
 

@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from io import BytesIO
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from lightning_resume._compat import torch as compat
+
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
 
 
 def test_the_serialiser_entry_point_writes_the_records_of_a_torch_save_archive() -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torchmetrics import MeanMetric
 
 from lightning_resume._compat.torchmetrics import set_update_count
+
+pytestmark = pytest.mark.edge  # run again on the lowest Lightning and torch declared
 
 
 def test_the_update_count_decides_whether_compute_warns_and_the_cache_is_dropped() -> None:

@@ -71,6 +71,7 @@ def check_preempted_run(tmp_path: Path, kills: list[int], *args: str, ranks: int
     ],
     ids=["shuffled", "drop-last", "workers-augment", "ragged-last-batch"],
 )
+@pytest.mark.edge
 def test_plain_loader_resumes_exactly_after_three_kills(
     tmp_path: Path, args: tuple[str, ...], seed: int
 ) -> None:
@@ -84,6 +85,7 @@ def test_kills_on_the_first_and_last_batch_of_an_epoch(tmp_path: Path) -> None:
     check_preempted_run(tmp_path, [13, 24, 25], "--loader", "plain", "--every", "1")
 
 
+@pytest.mark.edge
 def test_distributed_sampler_on_two_ranks_resumes_exactly(tmp_path: Path) -> None:
     check_preempted_run(tmp_path, [9], "--loader", "plain", "--devices", "2", "--every", "2", ranks=2)
 

@@ -1,7 +1,7 @@
 """A launch that races others: constructs ``RunDir`` at the moment a shared barrier opens, many times.
 
 Run as ``python -m jobs.launch_racer``; one JSON command per line on stdin, one JSON answer per line
-on stdout. Test-only scaffolding (``tests/run_dir/test_run_dir_bad_inputs.py`` drives several of these at once):
+on stdout. Test-only scaffolding (``tests/run_dir/test_run_dir_bad_inputs.py`` drives several at once):
 
 - ``{"root": ..., "env": {...}, "barrier": FILE}``: apply ``env`` (scheduler variables, the key),
   answer ``{"ready": pid}``, wait for a shared lock on ``FILE`` (the driver holds it exclusively and

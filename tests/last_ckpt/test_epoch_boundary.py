@@ -84,7 +84,10 @@ BOUNDARY_WINDOW = [(11, 10), (12, 10), (13, 12), (14, 12), (15, 12), (16, 15)]
 
 @pytest.mark.parametrize(
     ("kill", "resumed_at"),
-    [pytest.param(*k, marks=[] if k == (13, 12) else [pytest.mark.slow]) for k in BOUNDARY_WINDOW],
+    [
+        pytest.param(*k, marks=pytest.mark.edge if k == (13, 12) else pytest.mark.slow)
+        for k in BOUNDARY_WINDOW
+    ],
     ids=[f"kill-{k}" for k, _ in BOUNDARY_WINDOW],
 )
 def test_kill_after_an_epoch_end_resumes_with_equal_weights_logs_and_decisions(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_job, same_weights
+from conftest import run_job, same_weights, uninterrupted
 
 TOTAL_STEPS = 36  # 96 samples, batch 8, 3 epochs
 
@@ -33,13 +33,27 @@ def preempt_and_resume(tmp_path: Path, kills: list[int], env_for_attempt, *extra
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "seed", [pytest.param(0, marks=pytest.mark.edge), pytest.param(1, marks=pytest.mark.slow)]
+)
 def test_slurm_requeue_three_kills_is_bitwise_exact(
     tmp_path: Path, baseline: dict[str, Path], seed: int
 ) -> None:
     kills = kill_steps(seed)
     preempt_and_resume(tmp_path, kills, lambda n: {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": n or None})
     assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
+
+
+@pytest.mark.edge
+def test_gradient_accumulation_resumes_exactly_after_kills(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # 6 optimizer steps an epoch; saves every 2; kills inside and between accumulation windows.
+    args = ("--loader", "plain", "--accumulate", "2", "--every", "2")
+    reference = uninterrupted(tmp_path_factory, "accumulate-2", *args)
+    slurm = lambda n: {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": n or None}  # noqa: E731
+    preempt_and_resume(tmp_path, [4, 9, 13], slurm, *args)
+    assert same_weights(tmp_path / "final.pt", reference)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_resume import LocalLoggerResume, RequeueCheckpoint, RunDir
-from lightning_resume._compat.lightning import QuietLightning
+from lightning_resume._compat.lightning import QuietLightning, log_dir_exists
 from lightning_resume.trackers import _local_logs
 
 pytest.importorskip("tensorboard")
@@ -196,7 +196,7 @@ def test_quiet_deletion_warning_matches_only_its_dir_until_removed(tmp_path: Pat
     message = "Experiment logs directory lightning_logs/version_{} exists and is not empty."
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        quiet = QuietLightning(owner, _local_logs.deletion_warning(tmp_path / "lightning_logs" / "version_0"))
+        quiet = QuietLightning(owner, log_dir_exists(tmp_path / "lightning_logs" / "version_0"))
         warnings.warn(message.format(0), stacklevel=1)
         warnings.warn(message.format(1), stacklevel=1)
         quiet.remove()

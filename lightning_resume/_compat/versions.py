@@ -1,0 +1,39 @@
+"""The versions of the libraries whose internals ``_compat`` touches: the lowest declared, which CI
+runs the exactness core on (``make test-edge``), and the newest the pins passed on. Torch-free."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+#: distribution -> (lowest declared, newest tested).
+TESTED = {
+    "lightning": ("2.5.0", "2.6.6"),
+    "pytorch-lightning": ("2.5.0", "2.6.6"),
+    "torch": ("2.5.0", "2.13.0"),
+}
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    """``"2.5.0.post0"`` -> ``(2, 5, 0)``: the release numbers, for comparing."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def untested(distribution: str) -> str | None:
+    """Why the installed ``distribution`` is outside what was tested (``None`` when inside)."""
+    version = installed(distribution)
+    if version is None or distribution not in TESTED:
+        return None
+    lowest, newest = TESTED[distribution]
+    if _numbers(version) < _numbers(lowest):
+        return f"{distribution} {version} is older than the lowest supported, {lowest}"
+    if _numbers(version) > _numbers(newest):
+        return f"{distribution} {version} is newer than the newest tested, {newest}"
+    return None
