@@ -11,7 +11,7 @@ from rich.table import Table
 
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
-from lightning_resume.cli.report import GoodputReport
+from lightning_resume.cli.report import USEFUL, GoodputReport
 from lightning_resume.last_ckpt import cadence
 from lightning_resume.run_dir import layout
 
@@ -28,8 +28,8 @@ def table(
 ) -> None:
     """Print one table (with ``caption`` under it, every column justified as ``justify``)."""
     out = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in columns:
-        out.add_column(column, overflow="fold", justify=justify)
+    for column in columns:  # a header is never folded mid-word; long cells are
+        out.add_column(column, overflow="fold", justify=justify, min_width=len(column))
     for row in rows:
         out.add_row(*row)
     (console or Console()).print(out)
@@ -192,9 +192,10 @@ def goodput(found: GoodputReport) -> None:
     )
     share = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
     console.print(
-        f"goodput {share}: {_seconds(found.useful_seconds)} of training kept in the final result (step "
+        f"goodput {share}: {_seconds(found.useful_seconds)} of step compute kept in the final result (step "
         f"{found.final_step}) over {_seconds(found.wall_seconds)} of wall time"
     )
+    console.print(USEFUL)
     console.print(
         f"lost: {found.steps_lost} steps; restart overhead {_seconds(found.restart_seconds)}, save stall "
         f"{_seconds(found.save_seconds)}, waiting between attempts {_seconds(found.wait_seconds)}"

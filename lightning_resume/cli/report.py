@@ -206,6 +206,36 @@ def report(run_dir: Path) -> GoodputReport:
     return build(attempts.read(run_dir), run_dir)
 
 
+#: The parts of an attempt's bar in the picture, and their colours: start-up (its process start to its
+#: first step's start), useful (the compute time of its steps the final result keeps: what the goodput
+#: counts), lost (the compute of its steps lost), other (the rest of its training time: validation,
+#: saves, epoch ends, waiting for data).
+PARTS = {"start-up": "#bdbdbd", "useful": "#66bb6a", "lost": "#ef5350", "other": "#90caf9"}
+USEFUL = (
+    "useful: the compute time of the steps the final result keeps; start-up, validation, saves, epoch "
+    "ends, lost steps and waits between attempts are the rest"
+)
+
+
+def bar(row: AttemptRow) -> list[tuple[str, float, float]]:
+    """``(part, start, seconds)`` of ``row``'s bar: its start-up, then its training time broken down
+    (:data:`PARTS`). The useful parts of all bars add up to the report's useful time."""
+    if row.first_step_at is None:
+        return []
+    step = row.step_seconds or 0.0
+    start = max(row.first_step_at - step, row.at)  # the first step's own compute is training time
+    end = max(row.last_step_at if row.last_step_at is not None else row.first_step_at, start)
+    useful = row.useful_seconds
+    lost = row.steps_lost * step
+    other = max(end - start - useful - lost, 0.0)
+    parts, at = [("start-up", row.at, start - row.at)], start
+    for name, seconds in (("useful", useful), ("lost", lost), ("other", other)):
+        if seconds > 0:
+            parts.append((name, at, seconds))
+            at += seconds
+    return parts
+
+
 #: Colours of the endings in the picture.
 COLOURS = {
     "finished": "#2e7d32",
@@ -221,8 +251,9 @@ COLOURS = {
 def plot(found: GoodputReport, path: Path) -> Path:
     """Draw the timeline of ``found`` as a PNG at ``path``; return it.
 
-    Top: one bar per attempt (grey: start to first step, green: steps kept, red: steps lost), its
-    ending marked and named. Bottom: the global step against time; the steps lost in red.
+    Top: one bar per attempt (:func:`bar`: grey start-up, green useful, red lost, blue the rest of its
+    training time), its ending marked and named. Bottom: the global step against time; the steps lost
+    in red.
 
     Raises:
         ImportError: matplotlib is not installed (:data:`PLOT_HINT`).
@@ -241,15 +272,13 @@ def plot(found: GoodputReport, path: Path) -> Path:
     for index, row in enumerate(rows):
         y = len(rows) - index
         lane = (y - 0.3, 0.6)
+        for part, at, seconds in bar(row):
+            bars.broken_barh([(at / scale, seconds / scale)], lane, color=PARTS[part])
         if row.first_step_at is not None:
             first, start = row.first_step_at, row.resumed_from or 0
-            bars.broken_barh([(row.at / scale, (first - row.at) / scale)], lane, color="#bdbdbd")
             end = row.last_step_at if row.last_step_at is not None else first
             span = max(end - first, 0.0)
             kept = span * (row.steps_kept / row.steps_trained if row.steps_trained else 1.0)
-            bars.broken_barh([(first / scale, kept / scale)], lane, color="#66bb6a")
-            if span - kept > 0:
-                bars.broken_barh([((first + kept) / scale, (span - kept) / scale)], lane, color="#ef5350")
             steps.plot(
                 [first / scale, (first + kept) / scale], [start + 1, start + row.steps_kept], color="#2e7d32"
             )
@@ -264,8 +293,8 @@ def plot(found: GoodputReport, path: Path) -> Path:
     goodput = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
     bars.set_title(
         f"goodput {goodput}: {found.useful_seconds / scale:.1f} {unit} useful of "
-        f"{found.wall_seconds / scale:.1f} {unit}; {found.steps_lost} steps lost; grey: start to first "
-        "step, green: kept, red: lost",
+        f"{found.wall_seconds / scale:.1f} {unit}; {found.steps_lost} steps lost\ngreen: the compute of the "
+        "steps kept (useful), red: of the steps lost, blue: validation, saves, epoch ends, grey: start-up",
         fontsize=9,
     )
     steps.set_ylabel("global step")

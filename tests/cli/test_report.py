@@ -3,6 +3,7 @@ against what the test did, as text, as JSON and as a PNG timeline."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -13,13 +14,16 @@ import pytest
 from conftest import JOB_MODULE, job_env, run_job, same_weights
 
 from lightning_resume.cli import main, report
-from lightning_resume.cli.report import AttemptRow
+from lightning_resume.cli.report import AttemptRow, bar
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_report_reads_back_a_run_with_every_kind_of_ending(
-    tmp_path: Path, baseline: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    baseline: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root, out, flag = tmp_path / "runs", tmp_path / "out.pt", tmp_path / "preempted"
     common = ("--key", "mixed", "--every", "4", "--preemption", "--notice", f"file={flag}")
@@ -60,9 +64,21 @@ def test_report_reads_back_a_run_with_every_kind_of_ending(
     assert found["interruptions"] == {"killed": 1, "preempted (SIGTERM)": 1, "preempted (file notice)": 1}
     assert plot.read_bytes()[:8] == PNG and plot.stat().st_size > 10_000
 
+    # The picture's green is the headline's useful time; each bar's training parts follow one another.
+    useful = [seconds for r in rows for part, _, seconds in bar(r) if part == "useful"]
+    assert sum(useful) == pytest.approx(found["useful_seconds"])
+    for row in rows:
+        parts = bar(row)
+        assert all(a + n == pytest.approx(b) for (_, a, n), (_, b, _) in itertools.pairwise(parts))
+
+    monkeypatch.setenv("COLUMNS", "80")  # a terminal of 80 columns: no header folded mid-word
     assert main(["report", str(finished.run_dir)]) == 0
-    text = " ".join(capsys.readouterr().out.split())
-    assert f"goodput {found['goodput']:.1%}" in text
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    header = next(line for line in out.splitlines() if "restart" in line)
+    assert all(word in header for word in ("start", "wait", "from", "restart", "reached", "lost", "saves"))
+    text = " ".join(out.split())
+    assert f"goodput {found['goodput']:.1%}" in text and "useful: the compute time of the steps" in text
     assert "lost: 2 steps" in text and "1 killed, 1 preempted (SIGTERM), 1 preempted (file notice)" in text
 
 
