@@ -11,7 +11,7 @@
 #   make clean      remove .venv, build artefacts and tool caches
 #
 # torch is installed *before* the package on purpose: resolving the open range
-# `torch>=2.2` in an empty venv pulls a multi-GB CUDA build.  Override TORCH_SPEC to
+# `torch>=2.5` in an empty venv pulls a multi-GB CUDA build.  Override TORCH_SPEC to
 # use your own build, or set it empty to skip this step, e.g.
 #   make venv TORCH_SPEC='torch==2.5.1' TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
 #   make venv TORCH_SPEC=

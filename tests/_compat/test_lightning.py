@@ -74,16 +74,7 @@ def test_restart_train_iterator_rebuilds_the_iterator_training_uses(tmp_path: Pa
             restart_train_iterator(trainer)
 
     model = Recorder()
-    trainer = pl.Trainer(
-        max_epochs=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        callbacks=[Reverse()],
-    )
-    trainer.fit(model)
+    trainer_for(tmp_path, Reverse()).fit(model)
     assert model.seen == [5, 4, 3, 2, 1, 0]
 
 
@@ -372,14 +363,7 @@ def test_saves_directory_reads_the_strategies_own_settings() -> None:
 
 
 def tiny_fit(tmp_path: Path, steps: int, **fit: Any) -> pl.Trainer:
-    trainer = pl.Trainer(
-        max_steps=steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = trainer_for(tmp_path, max_steps=steps, max_epochs=None)
     trainer.fit(BoringModel(), **fit)
     return trainer
 
@@ -407,15 +391,7 @@ def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp
             redirect = RedirectFirstLoad(str(tmp_path / "four.ckpt"), redirected.append, 1, 1)
             NextLoad(trainer.strategy, redirect).install()
 
-    again = pl.Trainer(
-        max_steps=5,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        callbacks=[Install()],
-    )
+    again = trainer_for(tmp_path, Install(), max_steps=5, max_epochs=None)
     again.fit(BoringModel(), ckpt_path=tmp_path / "two.ckpt")
     assert redirected == [str(tmp_path / "two.ckpt")]
     assert again.global_step == 5  # resumed at 4, not 2
@@ -441,16 +417,8 @@ def test_the_reported_checkpoint_path_is_what_lightning_logs_as_restored(
 
             trainer.strategy.load_checkpoint = load  # type: ignore[method-assign]
 
-    again = pl.Trainer(
-        max_steps=3,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        callbacks=[Report()],
-    )
     caplog.set_level(logging.INFO)
+    again = trainer_for(tmp_path, Report(), max_steps=3, max_epochs=None)
     again.fit(BoringModel(), ckpt_path=tmp_path / "two.ckpt")
     restored = [r.getMessage() for r in caplog.records if "Restored all states" in r.getMessage()]
     # (one record per handler Lightning's logger reaches: two on some versions)

@@ -309,10 +309,7 @@ def test_file_notice_with_a_deadline_trains_on_and_stops_before_it_then_resumes_
         out,
         *("--preemption", "--durable", "--notice", f"file={flag}", "--notice-margin", "1"),
         *("--announce-at", "4", "--announce-file", str(flag), "--announce-deadline", "6"),
-        *(
-            "--step-sleep",
-            "0.25",
-        ),
+        *("--step-sleep", "0.25"),
         LIGHTNING_RESUME_KEY="file",
     )
     assert first.returncode == EXIT, first.output

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -263,25 +264,30 @@ def two_run_dirs(tmp_path: Path) -> None:
 )
 def two_live_attempts(tmp_path: Path) -> None:
     root = tmp_path / "root"
+    code = f"from lightning_resume import RunDir; run = RunDir(root={str(root)!r}, key='k')"
+    with (
+        live_holder(code) as holder,
+        pytest.raises(RunDirError, match=f"in use by another live attempt .pid {holder.pid} on"),
+    ):
+        RunDir(root=root, key="k")
+    RunDir(root=root, key="k")  # the kernel dropped the dead attempt's lock
+
+
+@contextlib.contextmanager
+def live_holder(code: str) -> Iterator[subprocess.Popen[str]]:
+    """A child process that runs ``code`` and then stays alive (holding what it took) until the block ends."""
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from lightning_resume import RunDir; "
-            f"run = RunDir(root={str(root)!r}, key='k'); print('ready', flush=True); time.sleep(60)",
-        ],
+        [sys.executable, "-c", f"import time\n{code}\nprint('ready', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE,
         text=True,
         env=job_env(),
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        with pytest.raises(RunDirError, match=f"in use by another live attempt .pid {holder.pid} on"):
-            RunDir(root=root, key="k")
+        yield holder
     finally:
         holder.kill()
         holder.wait()
-    RunDir(root=root, key="k")  # the kernel dropped the dead attempt's lock
 
 
 class LogLines:
@@ -1046,27 +1052,15 @@ def test_launches_race_many_times(tmp_path: Path, launches: int, lost_index: boo
 )
 def launch_between_run_dir_and_index(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time; from lightning_resume.run_dir.resolve import create_run; "
-            "from lightning_resume._scheduler.environment import read_session; "
-            f"create_run(__import__('pathlib').Path({str(root)!r}), read_session({{}}, 'k')); "
-            "print('ready', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=job_env(),
+    code = (
+        "from pathlib import Path; from lightning_resume.run_dir.resolve import create_run; "
+        "from lightning_resume._scheduler.environment import read_session; "
+        f"create_run(Path({str(root)!r}), read_session({{}}, 'k'))"
     )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+    with live_holder(code) as holder:
         with pytest.raises(RunDirError, match=f"in use by another live attempt .pid {holder.pid} on"):
             RunDir(root=root, key="k")
         assert len(layout.run_dirs(root)) == 1
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 @case(
