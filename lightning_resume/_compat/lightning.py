@@ -63,11 +63,15 @@ class NextLoad:
         return self.handler(self.original, checkpoint_path, args, kwargs)
 
 
-def put_callback(trainer: pl.Trainer, callback: Callback, before: Callback | None = None) -> None:
-    """Put ``callback`` into the Trainer's callbacks, first or just before ``before``: a new list
-    (Lightning may be iterating the old one)."""
+def put_callback(
+    trainer: pl.Trainer, callback: Callback, before: Callback | None = None, after: Callback | None = None
+) -> None:
+    """Put ``callback`` into the Trainer's callbacks: just before ``before``, just after ``after``, or
+    first; a new list (Lightning may be iterating the old one)."""
     callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
     at = callbacks.index(before) if before is not None and before in callbacks else 0
+    if after is not None and after in callbacks:
+        at = callbacks.index(after) + 1
     trainer.callbacks = [*callbacks[:at], callback, *callbacks[at:]]  # type: ignore[attr-defined]
 
 
@@ -182,6 +186,61 @@ def settle_validation_progress(trainer: pl.Trainer) -> None:
     checkpoint looks like "inside a validation step")."""
     total: Any = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total  # a _BatchProgress tracker
     total.ready = total.started = total.processed = total.completed
+
+
+def restart_swa_epochs(trainer: pl.Trainer) -> list[str]:
+    """On a mid-epoch restart inside ``StochasticWeightAveraging``'s averaging epochs: run the
+    ``on_train_epoch_start`` Lightning skips, which (with the callback's restored state) makes its
+    ``SWALR`` scheduler again; ``on_fit_start`` removed the schedulers, so the epoch's end would step
+    none. The averaging it also does is skipped by the restored ``latest_update_epoch``. Returns the
+    callbacks it ran for."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    epoch, done = trainer.current_epoch, []
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if (
+            isinstance(callback, StochasticWeightAveraging)
+            and callback.swa_start <= epoch <= callback.swa_end
+        ):
+            callback.on_train_epoch_start(trainer, trainer.lightning_module)
+            done.append(type(callback).__name__)
+    return done
+
+
+def skips_backward(trainer: pl.Trainer) -> bool:
+    """Whether this epoch's steps run no backward (``StochasticWeightAveraging``'s BatchNorm epoch, set
+    up in an ``on_train_epoch_start`` that a mid-epoch restart does not run)."""
+    return bool(trainer.fit_loop._skip_backward)
+
+
+def next_step_uses_held_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether the step at ``batch_idx`` adds to the gradients held now instead of zeroing them first
+    (automatic optimization: inside an accumulation window, or ``StochasticWeightAveraging``'s
+    BatchNorm epoch, which steps the optimizer without a backward)."""
+    module = trainer.lightning_module
+    if not module.automatic_optimization:
+        return False  # the user's own zero_grad: unknown
+    return skips_backward(trainer) or batch_idx % trainer.accumulate_grad_batches != 0
+
+
+def validation_log_steps(trainer: pl.Trainer) -> dict[int, int]:
+    """The step each validation loader's next ``on_step`` value is logged at: Lightning counts the
+    validation batches of the whole ``fit`` (by loader, from 0 again when the loaders are made anew)."""
+    return dict(trainer.fit_loop.epoch_loop.val_loop._seen_batches_per_dataloader)
+
+
+def put_back_validation_log_steps(trainer: pl.Trainer, steps: dict[int, int]) -> None:
+    """Continue the counts :func:`validation_log_steps` returned (after the loaders were made)."""
+    seen = trainer.fit_loop.epoch_loop.val_loop._seen_batches_per_dataloader
+    seen.clear()
+    seen.update({int(k): int(v) for k, v in steps.items()})
+
+
+def train_loader_mode(trainer: pl.Trainer) -> str:
+    """How Lightning combines several training loaders (``CombinedLoader``'s mode; fit's default:
+    ``max_size_cycle``)."""
+    combined = trainer.fit_loop._combined_loader
+    return str(combined._mode) if combined is not None else "max_size_cycle"
 
 
 def stop_deferred(trainer: pl.Trainer) -> bool:
@@ -410,6 +469,24 @@ def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
 #: What to silence: a pattern of the module that warns ("": any) and patterns of its messages.
 Quieted = tuple[str, tuple[str, ...]]
 _LIGHTNING = r"(lightning\.pytorch|pytorch_lightning)"
+#: ``validate``/``test``/``predict(ckpt_path=...)`` of a checkpoint with our private callbacks' states
+#: (they join the Trainer for ``fit`` only, and hold nothing those need).
+OWN_STATES_NOT_LOADED: Quieted = (
+    "",
+    (
+        r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided"
+        r" during `Trainer` instantiation. Please add the following callbacks:"
+        r" \['(ExactResume|EpochBoundary)'(, '(ExactResume|EpochBoundary)')?\]",
+    ),
+)
+#: ``ckpt_path="best"`` beside one ``ModelCheckpoint`` of the user's: ours is not a second one.
+SEVERAL_MODEL_CHECKPOINTS: Quieted = (
+    "",
+    (
+        r"`\.(validate|test|predict)\(ckpt_path=\"best\"\)` is called with Trainer configured with multiple"
+        r" `ModelCheckpoint` callbacks",
+    ),
+)
 #: A fresh run with nothing to resume.
 NOTHING_TO_RESUME: Quieted = (
     rf"{_LIGHTNING}\.trainer\.connectors\.checkpoint_connector",
@@ -430,10 +507,12 @@ NOT_RESUMABLE: Quieted = (
 
 def _remove(filters: list[Any]) -> None:
     # Removing an "ignore" filter needs no cache reset: ignored warnings are not recorded as seen.
+    # By identity: another owner's equal filter (a second RequeueCheckpoint's) stays.
     installed: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
     for item in filters:
-        with contextlib.suppress(ValueError):
-            installed.remove(item)
+        at = next((i for i, f in enumerate(installed) if f is item), None)
+        if at is not None:
+            del installed[at]
 
 
 class QuietLightning:
@@ -442,10 +521,11 @@ class QuietLightning:
 
     def __init__(self, owner: object, which: Quieted = NOTHING_TO_RESUME) -> None:
         module, messages = which
-        before = list(warnings.filters)
+        before = {id(item) for item in warnings.filters}
         for message in messages:
             warnings.filterwarnings("ignore", message=message, module=module)
-        added = [item for item in warnings.filters if item not in before]
+        # (an equal filter of another owner is replaced by this one's: it is new too)
+        added = [item for item in warnings.filters if id(item) not in before]
         self._finalizer = weakref.finalize(owner, _remove, added)
 
     def remove(self) -> None:
@@ -458,6 +538,13 @@ def log_dir_exists(log_dir: Path) -> Quieted:
     # The message names the dir as the logger was configured (maybe relative): match its last parts.
     tail = re.escape(os.sep.join(log_dir.parts[-2:]))
     return "", (rf"Experiment logs directory (.*{re.escape(os.sep)})?{tail} exists",)
+
+
+def checkpoint_dir_not_empty(path: Path) -> Quieted:
+    """``ModelCheckpoint``'s "Checkpoint directory ... exists and is not empty" for ``path`` (a run dir's
+    ``checkpoints``: what is in it is the run's own)."""
+    names = dict.fromkeys((str(path), os.path.realpath(path)))
+    return "", tuple(rf"Checkpoint directory {re.escape(name)} exists and is not empty" for name in names)
 
 
 @contextlib.contextmanager

@@ -105,6 +105,21 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
+def write_text_replacing(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling and rename it onto ``path``, without fsync: whole or absent
+    after a kill (the page cache outlives the process), not after a power loss. For small records
+    that may be lost, written where an fsync would cost a step (milliseconds on network storage)."""
+    fd, temporary = temp_sibling(path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 

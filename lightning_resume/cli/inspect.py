@@ -189,7 +189,8 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
     """Everything about one run dir."""
     meta = read_meta(run_dir)
     folder = layout.checkpoint_dir(run_dir)
-    checkpoints = [verify(p) for p in sorted(folder.glob(f"*{layout.CKPT_SUFFIX}"))]
+    found = folder.glob(f"*{layout.CKPT_SUFFIX}")  # last.ckpt first, then the user's ModelCheckpoint's
+    checkpoints = [verify(p) for p in sorted(found, key=lambda p: (p.name != layout.LAST_CKPT, p.name))]
     directories = checkpoint_directories(folder)
     root = root or _root_of(run_dir)
     entries = index_entries(root) if root else []

@@ -153,6 +153,13 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
     ]
     if rows:
         table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)
+    checked = [
+        (str(a["attempt"]), _text(a.get("resumed_from")), a["self_check"])
+        for a in report["attempts"]
+        if a.get("self_check")
+    ]
+    if checked:
+        table("resume self-checks", ("attempt", "resumed after step", "verdict"), checked)
     chosen = cadence.choice_from_dict(report.get("cadence") or {})
     if chosen is not None:
         console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")

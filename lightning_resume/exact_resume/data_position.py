@@ -5,14 +5,22 @@ A plain loader's epoch comes from two draws: the workers' base seed, as its iter
 :func:`watch` records the random state at both moments and changes nothing else; :func:`replay` makes
 the interrupted epoch's iterator again from them, the sampler skipping the consumed batches' *indices*
 without loading them; :mod:`.worker_streams` continues the workers' random streams.
+
+An ``IterableDataset`` without state has no indices to skip: its epoch is made again from the random
+state and the dataset's own generators (``torch.Generator``, ``numpy.random.Generator``,
+``random.Random`` attributes) as its iterator was made, and the consumed batches are drawn again and
+dropped (:func:`replay_iterable`; the time is logged). Several loaders (``CombinedLoader``'s
+``max_size_cycle``) are each put back inside their current cycle (:func:`positions`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import random
+from collections.abc import Iterator, Sequence
 from typing import Any, TypedDict
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
@@ -22,6 +30,8 @@ from lightning_resume._compat.torch import (
     replaced_iterator_factory,
 )
 from lightning_resume.exact_resume import rng
+
+_END = object()
 
 
 class EpochDraws(TypedDict):
@@ -37,17 +47,89 @@ def loader_problem(loader: Any) -> str | None:
         return f"{type(loader).__name__} is not a torch DataLoader"
     if hasattr(loader, "state_dict"):
         return None  # stateful loaders restore their own position
-    if isinstance(loader.dataset, IterableDataset):
-        return (
-            f"{type(loader.dataset).__name__} is an IterableDataset without state: make it stateful "
-            "(torchdata StatefulDataLoader + a dataset with state_dict/load_state_dict)"
-        )
+    if is_iterable(loader):
+        return None  # replayed: drawn again from its epoch's start
     batch_sampler = loader.batch_sampler
     if not (hasattr(batch_sampler, "sampler") and hasattr(batch_sampler, "batch_size")):
         return f"the batch sampler {type(batch_sampler).__name__} has no sampler/batch_size to skip through"
-    if loader.persistent_workers:
+    if persistent(loader):
         return "persistent_workers=True keeps worker state across epochs that a restart cannot rebuild"
     return None
+
+
+def persistent(loader: Any) -> bool:
+    """Whether ``loader``'s workers live across epochs (their random streams go on from epoch to epoch:
+    fresh workers, at any resume, mid-epoch or between epochs, draw other augmentation)."""
+    return isinstance(loader, DataLoader) and bool(loader.persistent_workers and loader.num_workers)
+
+
+def is_iterable(loader: DataLoader) -> bool:
+    """Whether ``loader`` reads an ``IterableDataset`` (positioned by :func:`replay_iterable`)."""
+    return isinstance(loader.dataset, IterableDataset)
+
+
+def positions(skip: int, lengths: Sequence[int | None], mode: str) -> list[int]:
+    """How many batches of its current pass each of several loaders has given when the combined
+    loader has given ``skip``: ``max_size_cycle`` starts a shorter loader again once it is exhausted
+    (at its end it stays exhausted until the next batch asks), ``max_size``/``min_size`` do not."""
+    found = []
+    for length in lengths:
+        if length is None or length <= 0 or skip <= length:
+            found.append(skip)
+        elif mode == "max_size_cycle":
+            found.append((skip - 1) % length + 1)
+        else:
+            found.append(length)
+    return found
+
+
+def _dataset_generators(dataset: Any) -> dict[str, Any]:
+    """The dataset's own generators (its attributes), by name."""
+    kinds = (torch.Generator, np.random.Generator, random.Random)
+    return (
+        {k: v for k, v in sorted(vars(dataset).items()) if isinstance(v, kinds)}
+        if hasattr(dataset, "__dict__")
+        else {}
+    )
+
+
+def _generator_states(dataset: Any) -> dict[str, Any]:
+    states: dict[str, Any] = {}
+    for name, generator in _dataset_generators(dataset).items():
+        if isinstance(generator, torch.Generator):
+            states[name] = generator.get_state()
+        elif isinstance(generator, np.random.Generator):
+            states[name] = generator.bit_generator.state
+        else:
+            version, internal, gauss = generator.getstate()
+            states[name] = (version, torch.tensor(internal, dtype=torch.int64), gauss)
+    return states
+
+
+def _set_generator_states(dataset: Any, states: dict[str, Any]) -> None:
+    for name, generator in _dataset_generators(dataset).items():
+        state = states.get(name)
+        if state is None:
+            continue
+        if isinstance(generator, torch.Generator):
+            generator.set_state(state)
+        elif isinstance(generator, np.random.Generator):
+            generator.bit_generator.state = state
+        else:
+            generator.setstate((state[0], tuple(int(v) for v in state[1].tolist()), state[2]))
+
+
+def dataset_states(loader: DataLoader) -> dict[str, Any]:
+    """The states of the generators of ``loader``'s dataset (in this process; with workers, the
+    dataset is copied into each epoch's workers from this one, which never draws)."""
+    return _generator_states(loader.dataset)
+
+
+def put_back_dataset_states(loader: DataLoader, states: dict[str, Any] | None) -> None:
+    """Put back what :func:`dataset_states` returned (a resume between epochs: the next epoch draws on
+    from where the interrupted run's dataset was)."""
+    if states:
+        _set_generator_states(loader.dataset, states)
 
 
 def _state(generator: torch.Generator | None) -> torch.Tensor | None:
@@ -107,22 +189,31 @@ class RecordIterator:
         self.original = iterator_factory(loader)
         self.start: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
+        self._drop = 0  # batches of the next iterator to draw and drop (an IterableDataset)
 
-    def replay_next(self, start: dict[str, Any]) -> None:
-        """Make the next iterator from ``start`` (the workers' base seed is drawn from it)."""
-        self._pending = start
+    def replay_next(self, start: dict[str, Any], drop: int = 0) -> None:
+        """Make the next iterator from ``start`` (the workers' base seed is drawn from it); draw and
+        drop its first ``drop`` batches."""
+        self._pending, self._drop = start, drop
 
     def __call__(self) -> Any:
         pending, self._pending = self._pending, None
         if pending is None:
             self.start = _capture(self.loader.generator)
+            if is_iterable(self.loader):
+                self.start["dataset"] = _generator_states(self.loader.dataset)
             return self.original()
+        if pending.get("dataset"):
+            _set_generator_states(self.loader.dataset, pending["dataset"])
         # The loader's own generator (shared with its sampler) keeps the state the replayed sampler
         # left it in: in the interrupted run the sampler drew after the base seed.
         after = _state(self.loader.generator)
         _set(self.loader.generator, pending["generator"])
         with rng.scoped(pending["rng"]):
             iterator = self.original()
+            for _ in range(self._drop):  # main-process draws come from the epoch's start state too
+                if next(iterator, _END) is _END:
+                    break
         _set(self.loader.generator, after)
         self.start = pending
         return iterator
@@ -133,8 +224,9 @@ def watch(loader: Any) -> bool:
     if loader_problem(loader) is not None or hasattr(loader, "state_dict") or _watched(loader):
         return False
     replace_iterator_factory(loader, RecordIterator(loader))
-    batch_sampler: Any = loader.batch_sampler
-    batch_sampler.sampler = EpochSampler(batch_sampler.sampler)
+    if not is_iterable(loader):  # an IterableDataset's sampler draws nothing
+        batch_sampler: Any = loader.batch_sampler
+        batch_sampler.sampler = EpochSampler(batch_sampler.sampler)
     return True
 
 
@@ -151,6 +243,15 @@ def draws(loader: DataLoader) -> EpochDraws | None:
         "iterator": replaced_iterator_factory(loader).start,
         "sampler": sampler.start if isinstance(sampler, EpochSampler) else None,
     }
+
+
+def replay_iterable(loader: DataLoader, recorded: EpochDraws, batches: int) -> bool:
+    """Make ``loader``'s next iterator (an ``IterableDataset``'s) the recorded epoch, ``batches``
+    batches in (drawn again and dropped as it is made); ``False`` when nothing was recorded."""
+    if not _watched(loader) or recorded.get("iterator") is None:
+        return False
+    replaced_iterator_factory(loader).replay_next(recorded["iterator"], drop=batches)
+    return True
 
 
 def replay(loader: DataLoader, recorded: EpochDraws, batches: int) -> list[list[Any]]:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, StochasticWeightAveraging
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -29,15 +31,20 @@ from lightning_resume._compat.lightning import (
     QuietLightning,
     between_epochs,
     mark_between_epochs,
+    next_step_uses_held_grads,
+    put_back_validation_log_steps,
     put_callback,
     redo_validation_on_restart,
     replace_train_loader_states,
+    restart_swa_epochs,
     restart_train_iterator,
     settle_fit_restart,
     settle_validation_progress,
     start_epoch_afresh,
     take_callback,
+    train_loader_mode,
     train_loader_states,
+    validation_log_steps,
     watch_train_loaders,
 )
 from lightning_resume._storage.atomic import write_text_atomic
@@ -45,10 +52,13 @@ from lightning_resume._warnings import warn
 from lightning_resume.exact_resume import (
     data_position,
     epoch_metrics,
+    held_grads,
     per_rank_states,
     rng,
+    self_check,
     stateful_loaders,
     stop_request,
+    trainable,
 )
 from lightning_resume.exact_resume.resume_state import Loaded, RankState, ResumeState, Stage
 from lightning_resume.exact_resume.worker_streams import ResumedWorkers
@@ -61,6 +71,14 @@ def _train_loaders(trainer: pl.Trainer | None) -> list[Any]:
     """The training loaders in Lightning's order (``CombinedLoader.flattened``, as its loader states)."""
     source = trainer.train_dataloader if trainer is not None else None
     return [] if source is None else list(CombinedLoader(source, "max_size_cycle").flattened)
+
+
+def _write_next(*args: Any) -> None:
+    """:func:`.self_check.write_next` off the training thread (its file is a hint: never an error)."""
+    try:
+        self_check.write_next(*args)
+    except OSError as e:
+        log.debug("self-check fingerprint not written: %s", e)
 
 
 def _plain(trainer: pl.Trainer | None) -> list[DataLoader]:
@@ -88,6 +106,14 @@ class ExactResume(Callback):
         self._stateful = False  # every train loader restores its own position
         self._loader_states: list[Any] | None = None  # this rank's saved loader states, to reload
         self._quiet: QuietLightning | None = None
+        self._fingerprints: Path | None = None  # the uninterrupted run's first steps after a save
+        self._on_verdict: Callable[[str], None] = lambda verdict: None
+        self._loaded_step: int | None = None  # the global step of the loaded checkpoint
+        self._check_pending: Loaded | None = None  # what the first resumed step checks itself against
+        self._next_taken = -1  # the save whose next step's fingerprint is recorded
+        self._grads: list[Any] | None = None  # saved gradients the first resumed step adds to
+        self._val_log_steps: tuple[int, dict[int, int]] | None = None  # (epoch, steps) to continue
+        self._validation_log_steps: dict[int, int] = {}  # as this validation started
 
     @property
     @override
@@ -106,11 +132,15 @@ class ExactResume(Callback):
         validated_after: Path,
         saves_mid_epoch: bool,
         restart: bool,
+        fingerprints: Path,
+        on_verdict: Callable[[str], None],
     ) -> None:
         """In ``setup`` of ``fit``: join the callbacks just before ``before``; record every epoch's draws.
-        ``validated_after`` records the step of the last save a validation followed."""
+        ``validated_after`` records the step of the last save a validation followed; ``fingerprints``
+        the first step after each save (:mod:`.self_check`), whose verdict goes to ``on_verdict``."""
         put_callback(trainer, self, before=before)
         self._trainer, self._validated_after = trainer, validated_after
+        self._fingerprints, self._on_verdict = fingerprints, on_verdict
         self._saves_mid_epoch, self._restart = saves_mid_epoch, restart
         self._stop_watching()
         self._unwatch = watch_train_loaders(trainer, data_position.watch)
@@ -131,6 +161,7 @@ class ExactResume(Callback):
         mine: RankState = {
             "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
             "draws": [data_position.draws(dl) for dl in _plain(trainer)],
+            "datasets": [data_position.dataset_states(dl) for dl in _plain(trainer)],
             "metrics": None,
         }
         if trainer is not None and trainer.lightning_module is not None:
@@ -143,6 +174,17 @@ class ExactResume(Callback):
         # Between epochs: the last epoch's end has run in full and nothing of the next; a save in
         # validation resumes inside the epoch (the validation and epoch-end hooks run again).
         between = trainer is not None and not in_validation and between_epochs(trainer)
+        if trainer is not None and trainer.lightning_module is not None:
+            mine["frozen"] = trainable.frozen(trainer.lightning_module)
+            # in a validation, as it started: the restart runs it again
+            mine["val_log_steps"] = (
+                self._validation_log_steps if in_validation else validation_log_steps(trainer)
+            )
+        if trainer is not None and not in_validation and trainer.lightning_module is not None:
+            if not between:
+                mine["check"] = self._fingerprint(trainer, int(batches))
+            if self._next_step_uses_grads(trainer, 0 if between else int(batches)):
+                mine["grads"] = held_grads.capture(trainer.lightning_module)
         return {
             "ranks": [mine],  # every rank's, with its loader states, are gathered in at_save
             "mid_epoch": trainer is not None and not between,
@@ -189,6 +231,8 @@ class ExactResume(Callback):
     ) -> None:
         """Mark a validation to redo; give each rank its own loader, scheduler and callback states."""
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
+        step = checkpoint.get("global_step")
+        self._loaded_step = int(step) if isinstance(step, int) else None
         # Saved at the end of a step a validation followed: redo it from the checkpoint's random state
         # (nothing draws between the step's end and validation).
         followed = state.get("mid_epoch", True) and self._validation_followed(checkpoint.get("global_step"))
@@ -224,6 +268,14 @@ class ExactResume(Callback):
         if loaded is not None:
             epoch_metrics.restore(trainer, self._mine(trainer).get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
             self._settle_restart = loaded.mid_epoch
+            if loaded.mid_epoch and not loaded.between_epochs and restart_swa_epochs(trainer):
+                log.info("StochasticWeightAveraging's epoch start run again (skipped on a mid-epoch restart)")
+            self._check_pending = loaded if self._restart and self._loaded_step is not None else None
+            self._grads = self._mine(trainer).get("grads")
+            if self._restart:
+                self._put_back_trainable(trainer, self._mine(trainer).get("frozen"))
+                steps = self._mine(trainer).get("val_log_steps")
+                self._val_log_steps = None if steps is None else (trainer.current_epoch, steps)
         # Issue 25: on another number of ranks, the rest of the epoch split over them.
         positioned = self._world.at_train_start(trainer, loaded, _train_loaders(trainer))
         if positioned is Positioned.RESPLIT:
@@ -253,6 +305,9 @@ class ExactResume(Callback):
         if loaded is None or not loaded.between_epochs or self.state.stage is not Stage.LOADED:
             return
         rng.restore(self._mine(trainer)["rng"])
+        datasets = self._mine(trainer).get("datasets") or []
+        for loader, states in zip(_plain(trainer), datasets, strict=False):
+            data_position.put_back_dataset_states(loader, states)
         start_epoch_afresh(trainer)
         self.state = self.state.applied()
 
@@ -264,6 +319,16 @@ class ExactResume(Callback):
         self._unquiet()
         self._settle(trainer)
         self._continue(trainer, at_batch=True)
+        grads, self._grads = self._grads, None
+        if grads is not None and not held_grads.restore(pl_module, grads):
+            warn(
+                "RequeueCheckpoint cannot put back the gradients the saved step held: the model's "
+                "parameters differ."
+            )
+        if self._check_pending is not None:
+            self._check(trainer, self._check_pending, batch, batch_idx)
+        elif trainer.global_step == self._last_save_step() != self._next_taken:
+            self._record_next(trainer, batch, batch_idx)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -276,6 +341,7 @@ class ExactResume(Callback):
         is recorded, for a restart from that save to run it again (Lightning would skip it)."""
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
+        self._continue_validation_log_steps(trainer)
         saved_at_this_step = trainer.global_step == self._last_save_step()
         loaded = self.state.loaded
         if loaded is not None and loaded.in_validation:
@@ -285,6 +351,7 @@ class ExactResume(Callback):
             rng.restore(self.state.rng)
             self.state = self.state.redo_validation_now()
         self._validation_rng = rng.capture()
+        self._validation_log_steps = validation_log_steps(trainer)
         self._validation_metrics = epoch_metrics.metric_states(trainer.lightning_module)
         if saved_at_this_step and trainer.is_global_zero:
             assert self._validated_after is not None
@@ -295,6 +362,98 @@ class ExactResume(Callback):
         if self.state.stage is Stage.REDOING_VALIDATION:
             settle_validation_progress(trainer)
             self.state = self.state.validation_redone()
+
+    # -- what a resume skips: the hooks that set requires_grad, the count of logged validation steps --
+
+    @staticmethod
+    def _put_back_trainable(trainer: pl.Trainer, frozen: list[str] | None) -> None:
+        """``requires_grad`` as saved (``BaseFinetuning`` freezes again in ``setup``)."""
+        if frozen is None:
+            return
+        changed = trainable.put_back(trainer.lightning_module, frozen)
+        if changed and trainer.is_global_zero:
+            log.info(
+                "requires_grad of %d parameter(s) put back as saved (set otherwise since: %s%s)",
+                len(changed),
+                ", ".join(changed[:3]),
+                ", ..." if len(changed) > 3 else "",
+            )
+
+    def _continue_validation_log_steps(self, trainer: pl.Trainer) -> None:
+        """The first validation after a restart logs its steps where the interrupted run's left off
+        (unless its loaders are made anew since, which starts the count again in any run)."""
+        pending, self._val_log_steps = self._val_log_steps, None
+        if pending is None:
+            return
+        epoch, steps = pending
+        if not getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or trainer.current_epoch == epoch:
+            put_back_validation_log_steps(trainer, steps)
+
+    # -- the self-check ----------------------------------------------------------------------------
+
+    def _fingerprint(
+        self, trainer: pl.Trainer, batch_idx: int, batch: Any = None
+    ) -> self_check.Fingerprint | None:
+        """This rank's fingerprint (``None`` where it cannot be taken: never a reason to stop training)."""
+        if trainer.lightning_module is None or trainer.state.fn != "fit":
+            return None
+        try:
+            uses_grads = next_step_uses_held_grads(trainer, batch_idx)
+            return self_check.take(trainer, batch_idx, uses_grads, batch)
+        except Exception as e:  # an odd model or batch: unchecked
+            log.debug("no self-check fingerprint: %s", e)
+            return None
+
+    @staticmethod
+    def _next_step_uses_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
+        """Whether the step at ``batch_idx`` adds to the gradients held now (at an epoch's start under
+        ``StochasticWeightAveraging``: its BatchNorm epoch steps with the last epoch's gradients)."""
+        epoch = trainer.current_epoch  # (an epoch boundary: the epoch about to start)
+        callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+        swa = [cb for cb in callbacks if isinstance(cb, StochasticWeightAveraging)]
+        if batch_idx == 0 and any(epoch == getattr(cb, "swa_end", -2) + 1 for cb in swa):
+            return True
+        return next_step_uses_held_grads(trainer, batch_idx)
+
+    def _record_next(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
+        """The uninterrupted run's first step after a save: its fingerprint, for a resume to compare."""
+        self._next_taken = trainer.global_step
+        fingerprint = self._fingerprint(trainer, batch_idx, batch)
+        if fingerprint is None or self._fingerprints is None:
+            return
+        args = (self._fingerprints, trainer.global_rank, trainer.global_step, fingerprint)
+        threading.Thread(target=_write_next, args=args, name="self-check", daemon=True).start()
+
+    def _check(self, trainer: pl.Trainer, loaded: Loaded, batch: Any, batch_idx: int) -> None:
+        """The first resumed step: compare with the interrupted run's (every rank; one warning on rank 0)."""
+        self._check_pending = None
+        self._next_taken = trainer.global_step
+        step = self._loaded_step
+        fields: tuple[str, ...] = ()
+        found: list[str] = []
+        if step is not None and len(loaded.ranks) == trainer.world_size:
+            now = self._fingerprint(trainer, batch_idx, batch)
+            assert self._fingerprints is not None
+            saved = self_check.read_next(self._fingerprints, trainer.global_rank, step)
+            if saved is not None:
+                fields = tuple(saved)
+            elif loaded.mid_epoch and not (loaded.before_validation or loaded.in_validation):
+                saved, fields = loaded.ranks[trainer.global_rank].get("check"), self_check.AT_SAVE
+            if now is not None and saved is not None:
+                found = self_check.differences(saved, now, fields)
+            else:
+                fields = ()
+        by_rank = gather_objects(trainer.strategy, found) if trainer.world_size > 1 else [found]
+        if not trainer.is_global_zero:
+            return
+        if not fields:
+            self._on_verdict("unchecked")
+            return
+        self._on_verdict(self_check.verdict(by_rank, fields))
+        if any(by_rank):
+            warn(self_check.message(step or 0, by_rank))
+        else:
+            log.info("resume self-check after step %s: exact (%s compared)", step, ", ".join(fields))
 
     # -- the pieces --------------------------------------------------------------------------------
 
@@ -337,7 +496,15 @@ class ExactResume(Callback):
         self._stateful = bool(loaders) and all(stateful)
         problems = sorted({p for p in map(data_position.loader_problem, sources) if p})
         self._positioned = bool(loaders) and not problems and not any(stateful)
-        if problems and self._saves_mid_epoch:
+        if any(map(data_position.persistent, sources)):
+            warn(
+                "A train loader has persistent_workers=True: its workers' random streams (augmentation) "
+                "go on from epoch to epoch, and the fresh workers of a resumed run, mid-epoch or between "
+                "epochs, draw others. For an exact resume use persistent_workers=False (the workers "
+                "start again each epoch, and a resume rebuilds them exactly), or draw the augmentation "
+                "from a generator seeded by the sample index and the epoch."
+            )
+        elif problems and self._saves_mid_epoch:
             warn(
                 "RequeueCheckpoint saves mid-epoch, but the train data cannot be put back at the same batch ("
                 + "; ".join(problems)
@@ -354,10 +521,16 @@ class ExactResume(Callback):
         skip = loaded.batches
         # A save in the epoch-end validation consumed the whole epoch: skipping it all would leave an
         # exhausted iterator for the next epoch.
-        if not 0 < skip < min((len(dl) for dl in loaders), default=0):
+        if not 0 < skip < trainer.num_training_batches:
             return
+        iterable = [data_position.is_iterable(dl) for dl in loaders]
+        lengths = [None if it else len(dl) for dl, it in zip(loaders, iterable, strict=True)]
+        owns = data_position.positions(skip, lengths, train_loader_mode(trainer))
         records = list(self._mine(trainer).get("draws") or [None] * len(loaders))
-        if len(records) != len(loaders) or any(r is None or r.get("sampler") is None for r in records):
+        needed = ["iterator" if it else "sampler" for it in iterable]
+        if len(records) != len(loaders) or any(
+            r is None or r.get(key) is None for r, key in zip(records, needed, strict=False)
+        ):
             warn(
                 "RequeueCheckpoint cannot put the train data back at its batch: the checkpoint does not "
                 "hold the random state the interrupted epoch was drawn from (saved before its first "
@@ -366,18 +539,30 @@ class ExactResume(Callback):
             )
             return
         user_fns = [dl.worker_init_fn for dl in loaders]
-        for loader, recorded in zip(loaders, records, strict=True):
+        replayed = 0
+        for loader, recorded, own, drawn_again in zip(loaders, records, owns, iterable, strict=True):
             assert recorded is not None
+            if drawn_again:
+                replayed += own if data_position.replay_iterable(loader, recorded, own) else 0
+                continue
             sampler: Any = loader.batch_sampler.sampler  # type: ignore[union-attr]
             sampler.set_epoch(trainer.current_epoch)  # Lightning sets it after this hook
-            skipped = data_position.replay(loader, recorded, skip)
+            skipped = data_position.replay(loader, recorded, own)
             if loader.num_workers:
                 loader.worker_init_fn = ResumedWorkers(loader.worker_init_fn, skipped, loader.collate_fn)
+        started = time.perf_counter()
         try:
             restart_train_iterator(trainer)
         finally:  # only this epoch's workers play their earlier selves
             for loader, user_fn in zip(loaders, user_fns, strict=True):
                 loader.worker_init_fn = user_fn
+        if replayed and trainer.is_global_zero:
+            log.info(
+                "an IterableDataset without state is back at its batch: %d batch(es) of the epoch drawn "
+                "again and dropped in %.2f s",
+                replayed,
+                time.perf_counter() - started,
+            )
 
     def _resplit(self, trainer: pl.Trainer) -> None:
         """The epoch's rest was split over the ranks (issue 25): a new iterator, this rank's random state."""

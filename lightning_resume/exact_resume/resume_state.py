@@ -31,9 +31,14 @@ class RankState(TypedDict, total=False):
 
     rng: dict[str, Any]
     draws: list[Any]
+    datasets: list[dict[str, Any]]  # the generators of each plain loader's dataset (:mod:`.data_position`)
     metrics: dict[str, Any] | None
     loaders: list[Any] | None
     owned: RankOwned
+    check: dict[str, Any] | None  # the self-check's fingerprint at the save (:mod:`.self_check`)
+    grads: list[Any]  # gradients the next step adds to (:mod:`.held_grads`)
+    frozen: list[str]  # the parameters without requires_grad (:mod:`.trainable`)
+    val_log_steps: dict[int, int]  # the step of each validation loader's next logged value
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,21 @@ from typing_extensions import override
 
 from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
 from lightning_resume._collectives import broadcast
-from lightning_resume._compat.lightning import LastCheckpointCallback, QuietLightning
+from lightning_resume._compat.lightning import (
+    OWN_STATES_NOT_LOADED,
+    LastCheckpointCallback,
+    QuietLightning,
+    skips_backward,
+)
 from lightning_resume._compat.versions import untested
 from lightning_resume._warnings import warn
 from lightning_resume.exact_resume.exact_resume import ExactResume
-from lightning_resume.exceptions import Preempted
+from lightning_resume.exceptions import LightningResumeError, Preempted
 from lightning_resume.last_ckpt.cadence import Cadence, checked_interval, checked_seconds
 from lightning_resume.last_ckpt.epoch_boundary import EpochBoundary
 from lightning_resume.last_ckpt.redirect import RestartRedirect
 from lightning_resume.last_ckpt.restart import exists, record_saved
+from lightning_resume.last_ckpt.users_checkpoints import keep_off_our_last, model_checkpoint_first
 from lightning_resume.last_ckpt.writing import LastCkptWrites
 from lightning_resume.run_dir import layout
 from lightning_resume.run_dir.binding import PROCESS
@@ -146,8 +152,11 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
         self._save_at_boundary = False  # a save is due once the epoch's end has run
         self._last_save_step, self._last_save_time = -1, time.monotonic()
+        self._step_seen = 0  # the global step after the last batch: a save waits for an optimizer step
         self._marked = False  # checkpoints/.saved is known to exist
         self._quiet = QuietLightning(self)
+        self._quiet_own = QuietLightning(self, OWN_STATES_NOT_LOADED)
+        self._quiet_best: QuietLightning | None = None
         self._writes = LastCkptWrites(lambda: Path(self.ckpt_path), self._mark_saved)
 
     def _run(self) -> Path:
@@ -172,6 +181,15 @@ class RequeueCheckpoint(LastCheckpointCallback):
         return str(self.checkpoint_dir / f"{LAST}{self.FILE_EXTENSION}")
 
     @property
+    def best_model_path(self) -> str:
+        """What ``trainer.test(ckpt_path="best")`` loads when no ``ModelCheckpoint`` is given (Lightning
+        leaves its default out beside ours): as that default would, the newest save; ``""`` before one."""
+        try:
+            return self.ckpt_path if exists(Path(self.ckpt_path)) else ""
+        except LightningResumeError:  # no run dir yet
+            return ""
+
+    @property
     def _saves_epoch_start_instead(self) -> bool:
         """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
         return self._exact.stateful_loaders
@@ -182,16 +200,23 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._run_dir = find_one(trainer, RunDir, "RequeueCheckpoint", _NEEDS_RUN_DIR)
         self._trainer = trainer
+        # ckpt_path="best"/"last" as without us; the user's save_last never on our last.ckpt
+        if self._quiet_best is not None:
+            self._quiet_best.remove()
+        self._quiet_best = model_checkpoint_first(trainer, self)
+        keep_off_our_last(trainer, self.checkpoint_dir, LAST)
         if stage != "fit":
             return
         _warn_if_untested(trainer)
         self._boundary.attach(trainer)
         self._exact.attach(
             trainer,
-            before=self,
+            before=trainer.checkpoint_callbacks[0],  # before every Checkpoint
             validated_after=layout.validated_after(self._run_dir.path),
             saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes),
             restart=self._run_dir.is_resumed,
+            fingerprints=layout.self_check_dir(self._run_dir.path),
+            on_verdict=self._run_dir.attempts.self_checked,
         )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
         self._writes.remove_partial(trainer)
@@ -209,6 +234,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._run_dir is not None
         self._cadence.start(trainer, self._run_dir)
+        self._step_seen = trainer.global_step
 
     def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
         """As an epoch starts, before other callbacks (:class:`EpochBoundary`): restore or save here."""
@@ -230,6 +256,9 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        # Inside an accumulation window (no optimizer step in this batch) nothing is due: a save there
+        # would have to hold the window's gradients.
+        stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
         if trainer.is_last_batch:
             # Not a resume point: restored from here, Lightning would skip the epoch's end that follows.
             self._save_at_boundary |= self.save_on_train_epoch_end or self._due(trainer)
@@ -240,7 +269,9 @@ class RequeueCheckpoint(LastCheckpointCallback):
         if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
             self._save_at_boundary = False
             self.save(trainer)
-        elif self._due(trainer) or _last_step(trainer):
+        elif stepped and (self._due(trainer) or _last_step(trainer)) and not skips_backward(trainer):
+            # (StochasticWeightAveraging's BatchNorm epoch: a restart inside it cannot be exact, and
+            # redone from its start it costs one pass without backward)
             self.save(trainer)
 
     @override
@@ -298,6 +329,14 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def save(self, trainer: pl.Trainer) -> None:
         """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between
         epochs, or in fit's validation through :meth:`save_in_validation`)."""
+        if skips_backward(trainer) and not trainer.is_last_batch:
+            warn(
+                "RequeueCheckpoint saves inside StochasticWeightAveraging's BatchNorm epoch (a preemption): "
+                "Lightning does not set that epoch up again on a mid-epoch restart, so the resume from this "
+                "save will not end with an uninterrupted run's weights (its self-check will say so). The "
+                "epoch is one pass without backward: a grace window that lets it finish makes the next "
+                "save exact."
+            )
         self._cadence.saving(trainer, self._writes.writer(trainer))
         self._writes.write(trainer)
         self._mark_saved(trainer)

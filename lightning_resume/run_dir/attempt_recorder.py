@@ -216,6 +216,14 @@ class AttemptRecorder:
             self._flush()
 
     @_never_raises
+    def self_checked(self, verdict: str) -> None:
+        """Record the resume's self-check verdict (at once: ``inspect`` shows it)."""
+        if self._attempt is None:
+            return
+        self._attempt = replace(self._attempt, self_check=verdict)
+        self._flush()
+
+    @_never_raises
     def chose_cadence(self, choice: dict[str, Any]) -> None:
         """Record the interval ``every_n_train_steps="auto"`` chose (at once: ``doctor`` shows it)."""
         if self._attempt is None:

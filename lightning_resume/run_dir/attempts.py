@@ -180,6 +180,8 @@ class Attempt:
     # The interval ``every_n_train_steps="auto"`` chose last (``Choice.to_dict()`` of
     # ``lightning_resume.last_ckpt.interval``, with ``time`` and ``changes``), if any.
     cadence: dict[str, Any] | None = None
+    # The resume's self-check: "exact (checked: ...)", "differs: ...", "unchecked"; None: no resume.
+    self_check: str | None = None
     end: End | None = None  # ``None``: running, or ended without a word (until the next attempt)
 
     @property
@@ -265,7 +267,7 @@ def _end(data: Any) -> End | None:
 
 def attempt_from_dict(data: dict[str, Any]) -> Attempt:
     """An :class:`Attempt` from its JSON object."""
-    as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time")
+    as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time", "self_check")
     return Attempt(
         number=int(data["attempt"]),
         host=str(data.get("host", "")),
@@ -319,6 +321,7 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         "saves": {key: _rounded(value) for key, value in asdict(attempt.saves).items()},
         "last_ckpt_saves": {key: _rounded(getattr(last, key), 4) for key in _LAST_CKPT_KEYS},
         "cadence": attempt.cadence,
+        **({"self_check": attempt.self_check} if attempt.self_check is not None else {}),
         "end": end_data,
     }
 

@@ -13,6 +13,7 @@
             checkpoints/last.ckpt          the checkpoint a restart resumes from
             checkpoints/.saved             marker: the run has committed a checkpoint
             checkpoints/.validated-after   the step of the last save that a validation followed
+            .self-check/rank-R.step-S.json each rank's first step after the save of step S (the self-check)
             <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
@@ -41,9 +42,15 @@ LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
 SAVED_MARKER = ".saved"
 VALIDATED_AFTER = ".validated-after"  # that validation is redone on restart
 LOGS = "logs"
+SELF_CHECK = ".self-check"
 _DAY, _TIME = "[0-9]" * 8, "[0-9]" * 6
 RUN_GLOB = f"{_DAY}/{_TIME}/*"  # run dirs relative to the root: ``YYYYMMDD/HHMMSS/<run id>``
 RUN_DEPTH = 3  # how many folders a run dir sits below its root
+
+
+def self_check_dir(run_dir: Path) -> Path:
+    """Where each rank records the first step after a save, for a resume to compare with."""
+    return run_dir / SELF_CHECK
 
 
 def new_run_dir(root: Path, now: datetime, run_id: str) -> Path:

@@ -14,6 +14,8 @@ from typing_extensions import override
 
 from lightning_resume._checks import positive_number
 from lightning_resume._collectives import any_rank, broadcast
+from lightning_resume._compat.lightning import QuietLightning, checkpoint_dir_not_empty
+from lightning_resume._log import show_info_lines
 from lightning_resume._scheduler.environment import (
     ENV,
     KeySource,
@@ -75,6 +77,7 @@ class RunDir(Callback):
         self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
     ) -> None:
         positive_number("handoff_timeout", handoff_timeout, "number of seconds")
+        show_info_lines()  # "RunDir ... (restart ...)" where Lightning's own lines appear
         if not isinstance(root, (str, Path)) or not str(root).strip():
             raise ValueError(f"root must be a directory path, got {root!r}.")
         if key is not None:
@@ -91,6 +94,7 @@ class RunDir(Callback):
         self._lock: RunLock | None = None
         self._answerer: handoff.Answerer | None = None  # rank 0 of a launch with other ranks
         self._used = False
+        self._quiet: QuietLightning | None = None  # ModelCheckpoint's warning about the run's own files
         self._own_load: OwnCheckpointLoad | None = None
         twin = self._unused_twin()
         self._resolution: resolve.Resolution = (
@@ -182,6 +186,8 @@ class RunDir(Callback):
         ]
         for callback in redirected:
             callback.dirpath = str(self.checkpoint_dir)
+        if self._quiet is None:
+            self._quiet = QuietLightning(self, checkpoint_dir_not_empty(self.checkpoint_dir))
         if redirected and trainer.is_global_zero:
             log.info("ModelCheckpoint(s) without a dirpath now save to %s", self.checkpoint_dir)
         # LightningCLI's configuration into the run dir; Hydra's output dir

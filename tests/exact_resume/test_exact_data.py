@@ -6,6 +6,7 @@ indices every step trained on, and the final weights, with an uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from conftest import run_job, same_weights
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_resume.exact_resume.data_position import loader_problem
+from lightning_resume.exact_resume.data_position import loader_problem, positions
 
 
 def steps_seen(log: Path, rank: int = 0) -> list[str]:
@@ -95,13 +96,20 @@ def test_distributed_sampler_on_two_ranks_resumes_exactly_after_three_kills(tmp_
     check_preempted_run(tmp_path, [4, 9, 15], "--loader", "plain", "--devices", "2", "--every", "2", ranks=2)
 
 
-def test_loaders_that_cannot_be_positioned_are_named() -> None:
+def test_loaders_that_cannot_be_positioned_are_named_and_iterables_are_replayed() -> None:
     class Stream(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self):  # type: ignore[no-untyped-def]
             return iter(range(10))
 
-    assert "IterableDataset without state" in (loader_problem(DataLoader(Stream())) or "")
+    assert loader_problem(DataLoader(Stream())) is None  # drawn again from its epoch's start
     assert loader_problem(DataLoader(list(range(10)), shuffle=True)) is None
     assert "persistent_workers" in (
         loader_problem(DataLoader(list(range(10)), num_workers=1, persistent_workers=True)) or ""
     )
+
+
+def test_several_loaders_are_put_back_inside_their_current_pass() -> None:
+    cycle = functools.partial(positions, lengths=[3, 8], mode="max_size_cycle")
+    assert [cycle(skip) for skip in (2, 3, 4, 7)] == [[2, 2], [3, 3], [1, 4], [1, 7]]  # 3: exhausted
+    assert positions(5, [3, 8], "max_size") == [3, 5]
+    assert positions(5, [None, 8], "max_size_cycle") == [5, 5]  # an IterableDataset: no length

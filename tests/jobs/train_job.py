@@ -96,6 +96,23 @@ class Probe(pl.Callback):
         self.val_batches = 0
 
 
+class Sabotage(pl.Callback):
+    """Break a restart on purpose, for the self-check to catch: ``frozen`` freezes the first parameter;
+    ``batch-off`` makes the resumed epoch skip one batch fewer (the loader one batch off)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:  # type: ignore[no-untyped-def]
+        state = checkpoint["callbacks"].get("ExactResume")
+        if self.how == "batch-off" and state and state.get("batches"):
+            state["batches"] -= 1
+
+    def on_train_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        if self.how == "frozen" and trainer.ckpt_path:
+            next(pl_module.parameters()).requires_grad_(False)
+
+
 def send(sig: signal.Signals, group: bool) -> None:
     """``sig`` to this process, or to its whole process group from another process (as a scheduler does)."""
     if group:
@@ -571,6 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
     p.add_argument("--rank0-delay", type=float, default=0.0, help="global rank 0 waits before RunDir")
+    p.add_argument("--sabotage", choices=["frozen", "batch-off"], default=None, help="break a restart")
     add_notice_arguments(p)
     add_world_size_arguments(p)
     add_epoch_arguments(p)
@@ -625,6 +643,8 @@ def main(argv: list[str] | None = None) -> None:
     callbacks[:0] = notice_callbacks(args)
     world_size_setup(args, callbacks)
     callbacks.insert(0, Probe())
+    if args.sabotage:
+        callbacks.insert(0, Sabotage(args.sabotage))
     callbacks.extend(epoch_callbacks(args, run_dir))
     if args.step_log:
         callbacks.insert(1, StepLog(args.step_log))

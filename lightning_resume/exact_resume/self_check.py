@@ -1,0 +1,271 @@
+"""The resume that checks itself: fingerprints of the first step after a save, compared on resume.
+
+A fingerprint (:func:`take`) is small and plain (JSON): where the step stands (global step, epoch,
+batch index), which parameters are trainable, the optimizers' parameter groups and hyperparameters,
+whether accumulated gradients are held, the random state and, where given, the batch. Each save
+records this rank's fingerprint in the checkpoint; the uninterrupted run's first step after the save
+records its own (with the batch it trains on) in a file beside the run (:func:`write_next`). The first
+resumed step takes the same fingerprint at the same moment and :func:`differences` names what is not
+equal: an exact resume has none. Digests hash the bytes (a batch's tensors: their shape, type and up
+to 4096 evenly spaced elements), so they are the same on any machine for equal values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from lightning_resume._storage.atomic import write_text_replacing
+from lightning_resume.exact_resume import rng
+
+log = logging.getLogger(__name__)
+
+Fingerprint = dict[str, Any]
+
+#: How many elements of each tensor of a batch are hashed (evenly spaced, shape and type always).
+SAMPLED = 4096
+#: What a fingerprint saved at the save (not at the next step) may be compared on: unchanged between a
+#: step's end and the next one's start unless a validation runs between them.
+AT_SAVE = ("position", "trainable", "optimizers", "grads", "rng")
+
+_WHAT = {
+    "batch": "the batch",
+    "position": "the position in the epoch",
+    "trainable": "the trainable parameters",
+    "optimizers": "the optimizers' parameter groups",
+    "grads": "the accumulated gradients",
+    "rng": "the random state",
+}
+_REMEDY = {
+    "batch": "the train data is not back at its batch: a loader without a state_dict that cannot be "
+    "positioned (see the warning at train start), a dataset that draws from a generator of its own, or "
+    "workers that draw other augmentation; give the loader a state_dict (torchdata's StatefulDataLoader) "
+    "or make the dataset's draws depend on the sample index and epoch",
+    "position": "the epoch does not continue at its batch: a loader of unknown length (an IterableDataset) "
+    "restarts its epoch; give it a state_dict (StatefulDataLoader) or save at epoch ends only",
+    "trainable": "a callback freezes or unfreezes parameters in a hook a resume does not run again (e.g. "
+    "BaseFinetuning's setup or on_train_epoch_start); set requires_grad where it is restored, or save at "
+    "epoch ends only",
+    "optimizers": "the optimizers' parameter groups or hyperparameters were changed outside their "
+    "state_dict (a callback that adds a group or sets a learning rate in a hook a resume skips)",
+    "grads": "gradients accumulated before the save are not held (a save inside an accumulation window)",
+    "rng": "something draws random numbers between the restore and the step (another callback's "
+    "on_train_start or on_train_batch_start) or a generator lightning_resume does not restore",
+}
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """Shape, type, :data:`SAMPLED` evenly spaced elements (the first and last among them) and the first
+    element of each sample along the first dimension (up to 16 times as many), copied to the CPU."""
+    tensor = tensor.detach()
+    head = f"{tuple(tensor.shape)}{tensor.dtype}".encode()
+    if not tensor.numel():
+        return head
+    flat = tensor.reshape(-1)
+    spread = torch.linspace(
+        0, flat.numel() - 1, min(SAMPLED, flat.numel()), dtype=torch.float64, device=flat.device
+    )
+    parts = [flat.index_select(0, spread.long())]
+    if tensor.dim() > 1:
+        parts.append(tensor.reshape(tensor.shape[0], -1)[: 16 * SAMPLED, 0])
+    return head + b"".join(p.cpu().contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
+
+
+def _leaves(value: Any, out: list[bytes], depth: int = 0) -> None:
+    if depth > 8:
+        out.append(b"...")
+    elif isinstance(value, torch.Tensor):
+        out.append(_tensor_bytes(value))
+    elif isinstance(value, np.ndarray):
+        out.append(_tensor_bytes(torch.from_numpy(np.ascontiguousarray(value))))
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            out.append(str(key).encode())
+            _leaves(value[key], out, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        out.append(f"[{len(value)}".encode())
+        for item in value:
+            _leaves(item, out, depth + 1)
+    elif isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        out.append(repr(value).encode())
+    elif isinstance(getattr(value, "__dict__", None), dict):  # a batch type of the user's: its fields
+        _leaves(vars(value), out, depth + 1)
+    else:
+        out.append(type(value).__name__.encode())
+
+
+def batch_digest(batch: Any) -> str:
+    """The digest of a batch: its structure, and each tensor's shape, type and sampled elements."""
+    parts: list[bytes] = []
+    _leaves(batch, parts)
+    return _digest(*parts)
+
+
+def _rng_digest() -> str:
+    state = rng.capture()
+    py, npy = state["python"], state["numpy"]
+    parts = [
+        _tensor_bytes(py["state"]) + repr(py["gauss"]).encode(),
+        _tensor_bytes(npy["keys"]) + repr((npy["pos"], npy["has_gauss"], npy["cached"])).encode(),
+        state["torch"].numpy().tobytes(),
+    ]
+    parts += [s.numpy().tobytes() for s in state.get("cuda", [])]
+    return _digest(*parts)
+
+
+def _trainable(module: torch.nn.Module) -> list[Any]:
+    """``[trainable, total, digest of the trainable names]``."""
+    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    total = sum(1 for _ in module.parameters())
+    return [len(names), total, _digest("\n".join(names).encode())]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return type(value).__name__
+
+
+def _optimizers(trainer: pl.Trainer) -> dict[str, Any]:
+    """The learning rates (to show) and a digest of every group's size and hyperparameters."""
+    groups = [
+        [len(group["params"]), sorted((k, _plain(v)) for k, v in group.items() if k != "params")]
+        for optimizer in trainer.optimizers
+        for group in optimizer.param_groups
+    ]
+    lrs = [_plain(g.get("lr")) for o in trainer.optimizers for g in o.param_groups]
+    return {"lrs": lrs, "digest": _digest(json.dumps(groups, default=str).encode())}
+
+
+def _holds_grads(module: torch.nn.Module) -> bool:
+    """Whether a gradient is held that is not all zeros (``zero_grad(set_to_none=False)`` leaves zeros)."""
+    for parameter in module.parameters():
+        grad = parameter.grad
+        if grad is None:
+            continue
+        local = grad.to_local() if hasattr(grad, "to_local") else grad  # a DTensor: this rank's shard
+        if local.numel() and bool(local.detach().ne(0).any()):
+            return True
+    return False
+
+
+def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = None) -> Fingerprint:
+    """This rank's fingerprint of the step about to run at ``batch_idx`` (with ``batch``, if given);
+    ``uses_grads``: whether that step adds to the gradients held now (else they are not compared)."""
+    module = trainer.lightning_module
+    found: Fingerprint = {
+        "position": [trainer.global_step, trainer.current_epoch, int(batch_idx)],
+        "trainable": _trainable(module),
+        "optimizers": _optimizers(trainer),
+        "grads": [uses_grads, uses_grads and _holds_grads(module)],
+        "rng": _rng_digest(),
+    }
+    if batch is not None:
+        found["batch"] = batch_digest(batch)
+    return found
+
+
+def _described(field: str, saved: Any, now: Any) -> str:
+    if field == "position":
+        return f"the position (step, epoch, batch) is {tuple(now)}, the interrupted run was at {tuple(saved)}"
+    if field == "trainable":
+        return f"{now[0]} of {now[1]} parameters are trainable, {saved[0]} were in the interrupted run"
+    if field == "optimizers":
+        if saved.get("lrs") != now.get("lrs"):
+            return f"the learning rates are {now.get('lrs')}, were {saved.get('lrs')}"
+        return "the optimizers' parameter groups differ (sizes or hyperparameters)"
+    if field == "grads":
+        if saved[0] != now[0]:
+            uses = "adds to the gradients held" if now[0] else "starts from zero gradients"
+            return f"the step {uses}, the interrupted run's did not"
+        return "accumulated gradients are " + ("held" if now[1] else "missing")
+    return f"{_WHAT[field]} differs"
+
+
+def differences(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
+    """The ``fields`` (those in both fingerprints) whose values differ, each as ``"field: description"``."""
+    found = []
+    for field in fields:
+        if field in saved and field in now and saved[field] != now[field]:
+            found.append(f"{field}: {_described(field, saved[field], now[field])}")
+    return found
+
+
+def message(step: int, by_rank: Sequence[Sequence[str]]) -> str:
+    """The one warning of an inexact resume: what differs on which ranks, and the remedies."""
+    lines: dict[str, list[int]] = {}
+    for rank, found in enumerate(by_rank):
+        for line in found:
+            lines.setdefault(line, []).append(rank)
+    world = len(by_rank)
+    described = [
+        line + ("" if world == 1 else f" (rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))})")
+        for line, ranks in lines.items()
+    ]
+    fields = dict.fromkeys(line.split(":", 1)[0] for line in lines)
+    remedies = "; ".join(f"{field}: {_REMEDY[field]}" for field in fields)
+    return (
+        f"Resume self-check: the first step resumed after step {step} differs from the interrupted run's: "
+        + "; ".join(described)
+        + ". Training goes on, but it will not end with an uninterrupted run's weights. What to do: "
+        + remedies
+        + ". (docs: exact_resume.md, 'The self-check')"
+    )
+
+
+def verdict(by_rank: Sequence[Sequence[str]], fields: Sequence[str]) -> str:
+    """What ``attempts.json`` records: ``exact (checked: ...)`` or ``differs: ...``."""
+    found = sorted({line.split(":", 1)[0] for lines in by_rank for line in lines})
+    if found:
+        return "differs: " + ", ".join(found)
+    return "exact (checked: " + ", ".join(fields) + ")"
+
+
+# -- the uninterrupted run's first step after a save ------------------------------------------------
+
+
+def next_path(folder: Path, rank: int, saved_step: int) -> Path:
+    return folder / f"rank-{rank}.step-{saved_step}.json"
+
+
+def write_next(folder: Path, rank: int, saved_step: int, fingerprint: Fingerprint) -> None:
+    """Record the fingerprint of the first step after the save of ``saved_step`` (this rank's), then
+    remove this rank's earlier ones. A new name each time and no fsync (an ext4 rename over a file
+    flushes it: milliseconds): lost with the page cache, the check falls back to the checkpoint's
+    own fingerprint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = next_path(folder, rank, saved_step)
+    write_text_replacing(path, json.dumps({"saved_step": saved_step, "fingerprint": fingerprint}))
+    for older in folder.glob(f"rank-{rank}.step-*.json"):
+        if older != path:
+            older.unlink(missing_ok=True)
+
+
+def read_next(folder: Path, rank: int, saved_step: int) -> Fingerprint | None:
+    """What :func:`write_next` recorded after the save of ``saved_step`` (``None``: nothing)."""
+    try:
+        data = json.loads(next_path(folder, rank, saved_step).read_text())
+    except (OSError, ValueError):
+        return None
+    fingerprint = data.get("fingerprint") if isinstance(data, dict) else None
+    return fingerprint if isinstance(fingerprint, dict) else None
