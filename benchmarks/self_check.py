@@ -92,7 +92,7 @@ def measure(name: str, width: int, depth: int, repeats: int, root: Path) -> list
         return self_check.take(fit, 4, False, batch)
 
     def its_file() -> None:
-        self_check.write_next(folder, 0, 3, fingerprint)
+        self_check.write_next(folder, 0, [3, 3], fingerprint)
 
     fingerprint = next_step()
 

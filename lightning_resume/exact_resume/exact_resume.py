@@ -111,6 +111,7 @@ class ExactResume(Callback):
         self._loaded_step: int | None = None  # the global step of the loaded checkpoint
         self._check_pending: Loaded | None = None  # what the first resumed step checks itself against
         self._next_taken = -1  # the save whose next step's fingerprint is recorded
+        self._saved_at = [-1, -1]  # the last save's [global step, batches of the epoch or -1 between]
         self._grads: list[Any] | None = None  # saved gradients the first resumed step adds to
         self._val_log_steps: tuple[int, dict[int, int]] | None = None  # (epoch, steps) to continue
         self._validation_log_steps: dict[int, int] = {}  # as this validation started
@@ -174,6 +175,10 @@ class ExactResume(Callback):
         # Between epochs: the last epoch's end has run in full and nothing of the next; a save in
         # validation resumes inside the epoch (the validation and epoch-end hooks run again).
         between = trainer is not None and not in_validation and between_epochs(trainer)
+        # which save: with gradient accumulation, saves share a step (-1: a save between epochs or in
+        # a validation, which carries no fingerprint)
+        fingerprinted = not (between or in_validation)
+        self._saved_at = [trainer.global_step if trainer else -1, int(batches) if fingerprinted else -1]
         if trainer is not None and trainer.lightning_module is not None:
             mine["frozen"] = trainable.frozen(trainer.lightning_module)
             # in a validation, as it started: the restart runs it again
@@ -421,7 +426,7 @@ class ExactResume(Callback):
         fingerprint = self._fingerprint(trainer, batch_idx, batch)
         if fingerprint is None or self._fingerprints is None:
             return
-        args = (self._fingerprints, trainer.global_rank, trainer.global_step, fingerprint)
+        args = (self._fingerprints, trainer.global_rank, list(self._saved_at), fingerprint)
         threading.Thread(target=_write_next, args=args, name="self-check", daemon=True).start()
 
     def _check(self, trainer: pl.Trainer, loaded: Loaded, batch: Any, batch_idx: int) -> None:
@@ -434,11 +439,13 @@ class ExactResume(Callback):
         if step is not None and len(loaded.ranks) == trainer.world_size:
             now = self._fingerprint(trainer, batch_idx, batch)
             assert self._fingerprints is not None
-            saved = self_check.read_next(self._fingerprints, trainer.global_rank, step)
+            at_save = loaded.ranks[trainer.global_rank].get("check")
+            saved_at = [step, at_save["position"][2] if at_save else -1]
+            saved = self_check.read_next(self._fingerprints, trainer.global_rank, saved_at)
             if saved is not None:
-                fields = tuple(saved)
+                fields = tuple(sorted(saved))
             elif loaded.mid_epoch and not (loaded.before_validation or loaded.in_validation):
-                saved, fields = loaded.ranks[trainer.global_rank].get("check"), self_check.AT_SAVE
+                saved, fields = at_save, self_check.AT_SAVE
             if now is not None and saved is not None:
                 found = self_check.differences(saved, now, fields)
             else:

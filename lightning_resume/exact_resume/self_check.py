@@ -238,7 +238,7 @@ def verdict(by_rank: Sequence[Sequence[str]], fields: Sequence[str]) -> str:
     found = sorted({line.split(":", 1)[0] for lines in by_rank for line in lines})
     if found:
         return "differs: " + ", ".join(found)
-    return "exact (checked: " + ", ".join(fields) + ")"
+    return "exact (checked: " + ", ".join(sorted(fields)) + ")"
 
 
 # -- the uninterrupted run's first step after a save ------------------------------------------------
@@ -248,24 +248,27 @@ def next_path(folder: Path, rank: int, saved_step: int) -> Path:
     return folder / f"rank-{rank}.step-{saved_step}.json"
 
 
-def write_next(folder: Path, rank: int, saved_step: int, fingerprint: Fingerprint) -> None:
-    """Record the fingerprint of the first step after the save of ``saved_step`` (this rank's), then
-    remove this rank's earlier ones. A new name each time and no fsync (an ext4 rename over a file
-    flushes it: milliseconds): lost with the page cache, the check falls back to the checkpoint's
-    own fingerprint."""
+def write_next(folder: Path, rank: int, saved_at: list[int], fingerprint: Fingerprint) -> None:
+    """Record the fingerprint of the first step after the save at ``saved_at`` (``[global step, batches
+    of the epoch or -1 between epochs]``: with gradient accumulation two saves share a step), this
+    rank's, then remove this rank's earlier ones. A new name each time and no fsync (an ext4 rename
+    over a file flushes it: milliseconds): lost with the page cache, the check falls back to the
+    checkpoint's own fingerprint."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = next_path(folder, rank, saved_step)
-    write_text_replacing(path, json.dumps({"saved_step": saved_step, "fingerprint": fingerprint}))
+    path = next_path(folder, rank, saved_at[0])
+    write_text_replacing(path, json.dumps({"saved_at": saved_at, "fingerprint": fingerprint}))
     for older in folder.glob(f"rank-{rank}.step-*.json"):
         if older != path:
             older.unlink(missing_ok=True)
 
 
-def read_next(folder: Path, rank: int, saved_step: int) -> Fingerprint | None:
-    """What :func:`write_next` recorded after the save of ``saved_step`` (``None``: nothing)."""
+def read_next(folder: Path, rank: int, saved_at: list[int]) -> Fingerprint | None:
+    """What :func:`write_next` recorded after the save at ``saved_at`` (``None``: nothing)."""
     try:
-        data = json.loads(next_path(folder, rank, saved_step).read_text())
+        data = json.loads(next_path(folder, rank, saved_at[0]).read_text())
     except (OSError, ValueError):
         return None
-    fingerprint = data.get("fingerprint") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("saved_at") != saved_at:
+        return None
+    fingerprint = data.get("fingerprint")
     return fingerprint if isinstance(fingerprint, dict) else None

@@ -101,16 +101,18 @@ class Sabotage(pl.Callback):
     ``batch-off`` makes the resumed epoch skip one batch fewer (the loader one batch off)."""
 
     def __init__(self, how: str) -> None:
-        self.how = how
+        self.how, self.done = how, False
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:  # type: ignore[no-untyped-def]
         state = checkpoint["callbacks"].get("ExactResume")
         if self.how == "batch-off" and state and state.get("batches"):
             state["batches"] -= 1
 
-    def on_train_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-        if self.how == "frozen" and trainer.ckpt_path:
+    def on_train_batch_start(self, trainer, pl_module, *args) -> None:  # type: ignore[no-untyped-def]
+        # After RequeueCheckpoint put requires_grad back (at train start), before the first step.
+        if self.how == "frozen" and trainer.ckpt_path and not self.done:
             next(pl_module.parameters()).requires_grad_(False)
+            self.done = True
 
 
 def send(sig: signal.Signals, group: bool) -> None:
