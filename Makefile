@@ -41,7 +41,7 @@ TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFF
 EDGE_VENV := .venv-edge
 EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 torchdata==0.10.1
 
-.PHONY: venv demo lint typecheck test test-edge test-gpu clean
+.PHONY: venv demo lint typecheck test test-edge test-gpu test-multinode clean
 
 venv: $(STAMP)
 
@@ -84,6 +84,14 @@ test-edge:
 # Everything in tests/gpu, slow cases included; the cases marked `gpu` need a CUDA device.
 test-gpu: venv
 	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/gpu $(PYTEST_ARGS)
+
+# The tests marked `multinode` (tests/cluster, ~2 min): a real cluster of Linux namespace nodes on this
+# machine (own network on a private bridge, hostname, /tmp, /dev/shm), torchrun and Lightning's own
+# multi-node launch, a node lost and replaced. Needs root, iproute2 and util-linux; run serially.
+test-multinode: venv
+	command -v ip >/dev/null && command -v nsenter >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/cluster $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(EDGE_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ LAYERS = {
     "_version": 0,
     "_checks": 1,
     "_warnings": 1,
+    "_log": 1,
     "_collectives": 1,
     "_storage": 2,
     "_scheduler": 2,
@@ -42,7 +43,7 @@ LAYERS = {
     "pytorch_lightning": 9,
     "_standalone": 8,
 }
-BASICS = {"exceptions", "_version", "_checks", "_warnings", "_collectives"}
+BASICS = {"exceptions", "_version", "_checks", "_warnings", "_log", "_collectives"}
 HEAVY = ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "numpy")
 
 
