@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -158,6 +159,8 @@ class PreemptionHandler(Callback):
         self._in_training = False
         self._stopped: StopReport | None = None
         self._requeue_checkpoint: RequeueCheckpoint | None = None
+        self._exiting = False  # the interpreter runs its exit handlers: the process ends anyway
+        atexit.register(self._at_exit)  # after torch's finalizers are registered: runs before them
         self.install()
 
     @property
@@ -192,7 +195,13 @@ class PreemptionHandler(Callback):
         self._previous = {}
         unblock_in_workers()
 
+    def _at_exit(self) -> None:
+        self._exiting = True
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._exiting:  # a raise in an exit handler prints a traceback and changes nothing
+            log.warning("%s received while the process exits: ignored", signal.Signals(signum).name)
+            return
         if os.getpid() != self._pid:
             # A forked child inherited this handler: the training process decides. The child gets what
             # it would have got without us (a pool's terminate() must still end it).

@@ -188,3 +188,18 @@ def test_a_forked_child_keeps_what_it_had_without_us() -> None:
         assert handler.received is None  # and the training process did not take it for its own
     finally:
         handler.uninstall()
+
+
+def test_a_signal_while_the_process_exits_is_ignored_without_a_traceback(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM as the interpreter runs its exit handlers (after fit): no traceback."""
+    code = (
+        "import atexit, os, signal\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))  # runs after ours\n"
+        "from lightning_resume import PreemptionHandler\n"
+        "handler = PreemptionHandler()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=job_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "SIGTERM received while the process exits: ignored" in done.stderr
