@@ -25,6 +25,7 @@ from lightning_resume.exceptions import (
 if TYPE_CHECKING:
     from lightning_resume import notices
     from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
+    from lightning_resume.io.memory.memory_tier import MemoryTier
     from lightning_resume.io.settings import Mirror
     from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
     from lightning_resume.preemption.preemption_handler import PreemptionHandler
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 #: The public names that need Lightning, and their modules (imported on first use).
 _LAZY = {
     "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
+    "MemoryTier": "lightning_resume.io.memory.memory_tier",
     "Mirror": "lightning_resume.io.settings",
     "PreemptionHandler": "lightning_resume.preemption.preemption_handler",
     "ProgressWatchdog": "lightning_resume.watchdog.progress_watchdog",
@@ -90,6 +92,7 @@ __all__ = [
     "LightningResumeWarning",
     "LocalLoggerResume",
     "MLflowResume",
+    "MemoryTier",
     "Mirror",
     "MissingCallbackError",
     "Preempted",

@@ -213,6 +213,18 @@ def skips_backward(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop._skip_backward)
 
 
+def rebuilds_ddp_buckets(strategy: Strategy) -> bool:
+    """Whether DDP lays its gradient buckets out again after a process's first backward (its default;
+    not with ``find_unused_parameters=True`` unless ``static_graph=True``): the first step of a restarted
+    process then all-reduces in another layout than an uninterrupted run's later steps."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if not isinstance(strategy, DDPStrategy):
+        return False
+    options = strategy._ddp_kwargs
+    return bool(options.get("static_graph")) or not options.get("find_unused_parameters")
+
+
 def next_step_uses_held_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
     """Whether the step at ``batch_idx`` adds to the gradients held now instead of zeroing them first
     (automatic optimization: inside an accumulation window, or ``StochasticWeightAveraging``'s

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
-from lightning_resume.cli.report import USEFUL, GoodputReport
+from lightning_resume.cli.report import USEFUL, GoodputReport, RestartRow
 from lightning_resume.last_ckpt import cadence
 from lightning_resume.run_dir import layout
 
@@ -171,6 +171,54 @@ def _seconds(value: float | None) -> str:
     return _age(value) if value >= 90 else f"{value:.1f}s"
 
 
+#: Under the restarts table: what each column spans.
+RESTART_SPANS = (
+    "seconds from the fault (the signal, the error, a hang's last progress, a kill's last step) to rank 0 "
+    "of the attempt before exiting, to this attempt's process start (relaunch), to RunDir's construction "
+    "(imports), to the checkpoint load's start (setup), through the load (restore: tier, MB, s), to the "
+    "end of the first step; total: the fault to the first step; -: not recorded"
+)
+
+
+def _span(value: float | None) -> str:
+    """Seconds, or ``-`` when not recorded."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def _restore(row: RestartRow) -> str:
+    """The load: its tier, MB and seconds (``fresh`` without one; ``-`` for what was not recorded)."""
+    if row.resumed_from is None and row.restore_tier is None and row.restore_bytes is None:
+        return "fresh"
+    size = "-" if row.restore_bytes is None else _megabytes(row.restore_bytes)
+    return f"{row.restore_tier or '-'} {size} MB {_span(row.restore_seconds)} s"
+
+
+def _megabytes(size: int) -> str:
+    mb = size / 1e6
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 1 else f"{mb:.2f}"
+
+
+def restarts(rows: Sequence[RestartRow]) -> None:
+    """The restarts broken down: one row per attempt after the first (:class:`RestartRow`)."""
+    cells = (
+        (
+            str(r.attempt),
+            _span(r.to_exit),
+            _span(r.relaunch),
+            _span(r.imports),
+            _span(r.setup),
+            _restore(r),
+            _span(r.first_step),
+            _span(r.total),
+        )
+        for r in rows
+    )
+    columns = ("#", "to exit", "relaunch", "imports", "setup", "restore", "1st step", "total")
+    table("restarts broken down (seconds)", columns, cells, caption=RESTART_SPANS)
+
+
 def goodput(found: GoodputReport) -> None:
     """``lightning-resume report``: the attempts, then the run's totals and goodput."""
     console = Console()
@@ -218,3 +266,5 @@ def goodput(found: GoodputReport) -> None:
         console.print(
             f"{found.earlier['attempts']} earlier attempt(s) are summed up in attempts.json and left out"
         )
+    if found.restarts:
+        restarts(found.restarts)

@@ -3,11 +3,13 @@
 Everything is read from the run's ``attempts.json``; nothing is measured here. Steps kept and lost,
 useful time, goodput and the overheads are defined on the command-line docs page (``docs/src/cli.md``).
 A killed attempt without a step beat (a node lost with its page cache) has a lower bound of steps lost
-(``>=``); launches killed before ``RunDir`` recorded them show as gaps in the restart count.
+(``>=``); launches killed before ``RunDir`` recorded them show as gaps in the restart count. Each restart
+is broken down (:class:`RestartRow`) from the fault to its first step; what was not recorded is ``None``.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +53,30 @@ class AttemptRow:
 
 
 @dataclass(frozen=True)
+class RestartRow:
+    """One restart broken down, from the fault that ended the attempt before to this one's first step.
+
+    The spans (seconds) lie between consecutive events; one whose ends are not both recorded is ``None``:
+    fault (the signal's arrival, the error, a hung rank's last progress, a killed attempt's last step)
+    -> rank 0 of the attempt before exited -> this attempt's process started -> ``RunDir`` was constructed
+    (the imports) -> the checkpoint load began -> it ended -> the first training step ended.
+    """
+
+    attempt: int
+    after: str  # how the attempt before ended (its cause)
+    to_exit: float | None  # the fault to the exit of the attempt before (its grace: save, teardown)
+    relaunch: float | None  # that exit to this attempt's process start (the scheduler's requeue)
+    imports: float | None  # the process start to RunDir's construction
+    setup: float | None  # RunDir's construction to the load's start (Trainer, data, process group)
+    resumed_from: int | None  # the step it resumed from (None: a fresh start)
+    restore_tier: str | None  # "durable", "memory" (DurableCheckpointIO), None: not told
+    restore_bytes: int | None
+    restore_seconds: float | None
+    first_step: float | None  # the load's end to the end of the first step
+    total: float | None  # the fault to the end of the first step
+
+
+@dataclass(frozen=True)
 class GoodputReport:
     """A run's attempts (oldest first) and what its interruptions cost; totals summed over the attempts.
 
@@ -71,6 +97,7 @@ class GoodputReport:
     interruptions: dict[str, int] = field(default_factory=dict)
     earlier: dict[str, Any] = field(default_factory=dict)
     cadence: dict[str, Any] | None = None  # the interval every_n_train_steps="auto" chose last
+    restarts: list[RestartRow] = field(default_factory=list)  # every attempt after one recorded before it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +137,45 @@ def _step_seconds(attempt: Attempt, start: int) -> float | None:
         return None
     seconds = attempt.last_step_time - attempt.first_step - _save_seconds(attempt)[0]
     return max(seconds, 0.0) / steps
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    """Seconds from ``start`` to ``end``, both recorded (clocks of two hosts may differ: not clamped)."""
+    return None if start is None or end is None else end - start
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def restart_row(before: Attempt, attempt: Attempt) -> RestartRow:
+    """How long ``attempt`` took to train again after the fault that ended ``before`` (:class:`RestartRow`).
+
+    Example::
+
+        rows = [restart_row(a, b) for a, b in itertools.pairwise(history.attempts)]
+    """
+    fault = before.end.fault if before.end is not None else None
+    # A start after our code ran is no process start: without /proc, ``started`` is when ``fit`` began.
+    measured = attempt.code_started is None or attempt.started <= attempt.code_started
+    started = attempt.started if measured else None
+    restore = attempt.restore or {}
+    began = _number(restore.get("started")) or None  # 0.0: not told
+    tier, size = restore.get("tier"), _number(restore.get("bytes"))
+    return RestartRow(
+        attempt=attempt.number,
+        after=before.end.cause.value if before.end is not None else "running",
+        to_exit=_span(fault, before.exited),
+        relaunch=_span(before.exited, started),
+        imports=_span(started, attempt.code_started),
+        setup=_span(attempt.code_started, began),
+        resumed_from=attempt.resumed_from,
+        restore_tier=tier if isinstance(tier, str) else None,
+        restore_bytes=None if size is None else int(size),
+        restore_seconds=_number(restore.get("seconds")),
+        first_step=_span(attempt.restored_at, attempt.first_step),
+        total=_span(fault, attempt.first_step),
+    )
 
 
 def build(history: History, run_dir: Path | str = "") -> GoodputReport:
@@ -193,6 +259,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         interruptions=interruptions,
         earlier=_earlier(history),
         cadence=last_cadence(history),
+        restarts=[restart_row(a, b) for a, b in itertools.pairwise(found)],
     )
 
 

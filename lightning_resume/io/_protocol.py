@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from lightning_resume._writer.duty_cycle import WriteStats
 
@@ -36,3 +37,18 @@ class HurryingCheckpointIO(ReportsWrites, Protocol):
 
     def _hurry(self) -> None:
         """Switch writes in flight to full speed and write the next save as soon as possible."""
+
+
+@runtime_checkable
+class TieredCheckpointIO(Protocol):
+    """A checkpoint plugin with a memory tier across nodes: ``RequeueCheckpoint`` introduces the nodes
+    (every rank, in ``setup``) and lets the copies finish before the ranks part."""
+
+    def _attach_memory(self, strategy: Any, durable_dir: Path) -> None:
+        """Learn the nodes and what their memory tiers hold (a collective)."""
+
+    def _settle_memory(self) -> None:
+        """Wait for this process's copies to other nodes and to the durable tier."""
+
+    def _close_memory(self) -> None:
+        """Stop serving this node's memory tier (after every rank settled)."""

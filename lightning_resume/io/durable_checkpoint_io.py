@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import mmap
 import os
@@ -21,7 +22,7 @@ from typing_extensions import override
 from lightning_resume._checks import expand_dir, flag, is_number, whole_number
 from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
-from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan
+from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan, verify
 from lightning_resume._storage.cleanup import clean_stale
 from lightning_resume._storage.commit import prune, remove, save_error, write_file
 from lightning_resume._storage.direct_file import new_buffer
@@ -36,6 +37,9 @@ from lightning_resume.exceptions import CheckpointVerificationError
 from lightning_resume.io._async_saver import AsyncSaver
 from lightning_resume.io._snapshot import write_torch_archive
 from lightning_resume.io._verified_load import load_verified
+from lightning_resume.io.memory.memory_tier import MemoryTier
+from lightning_resume.io.memory.node_memory import NodeMemory
+from lightning_resume.io.restore import DURABLE, Restore
 from lightning_resume.io.settings import CheckpointSettings, Mirror
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,9 @@ class DurableCheckpointIO(CheckpointIO):
             :class:`~lightning_resume.Mirror`, or its URL alone (``"s3://bucket/run-42"``).
         metadata: User metadata stored in the manifest of every checkpoint (JSON values). Add per save
             with ``trainer.save_checkpoint(path, storage_options={"metadata": {...}})``.
+        memory: A :class:`~lightning_resume.MemoryTier`: ``last.ckpt`` saved into node memory and
+            copied to other nodes' memory, the checkpoint directory written every few saves (needs
+            ``RequeueCheckpoint``).
 
     Raises:
         TypeError, ValueError: for an invalid option.
@@ -99,7 +106,10 @@ class DurableCheckpointIO(CheckpointIO):
         keep: int | None = None,
         mirror: Mirror | str | None = None,
         metadata: dict[str, Any] | None = None,
+        memory: MemoryTier | None = None,
     ) -> None:
+        if memory is not None and not isinstance(memory, MemoryTier):
+            raise TypeError(f"memory must be a MemoryTier or None, got {memory!r}.")
         if keep is not None:
             whole_number("keep", keep, minimum=1, what="whole number of checkpoints or None")
         self.settings = CheckpointSettings(
@@ -108,6 +118,7 @@ class DurableCheckpointIO(CheckpointIO):
             dirpath=None if dirpath is None else expand_dir(dirpath, "DurableCheckpointIO(dirpath=...)"),
             keep=keep,
             metadata=dict(check_metadata(metadata or {})),
+            memory=memory,
         )
         self._dirpath = self.settings.dirpath
         self._init_runtime()
@@ -142,6 +153,10 @@ class DurableCheckpointIO(CheckpointIO):
         self._last_write: WriteStats | None = None
         self._file_buffer: mmap.mmap | None = None  # reused by synchronous saves (new pages are slow)
         self._file_buffer_busy = False
+        memory = self.settings.memory
+        self._memory = NodeMemory(memory, self.settings.direct_io) if memory is not None else None
+        self._memory_save: tuple[Path, bool] | None = None  # the durable path of the save to memory, due
+        self._last_restore: Restore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers that pickle the trainer (ddp_spawn) get the configuration, not threads and processes.
@@ -176,8 +191,11 @@ class DurableCheckpointIO(CheckpointIO):
             # In a signal handler mid-save the buffer may be half-filled; after _hurry() a wait follows.
             self._urgent = False
             self._wait_local()
+            if self._memory is not None:
+                self._memory.cancel_durable()  # this save lands last, straight on the durable tier
             self._save_now(checkpoint, target, entry)
             return
+        target = self._in_memory(target, checkpoint)
         if self._use_async():
             if self._saver is None:
                 self._saver = AsyncSaver(
@@ -193,6 +211,24 @@ class DurableCheckpointIO(CheckpointIO):
                 self._staging = False
             return
         self._save_now(checkpoint, target, entry)
+
+    def _in_memory(self, target: Path, checkpoint: dict[str, Any]) -> Path:
+        """Where this save goes: the memory tier for ``last.ckpt`` when one is attached and has room."""
+        if self._memory is None:
+            return target
+        try:
+            self._wait_local()  # the save in flight commits first: its commit reads _memory_save
+        except OSError as e:
+            if e.errno != errno.ENOSPC or self._memory_save is None:
+                raise
+            self._memory.full(e.strerror or str(e))  # the save into memory was lost: this one goes durable
+        self._memory_save = None
+        where = self._memory.target(target, checkpoint)
+        if where is None:
+            return target
+        memory, due = where
+        self._memory_save = (target, due)
+        return memory
 
     def _save_now(self, checkpoint: dict[str, Any], target: Path, fields: dict[str, Any]) -> None:
         pace = DutyCycle()  # full speed: the caller is waiting
@@ -237,8 +273,21 @@ class DurableCheckpointIO(CheckpointIO):
 
     def _after_commit(self, path: Path, entry: Entry, stats: WriteStats) -> None:
         """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
+        if self._memory is not None and self._memory_save is not None and self._memory.is_memory(path):
+            durable, due = self._memory_save
+            self._last_write = stats
+            self._memory.committed(path, entry, durable, due, self._durable_copy)
+            return
+        self._last_write = stats
+        self._record(path, entry)
+
+    def _durable_copy(self, path: Path, entry: Entry, seconds: float) -> None:
+        log.debug("memory copy of %s (step %s) durable in %.2f s", path, entry.global_step, seconds)
+        self._record(path, entry)
+
+    def _record(self, path: Path, entry: Entry) -> None:
         with self._lock:
-            self._committed[str(path)], self._last_write = entry, stats
+            self._committed[str(path)] = entry
             if self.settings.keep is not None:
                 for name in prune(LocalStore(path.parent), FILE, self.settings.keep):
                     self._committed.pop(str(path.parent / name), None)
@@ -254,7 +303,8 @@ class DurableCheckpointIO(CheckpointIO):
             self._saver.hurry()
 
     def wait_until_durable(self, mirrored: bool | None = None, timeout: float | None = None) -> None:
-        """Block until the save in flight is committed and, when ``mirrored``, every upload is done.
+        """Block until the save in flight is committed (with a memory tier: until the newest save is on the
+        durable tier too) and, when ``mirrored``, every upload is done.
 
         Args:
             mirrored: Wait for the uploads to the mirror too (default: the mirror's ``wait``).
@@ -265,6 +315,9 @@ class DurableCheckpointIO(CheckpointIO):
             TimeoutError: uploads still running after ``timeout`` seconds.
         """
         self._wait_local()
+        if self._memory is not None and self._memory.attached:
+            # The newest save in memory on the durable tier too; replicas go on in the background.
+            self._memory.finish(self._durable_copy, replicas=False)
         mirror = self.settings.mirror
         if mirrored is None:
             mirrored = mirror is not None and mirror.wait
@@ -280,6 +333,32 @@ class DurableCheckpointIO(CheckpointIO):
         """Whether a save is being written in the background, or uploads are queued or running."""
         writing = self._saver is not None and self._saver.busy
         return writing or (self._mirror is not None and self._mirror.pending > 0)
+
+    @property
+    def last_restore(self) -> Restore | None:
+        """What the newest ``load_checkpoint`` read: tier, node, bytes and seconds; ``None`` before one."""
+        return self._last_restore
+
+    @property
+    def memory_tier(self) -> NodeMemory | None:
+        """The memory tier's runtime in this process (``None`` without ``memory=``)."""
+        return self._memory
+
+    def _attach_memory(self, strategy: Any, durable_dir: Path) -> None:
+        """Introduce the nodes' memory tiers (every rank, in ``RequeueCheckpoint.setup``)."""
+        if self._memory is not None:
+            self._memory.attach(strategy, durable_dir)
+
+    def _settle_memory(self) -> None:
+        """Wait for this process's copies to other nodes and to the durable tier (training ended)."""
+        if self._memory is not None and self._memory.attached:
+            self._wait_local()
+            self._memory.finish(self._durable_copy)
+
+    def _close_memory(self) -> None:
+        """Stop this node's memory tier server (every rank done copying)."""
+        if self._memory is not None:
+            self._memory.close()
 
     @property
     def last_write(self) -> WriteStats | None:
@@ -311,6 +390,27 @@ class DurableCheckpointIO(CheckpointIO):
             return self._load_remote(str(path), location, weights_only)
         requested = self._local(path)
         target = Path(os.path.realpath(requested))
+        started, wall = time.monotonic(), time.time()
+        if self._memory is not None:
+            # The durable copy's manifest and size only: its bytes are read only if it is loaded.
+            durable = verify(target, FILE, checksums=False).manifest if target.is_file() else None
+            restored = self._memory.restore(target, durable, location, weights_only)
+            if restored is not None:
+                checkpoint, self._last_restore = restored
+                log.info("%s", self._last_restore.line())
+                return checkpoint
+        checkpoint = self._load_durable(requested, target, location, weights_only)
+        seconds = time.monotonic() - started
+        step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+        size = target.stat().st_size if target.is_file() else 0
+        self._last_restore = Restore(DURABLE, str(requested), size, seconds, step=step, started=wall)
+        if self._memory is not None and self._memory.attached:
+            log.info("%s", self._last_restore.line())
+        return checkpoint
+
+    def _load_durable(
+        self, requested: Path, target: Path, location: Any, weights_only: bool | None
+    ) -> dict[str, Any]:
         if not target.exists() and self._mirrors(target):
             self._download(target, missing_only=True)
         loaded = load_verified(target, location, weights_only)
@@ -394,6 +494,10 @@ class DurableCheckpointIO(CheckpointIO):
         try:
             if saver is not None:
                 saver.close()
+            if self._memory is not None and self._memory.attached:
+                # Its server stays up: Lightning tears the plugin down before on_fit_end, where
+                # RequeueCheckpoint closes it once every rank's copies are done.
+                self._memory.finish(self._durable_copy)
         finally:
             settings = self.settings.mirror
             if self._mirror is not None and settings is not None and settings.wait:

@@ -10,6 +10,7 @@ from typing import Any
 from lightning_resume._checks import flag, positive_number
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._warnings import warn
+from lightning_resume.io.memory.memory_tier import MemoryTier
 
 DIRECTORIES_KEPT = 2  #: without ``keep``: the current checkpoint directory and the fallback
 
@@ -79,6 +80,7 @@ class CheckpointSettings:
     dirpath: Path | None = None
     keep: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    memory: MemoryTier | None = None
     direct_io: bool = True
     background_share: float = 0.5
 

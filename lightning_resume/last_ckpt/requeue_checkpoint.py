@@ -21,6 +21,7 @@ from lightning_resume._compat.lightning import (
     OWN_STATES_NOT_LOADED,
     LastCheckpointCallback,
     QuietLightning,
+    rebuilds_ddp_buckets,
     skips_backward,
 )
 from lightning_resume._compat.versions import untested
@@ -41,6 +42,14 @@ log = logging.getLogger(__name__)
 
 LAST = layout.LAST
 _NEEDS_RUN_DIR = "it says where last.ckpt lives"
+
+
+_DDP_BUCKETS = (
+    "This restart of {world} DDP ranks will not end bitwise equal to an uninterrupted run: DDP lays its "
+    "gradient buckets out again after a process's first step, and a restarted process's first step sums "
+    "the ranks' gradients in the first layout, another order over three or more ranks (the last bits "
+    'differ). For exact resumes use strategy="ddp_find_unused_parameters_true" (DDP then keeps one layout).'
+)
 
 
 def _last_step(trainer: pl.Trainer) -> bool:
@@ -219,11 +228,15 @@ class RequeueCheckpoint(LastCheckpointCallback):
             on_verdict=self._run_dir.attempts.self_checked,
         )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
+        self._writes.attach_memory(trainer, self.checkpoint_dir)
         self._writes.remove_partial(trainer)
         verify = functools.partial(self._writes.written_by, trainer)
         self._redirect.before_fit(
             trainer, self._run_dir, Path(self.ckpt_path), verify, self._writes.damaged(trainer)
         )
+        rebuilds = trainer.world_size >= 3 and rebuilds_ddp_buckets(trainer.strategy)
+        if rebuilds and self._run_dir.is_resumed and exists(Path(self.ckpt_path)):
+            warn(_DDP_BUCKETS.format(world=trainer.world_size))
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from lightning_resume._collectives import barrier
 from lightning_resume._compat.lightning import saves_directory
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
-from lightning_resume.io._protocol import AtomicCheckpointIO
+from lightning_resume.io._protocol import AtomicCheckpointIO, TieredCheckpointIO
 from lightning_resume.io._verified_load import intact_zip
 from lightning_resume.io.settings import settings_of
 from lightning_resume.io.sharded.choice import prepare_resume
@@ -88,8 +89,21 @@ class LastCkptWrites:
         if self._saver is not None:
             self._saver.wait_until_durable(trainer)
 
+    @staticmethod
+    def attach_memory(trainer: pl.Trainer, durable_dir: Path) -> None:
+        """Introduce the nodes of a plugin's memory tier (every rank, in ``setup``)."""
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, TieredCheckpointIO):
+            io._attach_memory(trainer.strategy, durable_dir)
+
     def close(self, trainer: pl.Trainer, collective: bool) -> None:
-        """Finish a sharded save in flight (``collective``: on every rank, at the same point)."""
+        """Finish a sharded save in flight (``collective``: on every rank, at the same point); with a
+        memory tier, every rank waits until the copies between nodes are done."""
+        io = trainer.strategy.checkpoint_io
+        if collective and isinstance(io, TieredCheckpointIO) and getattr(io, "memory_tier", None) is not None:
+            io._settle_memory()
+            barrier(trainer.strategy, "lightning_resume memory tier")
+            io._close_memory()
         saver, self._saver = self._saver, None
         if saver is not None:
             saver.close(trainer, collective=collective)

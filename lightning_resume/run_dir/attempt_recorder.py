@@ -5,6 +5,7 @@ Nothing here raises: an error in the record (a full disk) must not replace the e
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -68,11 +69,81 @@ def _signal_name(trainer: pl.Trainer, exception: BaseException) -> tuple[str, st
     return ("SIGTERM" if isinstance(exception, SIGTERMException) else "a signal"), None
 
 
-class AttemptRecorder:
-    """Records this attempt in ``<run dir>/attempts.json`` (rank 0), the step every :data:`FLUSH_SECONDS`."""
+def _signalled(trainer: pl.Trainer) -> float | None:
+    """When the signal ``PreemptionHandler`` stopped on arrived (wall clock), if it says."""
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        started = getattr(getattr(callback, "stop_report", None), "started", None)
+        if isinstance(started, float) and started > 0:  # its time.monotonic()
+            return time.time() - (time.monotonic() - started)
+    return None
 
-    def __init__(self, run_dir: Path) -> None:
+
+def _checkpoint_bytes(path: str) -> int | None:
+    """The size of a local checkpoint file, or of the files of a checkpoint directory (``None``: remote,
+    or unreadable)."""
+    if "://" in path:
+        return None
+    root = Path(path)
+    try:
+        if root.is_dir():
+            return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return root.stat().st_size
+    except OSError:
+        return None
+
+
+def _rounded(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in record.items()}
+
+
+def restore_record(
+    io: object, path: str, loaded_at: float | None, since: float
+) -> tuple[dict[str, Any], float | None]:
+    """What the load of the checkpoint ``path`` was, and when it ended.
+
+    A checkpoint IO that tells (``DurableCheckpointIO.last_restore``, read duck-typed: ``io`` is a lower
+    layer) gives its record and end (``started + seconds``), when the load began after ``since`` (this
+    process's first code: an older record is another fit's). Any other: the tier and seconds are not
+    known (``None``), the bytes are the file's, and the end is ``loaded_at``, when the loaded state
+    reached the callbacks (``on_load_checkpoint``; ``None``: it did not).
+
+    Args:
+        io: The strategy's checkpoint IO.
+        path: The checkpoint ``fit`` resumed from (``trainer.ckpt_path``).
+        loaded_at: When ``RunDir.on_load_checkpoint`` ran (wall clock).
+        since: When this process's first code ran (wall clock).
+
+    Example::
+
+        record, ended = restore_record(trainer.strategy.checkpoint_io, trainer.ckpt_path, None, 0.0)
+    """
+    to_dict = getattr(getattr(io, "last_restore", None), "to_dict", None)
+    if callable(to_dict):
+        record = dict(to_dict())
+        started, seconds = _number(record.get("started")), _number(record.get("seconds"))
+        if not started:  # not timed: its end is when the callbacks saw the state
+            return _rounded(record), loaded_at
+        if started >= since:
+            return _rounded(record), loaded_at if seconds is None else started + seconds
+    return {"tier": None, "path": path, "bytes": _checkpoint_bytes(path), "seconds": None}, loaded_at
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class AttemptRecorder:
+    """Records this attempt in ``<run dir>/attempts.json`` (rank 0), the step every :data:`FLUSH_SECONDS`.
+
+    Args:
+        run_dir: The run directory.
+        code_started: When our code first ran in this process (``RunDir``'s construction; default now).
+    """
+
+    def __init__(self, run_dir: Path, code_started: float | None = None) -> None:
         self.run_dir = run_dir
+        self._code_started = time.time() if code_started is None else code_started
+        self._loaded_at: float | None = None  # when the checkpoint fit resumes from reached the callbacks
         self._history: History | None = None
         self._attempt: Attempt | None = None  # this attempt's record, without the fields below
         self._last_step: int | None = None
@@ -82,6 +153,9 @@ class AttemptRecorder:
         self._last_flush = 0.0
         self._failed = False  # an error writing the record was reported once
         self._beat: int | None = None  # the step beat's file descriptor (rank 0, while training)
+        # Registered early: exit handlers run last-in first-out, so this one runs after those of the
+        # objects made later (loggers, checkpoint IO), the closest to the exit a handler gets.
+        atexit.register(self._exiting)
 
     @property
     def number(self) -> int | None:
@@ -161,6 +235,7 @@ class AttemptRecorder:
                 pid=os.getpid(),
                 launch=launch_key(os.environ),
                 started=process_start_time(),
+                code_started=self._code_started,
             )
             beat = attempts.read_beat(self.run_dir)
             history = attempts.begin(history, attempt, self.durable(trainer), notes, beat)
@@ -179,6 +254,21 @@ class AttemptRecorder:
         resumed = trainer.global_step if trainer.ckpt_path else None
         self._attempt = replace(self._attempt, resumed_from=resumed)
         self._last_step = trainer.global_step
+        if trainer.ckpt_path:
+            self._restored(trainer, str(trainer.ckpt_path))
+
+    def loaded(self) -> None:
+        """The checkpoint ``fit`` resumes from reached the callbacks (``on_load_checkpoint``): loaded."""
+        self._loaded_at = time.time()
+
+    @_never_raises
+    def _restored(self, trainer: pl.Trainer, path: str) -> None:
+        """Record the load of ``path`` (:func:`restore_record`); written with the first step."""
+        assert self._attempt is not None
+        record, ended = restore_record(
+            trainer.strategy.checkpoint_io, path, self._loaded_at, self._code_started
+        )
+        self._attempt = replace(self._attempt, restore=record, restored_at=ended)
 
     @_never_raises
     def step(self, trainer: pl.Trainer) -> None:
@@ -300,12 +390,28 @@ class AttemptRecorder:
         elif isinstance(exception, (Preempted, SIGTERMException)):
             sig, notice = _signal_name(trainer, exception)
             after = f" after a {notice} notice" if notice is not None and not sig.endswith("notice") else ""
-            end = End(time.time(), Cause.PREEMPTED, f"preempted by {sig}{after}", signal=sig, notice=notice)
+            detail = f"preempted by {sig}{after}"
+            end = End(
+                time.time(), Cause.PREEMPTED, detail, signal=sig, notice=notice, signalled=_signalled(trainer)
+            )
         else:
             error = _one_line(exception)
             end = End(time.time(), Cause.FAILED, f"failed: {error}", error=error)
         self._close(trainer, end)
         return None
+
+    def _exiting(self) -> None:
+        """At the interpreter's exit: when this attempt's rank-0 process exited (read, changed, written:
+        only this field; a CLI may have written meanwhile)."""
+        attempt = self._attempt
+        if attempt is None or attempt.pid != os.getpid():
+            return  # not rank 0, or a forked child
+        # Nothing may be raised or said at exit (the streams may be closed): a miss leaves it unknown.
+        with contextlib.suppress(Exception):
+            history = attempts.read(self.run_dir)
+            found = history.get(attempt.number)
+            if found is not None and found.pid == attempt.pid and found.exited is None:
+                attempts.write(self.run_dir, history.with_attempt(replace(found, exited=time.time())))
 
 
 def _status_of(exception: BaseException) -> RunStatus:

@@ -8,18 +8,22 @@ is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang no
      "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
      "attempts": [
        {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r3",
-        "unrecorded_launches": 1, "started": 1717000000.0, "resumed_from": 400,
-        "checkpoint_at_start": {"step": 400, "time": 1716999990.0}, "first_step": 1717000031.2,
+        "unrecorded_launches": 1, "started": 1717000000.0, "code_started": 1717000009.5, "resumed_from": 400,
+        "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
+        "restore": {"tier": "durable", "path": ".../last.ckpt", "bytes": 5242880, "seconds": 1.9, ...},
+        "restored_at": 1717000024.1, "first_step": 1717000031.2,
         "last_step": 655, "last_step_time": 1717000390.0, "checkpoint": {"step": 600, "time": 1717000350.0},
         "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
         "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
                             "first_stall": 1.1, "durable_count": 3, "max_to_durable": 5.2,
                             "last_to_durable": 4.8},
-        "cadence": {"steps": 120, "seconds": 300.0, ...},
+        "cadence": {"steps": 120, "seconds": 300.0, ...}, "exited": 1717000395.3,
         "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step", "step": 655,
                 "seconds": 300.2, "timeout": 300.0, "rank": 1, "stacks": ["hangs/attempt-3-rank-0.txt"]}}]}
 
 Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the dropped ones for :func:`exposure`.
+``code_started``, ``restore``, ``restored_at``, ``exited`` and ``end.signalled`` are written only when
+known (older files lack them; they read as ``None``).
 """
 
 from __future__ import annotations
@@ -79,10 +83,21 @@ class End:
     timeout: float | None = None  # hung: the timeout it exceeded
     rank: int | None = None  # hung: the first rank to report
     stacks: tuple[str, ...] = ()  # hung: every reporting rank's stacks file, relative to the run dir
+    signalled: float | None = None  # preempted: when the signal arrived (a notice: when the ranks agreed)
+
+    @property
+    def fault(self) -> float:
+        """When the fault happened: the signal's arrival (preempted, when recorded), the hung rank's last
+        progress, the last sign of life (killed), else the end's time (the exception, the stop)."""
+        if self.signalled is not None:
+            return self.signalled
+        if self.cause is Cause.HUNG and self.seconds is not None:
+            return self.time - self.seconds
+        return self.time
 
 
 #: The fields of :class:`End` that its JSON object holds only when set.
-_END_OPTIONAL = ("signal", "notice", "error", "section", "step", "seconds", "timeout", "rank")
+_END_OPTIONAL = ("signal", "notice", "error", "section", "step", "seconds", "timeout", "rank", "signalled")
 
 
 @dataclass(frozen=True)
@@ -183,6 +198,13 @@ class Attempt:
     # The resume's self-check: "exact (checked: ...)", "differs: ...", "unchecked"; None: no resume.
     self_check: str | None = None
     end: End | None = None  # ``None``: running, or ended without a word (until the next attempt)
+    # When our code first ran in rank 0's process (``RunDir`` constructed): after the imports.
+    code_started: float | None = None
+    # The checkpoint load it resumed from: ``DurableCheckpointIO.last_restore.to_dict()`` (tier, path,
+    # bytes, seconds, node, host, step, started), else ``{"tier": None, "path", "bytes", "seconds": None}``.
+    restore: dict[str, Any] | None = None
+    restored_at: float | None = None  # when that load ended (else when the loaded state reached callbacks)
+    exited: float | None = None  # when rank 0's process began to exit (``None``: unknown, e.g. SIGKILL)
 
     @property
     def made_progress(self) -> bool:
@@ -268,6 +290,7 @@ def _end(data: Any) -> End | None:
 def attempt_from_dict(data: dict[str, Any]) -> Attempt:
     """An :class:`Attempt` from its JSON object."""
     as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time", "self_check")
+    known = ("code_started", "restored_at", "exited")  # in the file only when recorded
     return Attempt(
         number=int(data["attempt"]),
         host=str(data.get("host", "")),
@@ -279,8 +302,9 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
         saves=_numbers(Saves, data.get("saves") or {}),
         last_ckpt_saves=_numbers(LastCkptSaves, data.get("last_ckpt_saves") or {}),
         cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
+        restore=data.get("restore") if isinstance(data.get("restore"), dict) else None,
         end=_end(data.get("end")),
-        **{key: data.get(key) for key in as_is},
+        **{key: data.get(key) for key in (*as_is, *known)},
     )
 
 
@@ -305,6 +329,12 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         if end.stacks:
             end_data["stacks"] = list(end.stacks)
     unrecorded = {"unrecorded_launches": attempt.unrecorded_launches} if attempt.unrecorded_launches else {}
+    known = {
+        "code_started": _rounded(attempt.code_started),
+        "restore": attempt.restore,
+        "restored_at": _rounded(attempt.restored_at),
+        "exited": _rounded(attempt.exited),
+    }
     return {
         "attempt": attempt.number,
         "host": attempt.host,
@@ -322,6 +352,7 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         "last_ckpt_saves": {key: _rounded(getattr(last, key), 4) for key in _LAST_CKPT_KEYS},
         "cadence": attempt.cadence,
         **({"self_check": attempt.self_check} if attempt.self_check is not None else {}),
+        **{key: value for key, value in known.items() if value is not None},
         "end": end_data,
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ class RunDir(Callback):
     def __init__(
         self, root: str | Path = "runs", key: str | None = None, handoff_timeout: float = 120.0
     ) -> None:
+        constructed = time.time()  # our code's first moment in this process: the imports are behind it
         positive_number("handoff_timeout", handoff_timeout, "number of seconds")
         show_info_lines()  # "RunDir ... (restart ...)" where Lightning's own lines appear
         if not isinstance(root, (str, Path)) or not str(root).strip():
@@ -101,7 +103,7 @@ class RunDir(Callback):
             twin._resolution if twin is not None else self._resolve_for_this_rank()
         )
         _LIVE.add(self)
-        self._attempts = AttemptRecorder(self.path)
+        self._attempts = AttemptRecorder(self.path, code_started=constructed)
         # Processes Lightning's DDP launcher spawns re-run the script with this environment: they adopt it.
         os.environ[ENV["handoff"]] = f"{os.getpid()}:{self._resolution.to_json()}"
         PROCESS.announce(self._resolution)
@@ -220,6 +222,12 @@ class RunDir(Callback):
             resolve.check_index(self.root, self._session.key, self.path)
         self._record_status(trainer, RunStatus.RUNNING)
         self._attempts.train_started(trainer)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._attempts.loaded()
 
     @override
     def on_train_batch_end(

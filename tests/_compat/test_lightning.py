@@ -33,6 +33,7 @@ from lightning_resume._compat.lightning import (
     put_back_callback_metrics,
     put_back_epoch_accumulators,
     put_callback,
+    rebuilds_ddp_buckets,
     redo_validation_on_restart,
     replace_train_loader_states,
     report_checkpoint_path,
@@ -605,3 +606,21 @@ def test_a_callback_put_into_the_list_gets_the_hooks_in_its_place(tmp_path: Path
     trainer.fit(BoringModel())
     assert order == ["early", "a", "inserted", "b"]
     assert inserted not in trainer.callbacks and early in trainer.callbacks  # type: ignore[attr-defined]
+
+
+def test_ddp_rebuilds_its_buckets_unless_it_searches_for_unused_parameters() -> None:
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+    assert rebuilds_ddp_buckets(DDPStrategy())
+    assert not rebuilds_ddp_buckets(DDPStrategy(find_unused_parameters=True))
+    assert rebuilds_ddp_buckets(DDPStrategy(find_unused_parameters=True, static_graph=True))
+    assert not rebuilds_ddp_buckets(SingleDeviceStrategy(torch.device("cpu")))
+    # The registry names of Lightning resolve to the same options.
+    trainer = pl.Trainer(strategy="ddp_find_unused_parameters_true", accelerator="cpu", devices=1)
+    assert not rebuilds_ddp_buckets(trainer.strategy)
+    # The rule it mirrors, in torch's reducer: should_rebuild_buckets().
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert "_rebuild_buckets" in inspect.getsource(DistributedDataParallel)

@@ -43,11 +43,18 @@ def torchrun(
 
 
 def lightning(
-    nodes: Sequence[Node], root: Path, out: Path, log: Path, *extra: str
+    nodes: Sequence[Node],
+    root: Path,
+    out: Path,
+    log: Path,
+    *extra: str,
+    module: str = JOB_MODULE,
+    args: Sequence[str] = ARGS,
 ) -> list[subprocess.Popen[bytes]]:
-    """The job started once per node, ``NODE_RANK`` its place in ``nodes``; Lightning makes the group."""
-    command = [sys.executable, "-m", JOB_MODULE, "--root", str(root), "--out", str(out)]
-    command += ["--nodes", str(len(nodes)), *ARGS, *extra]
+    """The job (``module``, with ``args``) started once per node, ``NODE_RANK`` its place in ``nodes``;
+    Lightning makes the group."""
+    command = [sys.executable, "-m", module, "--root", str(root), "--out", str(out)]
+    command += ["--nodes", str(len(nodes)), *args, *extra]
     processes = []
     for rank, node in enumerate(nodes):
         env = job_env(

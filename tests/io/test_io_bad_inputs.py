@@ -24,6 +24,7 @@ from bad_inputs import (
 from lightning_resume import (
     CheckpointVerificationError,
     DurableCheckpointIO,
+    MemoryTier,
     Mirror,
     ResumeError,
 )
@@ -48,6 +49,23 @@ def bad_plugin_options(tmp_path: Path) -> None:
         DurableCheckpointIO(mirror="")
     with pytest.raises(TypeError, match="mirror must be a Mirror, an fsspec URL or None, got 3"):
         DurableCheckpointIO(mirror=3)  # type: ignore[arg-type]
+
+
+@case(
+    '`MemoryTier(replicas=-1)`, `durable_every=0`, `port=70000`, `path="$UNSET/x"`, `memory="/dev/shm"`',
+    "`TypeError` / `ValueError` naming the value",
+)
+def bad_memory_tier_options(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="MemoryTier replicas must be >= 0"):
+        MemoryTier(replicas=-1)
+    with pytest.raises(ValueError, match="MemoryTier durable_every must be >= 1"):
+        MemoryTier(durable_every=0)
+    with pytest.raises(ValueError, match="MemoryTier port must be a TCP port"):
+        MemoryTier(port=70000)
+    with pytest.raises(ValueError, match="uses \\$LIGHTNING_RESUME_UNSET_VARIABLE"):
+        MemoryTier(path="$LIGHTNING_RESUME_UNSET_VARIABLE/x")
+    with pytest.raises(TypeError, match="memory must be a MemoryTier or None"):
+        DurableCheckpointIO(memory="/dev/shm")  # type: ignore[arg-type]
 
 
 @case(

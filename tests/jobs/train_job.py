@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_resume import (
     DurableCheckpointIO,
+    MemoryTier,
     PreemptionHandler,
     RequeueCheckpoint,
     RunDir,
@@ -587,7 +588,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--before", choices=["ignore", "user"], default=None, help="SIGTERM handler before ours")
     p.add_argument("--durable", action="store_true", help="save through DurableCheckpointIO (asynchronous)")
     p.add_argument("--mirror", default=None, help="DurableCheckpointIO(mirror=URL)")
+    p.add_argument("--memory", default=None, help="DurableCheckpointIO(memory=MemoryTier(path=PATH))")
+    p.add_argument("--replicas", type=int, default=1, help="--memory: MemoryTier(replicas=N)")
+    p.add_argument("--durable-every", type=int, default=1000, help="--memory: MemoryTier(durable_every=N)")
     p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
+    p.add_argument("--strategy", default="ddp", help="Trainer(strategy=...) with several ranks")
     p.add_argument("--local-ckpt", action="store_true", help="last.ckpt in $TMPDIR/ckpt (node-local)")
     p.add_argument("--rank0-delay", type=float, default=0.0, help="global rank 0 waits before RunDir")
     p.add_argument("--sabotage", choices=["frozen", "batch-off"], default=None, help="break a restart")
@@ -658,8 +663,16 @@ def main(argv: list[str] | None = None) -> None:
         logger = TrackioLogger(project="lightning-resume-demo", auto_log_cpu=False, auto_log_gpu=False)
         callbacks.append(TrackioResume())
     trainer = pl.Trainer(
-        plugins=[DurableCheckpointIO(mirror=args.mirror, dirpath=LOCAL_CKPT if args.local_ckpt else None)]
-        if args.durable or args.mirror
+        plugins=[
+            DurableCheckpointIO(
+                mirror=args.mirror,
+                dirpath=LOCAL_CKPT if args.local_ckpt else None,
+                memory=MemoryTier(args.memory, replicas=args.replicas, durable_every=args.durable_every)
+                if args.memory
+                else None,
+            )
+        ]
+        if args.durable or args.mirror or args.memory
         else None,
         max_epochs=args.epochs if args.max_steps is None else None,
         max_steps=args.max_steps if args.max_steps is not None else -1,
@@ -667,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         accelerator="cpu",
         devices=args.devices,
         num_nodes=args.nodes,
-        strategy="ddp" if args.devices * args.nodes > 1 else "auto",
+        strategy=args.strategy if args.devices * args.nodes > 1 else "auto",
         callbacks=callbacks,
         logger=logger,
         log_every_n_steps=1,

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=1, help="Trainer(num_nodes=...)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--samples", type=int, default=96)
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        num_nodes=args.nodes,
+        strategy="ddp" if args.devices * args.nodes > 1 else "auto",
         callbacks=callbacks,
         logger=False,
         enable_progress_bar=False,

@@ -129,3 +129,28 @@ def test_hang_notes_round_trip_and_prune(tmp_path: Path) -> None:
         "attempt-2-rank-0.json",
         "attempt-2-rank-0.txt",
     ]
+
+
+def test_a_file_without_the_restart_fields_still_loads_and_a_new_one_round_trips(tmp_path: Path) -> None:
+    old = {"attempt": 2, "host": "node", "pid": 7, "launch": None, "started": 1000.0, "first_step": 1010.0}
+    end = {"time": 1100.0, "cause": "preempted", "detail": "preempted by SIGTERM", "signal": "SIGTERM"}
+    (tmp_path / "attempts.json").write_text(json.dumps({"version": 1, "attempts": [{**old, "end": end}]}))
+    (read,) = attempts.read(tmp_path).attempts
+    assert (read.code_started, read.restore, read.restored_at, read.exited) == (None, None, None, None)
+    assert read.end is not None and read.end.signalled is None and read.end.fault == 1100.0
+    assert not {"code_started", "restore", "restored_at", "exited"} & attempts.attempt_to_dict(read).keys()
+
+    restore = {"tier": "durable", "path": "last.ckpt", "bytes": 5_000_000, "seconds": 1.5, "started": 1005.0}
+    signalled = End(1100.0, Cause.PREEMPTED, "preempted by SIGTERM", signal="SIGTERM", signalled=1090.0)
+    new = replace(
+        read, code_started=1002.0, restore=restore, restored_at=1006.5, exited=1104.0, end=signalled
+    )
+    attempts.write(tmp_path, History(attempts=(new,)))
+    assert attempts.read(tmp_path).attempts == (new,)
+
+
+def test_the_fault_is_the_signal_a_hangs_last_progress_or_the_end() -> None:
+    assert End(100.0, Cause.PREEMPTED, "", signal="SIGTERM", signalled=90.0).fault == 90.0
+    assert End(100.0, Cause.HUNG, "", seconds=30.0).fault == 70.0  # the watchdog waited 30 s to tell
+    assert End(100.0, Cause.KILLED, "").fault == 100.0  # its last step beat
+    assert End(100.0, Cause.FAILED, "", error="RuntimeError: boom").fault == 100.0

@@ -1,0 +1,321 @@
+"""The memory tier against the durable tier alone, on two real nodes (Linux namespaces on this machine).
+
+For each checkpoint size (per node: rank 0 writes it, DDP style) and each setup, side by side in one run:
+
+- **durable only**: ``DurableCheckpointIO()`` writing ``last.ckpt`` to the run dir, as today;
+- **memory, 1 replica**: ``DurableCheckpointIO(memory=MemoryTier(replicas=1, durable_every=1))``.
+
+The durable tier is this machine's disk throttled to ``--durable-mbps`` (default 200 MB/s, reads and
+writes), a node's share of a shared filesystem: every process of the benchmark runs in a blkio cgroup
+with ``blkio.throttle.{read,write}_bps_device`` set for the disk. Node memory is each node's own tmpfs
+``/dev/shm`` (not throttled). Page caches are dropped before every restore.
+
+Columns (seconds; the second of two saves, the first warms the buffers up):
+
+- **floor**: copying the checkpoint's tensors into memory already allocated (the raw memory-copy floor);
+- **stall**: how long ``save_checkpoint`` held the training thread, and its ratio to the floor;
+- **replica**: from the save until the copy is committed in the peer node's memory;
+- **durable**: from the save until it is committed on the durable tier;
+- **restart**: restore after the processes restart on the same nodes (memory: each node's own tier);
+- **node loss**: restore after the writer's node is lost and a fresh node joins (memory: the peer's replica;
+  the slowest rank);
+- **durable restore**: restore on two fresh nodes (no memory copy anywhere: the durable tier);
+- **MB read**: megabytes of the durable ``last.ckpt`` read by the restores after a restart and after a
+  node loss (its pages in the page cache, ``fincore``: caches are dropped before, and writes bypass it);
+- **exact**: every restored tensor equals the saved one.
+
+Needs root (namespaces, cgroups, ``drop_caches``)::
+
+    sudo python benchmarks/memory_tier.py [--sizes 256,1024] [--durable-mbps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the namespace cluster of the multi-node tests
+
+TIER = "/dev/shm/lightning-resume-bench"
+PORT = 29600
+CGROUP = Path("/sys/fs/cgroup/blkio")
+PIECE_MB = 64  # the checkpoint is made of tensors of this size
+
+
+# -- the worker: one process per node --------------------------------------------------------------
+
+
+def _state(size_mb: int, step: int) -> dict[str, Any]:
+    import torch
+
+    pieces, elements = max(1, size_mb // PIECE_MB), (min(size_mb, PIECE_MB) << 20) // 4
+    weights = {f"layer{i}": torch.arange(elements, dtype=torch.int32) * 7 + (i + step) for i in range(pieces)}
+    return {"global_step": step, "epoch": 0, "state_dict": weights}
+
+
+def _floor(state: dict[str, Any]) -> float:
+    import torch
+
+    tensors = list(state["state_dict"].values())
+    targets = [torch.empty_like(t) for t in tensors]
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for target, tensor in zip(targets, tensors, strict=True):
+            target.copy_(tensor)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _strategy(nodes: int) -> Any:
+    import torch
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = DDPStrategy(
+        parallel_devices=[torch.device("cpu")],
+        cluster_environment=LightningEnvironment(),
+        process_group_backend="gloo",
+    )
+    strategy.num_nodes = nodes
+    strategy.setup_distributed()
+    return strategy
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from lightning_resume import DurableCheckpointIO, MemoryTier
+    from lightning_resume._collectives import gather_objects
+
+    strategy = _strategy(args.nodes)
+    memory = MemoryTier(TIER, replicas=1, durable_every=1) if args.mode == "memory" else None
+    io = DurableCheckpointIO(memory=memory)
+    durable_dir = Path(args.root) / "checkpoints"
+    path = durable_dir / "last.ckpt"
+    io._attach_memory(strategy, durable_dir)
+    found: dict[str, Any] = {"node": strategy.node_rank}
+    if args.phase == "save":
+        if strategy.global_rank == 0:
+            first = _state(args.size_mb, 1)
+            io.save_checkpoint(first, path)
+            io.wait_until_durable()
+            del first
+            state = _state(args.size_mb, 2)
+            found["floor"] = _floor(state)
+            start = time.monotonic()
+            io.save_checkpoint(state, path)
+            found["stall"] = time.monotonic() - start
+            tier = io.memory_tier
+            while True:
+                now = time.monotonic() - start
+                if tier is not None and tier.timings.step == 2:
+                    if "replica" not in found and tier.timings.replicas:
+                        found["replica"] = now
+                    if tier.timings.durable is not None:
+                        found["durable"] = now
+                        break
+                elif tier is None and not io.busy:
+                    found["durable"] = now
+                    break
+                time.sleep(0.002)
+        strategy.barrier()  # the peer serves until the replica is in
+    else:
+        start = time.monotonic()
+        loaded = io.load_checkpoint(path)
+        found["seconds"] = time.monotonic() - start
+        expected = _state(args.size_mb, 2)["state_dict"]
+        found["exact"] = loaded["global_step"] == 2 and all(
+            torch.equal(loaded["state_dict"][k], v) for k, v in expected.items()
+        )
+        restore = io.last_restore
+        found["tier"] = restore.tier if restore is not None else None
+        found["from"] = restore.host if restore is not None else None
+    everyone = gather_objects(strategy, found)
+    io.teardown()
+    io._close_memory()
+    if strategy.global_rank == 0:
+        print("RESULT " + json.dumps(everyone), flush=True)
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def throttled(folder: Path, mbps: float) -> Iterator[None]:
+    """This process and its children in a blkio cgroup limited to ``mbps`` on ``folder``'s disk."""
+    device = os.stat(folder).st_dev
+    group = CGROUP / f"lightning-resume-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        rate = int(mbps * 1e6)
+        for name in ("blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device"):
+            (group / name).write_text(f"{os.major(device)}:{os.minor(device)} {rate}\n")
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+        yield
+    finally:
+        (CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def cached_mb(path: Path) -> float:
+    """MB of ``path`` in the page cache: what was read of it since the caches were dropped (its writes
+    bypass the cache, ``O_DIRECT``)."""
+    found = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True, text=True
+    )
+    return int(found.stdout.split()[0]) / 1e6 if found.returncode == 0 and found.stdout.strip() else 0.0
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def run_phase(
+    nodes: Sequence[Any], phase: str, mode: str, size_mb: int, root: Path, log: Path
+) -> list[dict[str, Any]]:
+    from cluster.cluster import IFNAME
+
+    command = [sys.executable, str(HERE), "--worker", phase, "--mode", mode, "--size-mb", str(size_mb)]
+    command += ["--root", str(root), "--nodes", str(len(nodes))]
+    processes = []
+    for rank, node in enumerate(nodes):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": nodes[0].hostname,
+            "MASTER_PORT": str(PORT),
+            "NODE_RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(len(nodes)),
+            "GLOO_SOCKET_IFNAME": IFNAME,
+            "PYTHONWARNINGS": "ignore",
+        }
+        processes.append(node.popen(command, env=env, log=log.with_name(f"{log.name}-{node.hostname}.log")))
+    codes = [p.wait(timeout=900) for p in processes]
+    text = log.with_name(f"{log.name}-{nodes[0].hostname}.log").read_text()
+    results = [line for line in text.splitlines() if line.startswith("RESULT ")]
+    if codes != [0] * len(nodes) or not results:
+        raise RuntimeError(f"{phase} ({mode}, {size_mb} MB) failed: {codes}\n{text[-4000:]}")
+    found: list[dict[str, Any]] = json.loads(results[-1][len("RESULT ") :])
+    return found
+
+
+def measure(mode: str, size_mb: int, workdir: Path) -> dict[str, Any]:
+    from cluster.cluster import Cluster
+
+    folder = Path(tempfile.mkdtemp(prefix=f"{mode}-{size_mb}-", dir=workdir))
+    root, row = folder / "run", {"mode": mode, "size_mb": size_mb}
+    with Cluster(2, workdir=folder) as cluster:
+        node0, node1 = cluster.nodes
+        saved = run_phase([node0, node1], "save", mode, size_mb, root, folder / "save")[0]
+        row.update({k: saved.get(k) for k in ("floor", "stall", "replica", "durable")})
+        durable = root / "checkpoints" / "last.ckpt"
+        drop_caches()
+        restart = run_phase([node0, node1], "restore", mode, size_mb, root, folder / "restart")
+        read = cached_mb(durable)
+        node0.kill()  # the writer's node is lost, with its memory
+        node2 = cluster.add_node()
+        drop_caches()
+        lost = run_phase([node1, node2], "restore", mode, size_mb, root, folder / "lost")
+        read += cached_mb(durable)
+        node1.kill()
+        node2.kill()
+        drop_caches()
+        fresh = run_phase(
+            [cluster.add_node(), cluster.add_node()], "restore", mode, size_mb, root, folder / "fresh"
+        )
+    row["restart"] = max(r["seconds"] for r in restart)
+    row["node_loss"] = max(r["seconds"] for r in lost)
+    row["durable_restore"] = max(r["seconds"] for r in fresh)
+    row["read_mb"] = read
+    row["ranks"] = {"restart": [r["seconds"] for r in restart], "lost": [r["seconds"] for r in lost]}
+    row["tiers"] = f"{restart[0]['tier']}/{lost[1]['tier']}/{fresh[0]['tier']}"
+    row["exact"] = all(r["exact"] for r in restart + lost + fresh)
+    subprocess.run(["rm", "-rf", str(folder)], check=False)
+    return row
+
+
+def _cell(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_table(rows: list[dict[str, Any]], mbps: float) -> None:
+    print(
+        f"\nDurable tier throttled to {mbps:.0f} MB/s (blkio cgroup); node memory: tmpfs /dev/shm; 2 nodes."
+    )
+    header = (
+        f"{'setup':<20}{'MB':>6}{'floor':>7}{'stall':>7}{'x floor':>8}{'replica':>9}{'durable':>9}"
+        f"{'restart':>9}{'node loss':>10}{'durable restore':>16}{'MB read':>8}  "
+        f"{'tiers (restart/loss/fresh)':<28}exact"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        name = "memory, 1 replica" if row["mode"] == "memory" else "durable only"
+        print(
+            f"{name:<20}{row['size_mb']:>6}{_cell(row['floor']):>7}{_cell(row['stall']):>7}"
+            f"{_cell(row['stall'] / row['floor'], 1):>8}{_cell(row.get('replica')):>9}"
+            f"{_cell(row['durable']):>9}"
+            f"{_cell(row['restart']):>9}{_cell(row['node_loss']):>10}{_cell(row['durable_restore']):>16}"
+            f"{row['read_mb']:>8.0f}  {row['tiers']:<28}{'yes' if row['exact'] else 'NO'}"
+        )
+    by = {(r["mode"], r["size_mb"]): r for r in rows}
+    for size in sorted({r["size_mb"] for r in rows}):
+        durable, memory = by.get(("durable", size)), by.get(("memory", size))
+        if durable and memory:
+            print(
+                f"{size} MB: restore after a node loss "
+                f"{durable['node_loss'] / memory['node_loss']:.1f}x faster "
+                f"from a peer's memory; after a restart {durable['restart'] / memory['restart']:.1f}x; "
+                f"stall {memory['stall'] / durable['stall']:.2f}x the durable-only stall"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="256,1024", help="checkpoint sizes in MB, comma separated")
+    parser.add_argument("--durable-mbps", type=float, default=200.0, help="the durable tier's rate (MB/s)")
+    parser.add_argument("--workdir", default="/var/tmp", help="a folder on the disk to throttle")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="memory", help=argparse.SUPPRESS)
+    parser.add_argument("--size-mb", type=int, default=256, help=argparse.SUPPRESS)
+    parser.add_argument("--root", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", type=int, default=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.phase = args.worker
+        worker(args)
+        return
+    from cluster.cluster import unavailable
+
+    workdir = Path(tempfile.mkdtemp(prefix="lightning-resume-memory-tier-", dir=args.workdir))
+    reason = unavailable(str(workdir))
+    if reason or os.geteuid() != 0 or not CGROUP.is_dir():
+        sys.exit(f"needs root, Linux namespaces and the blkio cgroup: {reason or 'not root or no blkio'}")
+    rows = []
+    with throttled(workdir, args.durable_mbps):
+        for size in (int(s) for s in args.sizes.split(",")):
+            for mode in ("durable", "memory"):
+                started = time.monotonic()
+                rows.append(measure(mode, size, workdir))
+                print(f"  {mode} {size} MB measured in {time.monotonic() - started:.0f} s", flush=True)
+    print_table(rows, args.durable_mbps)
+    subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The memory tier: ``last.ckpt`` in node memory, copied to peer nodes; the durable tier less often."""

@@ -1,0 +1,89 @@
+"""``MemoryTier``: where and how often ``DurableCheckpointIO`` keeps ``last.ckpt`` in node memory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lightning_resume._checks import expand_dir, positive_number, whole_number
+
+DEFAULT_PATH = "/dev/shm/lightning_resume"
+#: The checkpoint file the memory tier holds: the one a restart resumes from.
+HELD_NAME = "last.ckpt"
+
+
+class MemoryTier:
+    """``last.ckpt`` in node memory, copied to other nodes' memory, written to the durable tier less often.
+
+    Passed as ``DurableCheckpointIO(memory=MemoryTier(...))``, with ``RequeueCheckpoint`` among the
+    callbacks (its ``setup`` introduces the nodes to each other). Each save of ``last.ckpt`` is
+    committed atomically and verified in ``path`` (a tmpfs: memory), then copied in the background to
+    the memory of ``replicas`` other nodes. The durable tier (the checkpoint directory, and its mirror)
+    gets the first save, every ``durable_every``-th, the save at a preemption signal or notice, and the
+    newest one when training ends. A restart loads the newest committed copy any node still holds,
+    fetched from that node and verified, or the durable ``last.ckpt`` when it is as new; never an
+    older checkpoint than the durable one. A node whose ``path`` is full writes to the durable tier
+    instead, with one warning.
+
+    Memory used per node: the node's own copy and one per node it is a replica for, each the size of
+    ``last.ckpt`` (briefly one more while a new copy commits).
+
+    Args:
+        path: A directory in node memory (variables expanded). Each run gets a folder of its own in it.
+        replicas: How many other nodes hold a copy (``0``: only the writing node; restores after a
+            process restart, not after a node loss). More than the job's nodes minus one: all of them.
+        durable_every: Write every ``durable_every``-th save of ``last.ckpt`` to the durable tier too.
+        port: The TCP port each node serves its copies on (``0``: any free port).
+        timeout: Seconds a copy to or from another node may stall before it is given up.
+
+    Raises:
+        TypeError, ValueError: for an invalid setting.
+
+    Example::
+
+        trainer = Trainer(
+            num_nodes=4,
+            plugins=[DurableCheckpointIO(memory=MemoryTier(replicas=1, durable_every=20))],
+            callbacks=[RunDir(), RequeueCheckpoint(every_n_train_steps=50)],
+        )
+    """
+
+    def __init__(
+        self,
+        path: str | Path = DEFAULT_PATH,
+        replicas: int = 1,
+        durable_every: int = 10,
+        port: int = 0,
+        timeout: float = 120.0,
+    ) -> None:
+        self.path = expand_dir(path, "MemoryTier(path=...)")
+        self.replicas = whole_number("MemoryTier replicas", replicas, minimum=0, what="whole number of nodes")
+        self.durable_every = whole_number(
+            "MemoryTier durable_every", durable_every, minimum=1, what="whole number of saves"
+        )
+        self.port = whole_number("MemoryTier port", port, minimum=0, what="TCP port number")
+        if self.port > 65535:
+            raise ValueError(f"MemoryTier port must be a TCP port (0-65535), got {port!r}.")
+        self.timeout = positive_number("MemoryTier timeout", timeout, what="number of seconds")
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryTier(path={str(self.path)!r}, replicas={self.replicas}, "
+            f"durable_every={self.durable_every}, port={self.port}, timeout={self.timeout})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MemoryTier) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def usable(self) -> str | None:
+        """Why ``path`` cannot hold checkpoints here, or ``None`` when it can."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"cannot create {str(self.path)!r} ({e.strerror or e})"
+        if not os.access(self.path, os.W_OK):
+            return f"{str(self.path)!r} is not writable"
+        return None

@@ -1,0 +1,435 @@
+"""One process's part of the memory tier: its node's server, the copies of its saves to peer nodes and
+to the durable tier, and the restore of the newest copy any node holds."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from lightning.pytorch.strategies import Strategy
+
+from lightning_resume._collectives import any_rank, broadcast, gather_objects
+from lightning_resume._storage.atomic import exclusive
+from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.manifest import Entry
+from lightning_resume._warnings import warn
+from lightning_resume.io._verified_load import load_verified
+from lightning_resume.io.memory import wire
+from lightning_resume.io.memory.memory_tier import HELD_NAME, MemoryTier
+from lightning_resume.io.memory.placement import Copy, choose, copy_path, holders, origin_of, peers, run_key
+from lightning_resume.io.restore import MEMORY, Restore
+
+log = logging.getLogger(__name__)
+
+_FETCH_LOCK = ".lr-fetch.lock"
+_SLACK = 1.02
+#: Seconds between tries of a copy to a peer (a connection reset when a peer is busy is not a lost node).
+_RETRY_DELAYS = (
+    0.05,
+    0.25,
+    1.0,
+)  # a checkpoint file is a little larger than its tensors (archive records, pickles)
+
+
+@dataclass
+class Timings:
+    """When the copies of the newest save were done, in seconds after its commit (for benchmarks)."""
+
+    step: int | None = None  # the save's global step
+    replicas: dict[int, float] = field(default_factory=dict)
+    durable: float | None = None
+
+
+def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the distinct tensor storages in a checkpoint: about the size of its file."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return int(storage.nbytes())
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+class NodeMemory:
+    """A :class:`MemoryTier` at work in one process; ``attach`` (every rank, in ``setup``) starts it."""
+
+    def __init__(self, config: MemoryTier, direct_io: bool = True) -> None:
+        self.config = config
+        self.direct_io = direct_io  # durable copies past the page cache where the filesystem allows
+        self.node = 0
+        self.nodes = 1
+        self._global_rank = 0
+        self._durable_dir: Path | None = None
+        self._key = ""
+        self._token = ""
+        self._server: wire.TierServer | None = None
+        self._addresses: dict[int, tuple[str, int]] = {}
+        self._hosts: dict[int, str] = {}
+        self._catalog: list[Copy] = []
+        self._restore_pending = False
+        self._strategy: Strategy | None = None
+        self._saves = 0
+        self._full_warned = False
+        self._unattached_warned = False
+        self._usable = False
+        self._replicas = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-replica")
+        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-durable")
+        self._replica_seq = self._durable_seq = 0
+        self._in_flight: list[tuple[bool, Future[None]]] = []  # (a durable copy?, its job)
+        self._lock = threading.Lock()
+        self._durable_error: BaseException | None = None
+        self._failed_peers: set[int] = set()
+        self._newest: tuple[Path, Entry, Path] | None = None  # memory copy, entry, its durable path
+        self._newest_durable = True
+        self.timings = Timings()
+
+    @property
+    def attached(self) -> bool:
+        return self._durable_dir is not None
+
+    # -- setup: every rank, at the same point ------------------------------------------------------
+
+    def attach(self, strategy: Strategy, durable_dir: Path) -> None:
+        """Learn the nodes and what their memory holds; start this node's server (local rank 0)."""
+        durable_dir = Path(os.path.realpath(durable_dir))
+        self._strategy, self._durable_dir = strategy, durable_dir
+        self._key = run_key(durable_dir)
+        self.node, self._global_rank = (
+            int(getattr(strategy, "node_rank", 0)),
+            int(getattr(strategy, "global_rank", 0)),
+        )
+        self._token = broadcast(strategy, secrets.token_hex(16))
+        serves = int(getattr(strategy, "local_rank", 0)) == 0
+        problem = self.config.usable()
+        mine: dict[str, Any] = {"node": self.node, "host": wire.host_name(), "address": None, "copies": []}
+        if serves and problem is None:
+            try:
+                if self._server is None:
+                    self._server = wire.TierServer(self.config.path, self._token, self.config.port)
+                self._server.token = self._token
+                address = wire.local_address(os.environ.get("MASTER_ADDR"))
+                mine["address"] = (address, self._server.port)
+            except OSError as e:
+                problem = f"cannot serve on port {self.config.port} ({e.strerror or e})"
+            mine["copies"] = [c.to_json() for c in self._held()]
+        if problem is not None:
+            warn(
+                f"MemoryTier unused on node {self.node}: {problem}; last.ckpt goes to the durable tier.",
+                all_ranks=True,
+            )
+        everyone = gather_objects(strategy, mine)
+        self.nodes = len({int(r["node"]) for r in everyone})
+        self._addresses = {int(r["node"]): tuple(r["address"]) for r in everyone if r["address"]}
+        self._hosts = {int(r["node"]): str(r["host"]) for r in everyone}
+        self._catalog = [Copy.from_json(c) for r in everyone for c in r["copies"]]
+        self._restore_pending = True
+        self._usable = problem is None
+        log.debug("memory tier of %d node(s): %s", self.nodes, self._addresses)
+
+    def _held(self) -> list[Copy]:
+        """The committed copies this node's tier holds for this run."""
+        folder = self.config.path / self._key
+        found = []
+        for path in sorted(folder.glob(f"node-*/{HELD_NAME}")):
+            entry = wire.committed_copy(path)
+            if entry is not None:
+                found.append(Copy(self.node, wire.host_name(), origin_of(path), path.name, entry))
+        return found
+
+    # -- saves -------------------------------------------------------------------------------------
+
+    def target(self, path: Path, checkpoint: dict[str, Any]) -> tuple[Path, bool] | None:
+        """Where this save of ``path`` goes in memory and whether it is due on the durable tier too; ``None``:
+        write ``path`` as without a memory tier (not ``last.ckpt``, not attached, or the tier is full)."""
+        if path.name != HELD_NAME:
+            return None
+        if not self.attached:
+            if not self._unattached_warned:
+                self._unattached_warned = True
+                warn(
+                    "DurableCheckpointIO(memory=MemoryTier(...)) is unused: it needs RequeueCheckpoint among "
+                    "the callbacks, which introduces the nodes to each other at setup. last.ckpt goes to the "
+                    "durable tier."
+                )
+            return None
+        if not self._usable:
+            return None
+        if Path(os.path.realpath(path.parent)) != self._durable_dir:
+            return None
+        memory = copy_path(self.config.path, self._key, self.node, path.name)
+        memory.parent.mkdir(parents=True, exist_ok=True)
+        needed = tensor_bytes(checkpoint) * _SLACK
+        free = shutil.disk_usage(memory.parent).free
+        if free < needed:
+            self.full(f"{free / 1e6:.0f} MB free, the checkpoint needs about {needed / 1e6:.0f} MB")
+            return None
+        self._full_warned = False
+        self._saves += 1
+        return memory, (self._saves - 1) % self.config.durable_every == 0
+
+    def full(self, why: str) -> None:
+        """The memory tier cannot take this save: say so once, until a save fits again."""
+        if not self._full_warned:
+            self._full_warned = True
+            warn(
+                f"MemoryTier {str(self.config.path)!r} on node {self.node} is full ({why}): writing "
+                "last.ckpt to the durable tier until it has room. Give the tier more memory (the tmpfs size) "
+                "or keep fewer replicas per node.",
+                all_ranks=True,
+            )
+
+    def is_memory(self, path: Path) -> bool:
+        return self.attached and path.is_relative_to(self.config.path / self._key)
+
+    def committed(
+        self,
+        memory: Path,
+        entry: Entry,
+        durable: Path,
+        due: bool,
+        on_durable: Callable[[Path, Entry, float], None],
+    ) -> None:
+        """A save committed in memory: copy it to the peers, and to ``durable`` when ``due``."""
+        committed_at = time.monotonic()
+        with self._lock:
+            self.timings = Timings(entry.global_step)
+            self._newest, self._newest_durable = (memory, entry, durable), due
+            self._replica_seq += 1
+            seq = self._replica_seq
+            # Opened now: a newer save replacing the file later leaves these bytes readable.
+            replica = open(memory, "rb")  # noqa: SIM115 (closed by the job)
+            jobs = [(False, self._replicas.submit(self._replicate, replica, entry, seq, committed_at))]
+            if due:
+                self._durable_seq += 1
+                job = self._durable.submit(
+                    self._to_durable,
+                    open(memory, "rb"),  # noqa: SIM115 (closed by the job)
+                    entry,
+                    durable,
+                    self._durable_seq,
+                    committed_at,
+                    on_durable,
+                )
+                jobs.append((True, job))
+            self._in_flight = [(d, f) for d, f in self._in_flight if not f.done()] + jobs
+
+    def _replicate(self, source: BinaryIO, entry: Entry, seq: int, committed_at: float) -> None:
+        with source:
+            self._replicate_open(source, entry, seq, committed_at)
+
+    def _replicate_open(self, source: BinaryIO, entry: Entry, seq: int, committed_at: float) -> None:
+        for peer in peers(self.node, self.nodes, self.config.replicas):
+            try:
+                if not self._send(peer, source, entry, seq):
+                    return  # a newer save is committed: its copies replace this one's
+            except OSError as e:
+                if peer not in self._failed_peers:
+                    self._failed_peers.add(peer)
+                    warn(
+                        f"MemoryTier: copying last.ckpt (step {entry.global_step}) to node {peer} "
+                        f"({self._hosts.get(peer)}) failed: {e}. Until a copy succeeds, losing node "
+                        f"{self.node} falls back to the durable tier.",
+                        all_ranks=True,
+                    )
+                continue
+            self._failed_peers.discard(peer)
+            self.timings.replicas[peer] = time.monotonic() - committed_at
+            log.debug("replica of %s (step %s) on node %d", HELD_NAME, entry.global_step, peer)
+
+    def _send(self, peer: int, source: BinaryIO, entry: Entry, seq: int) -> bool:
+        """Copy to ``peer``, tried again after a failed connection; ``False``: superseded by a newer save."""
+        address = self._addresses.get(peer)
+        if address is None:
+            raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
+        for delay in (*_RETRY_DELAYS, None):
+            if seq != self._replica_seq:
+                return False
+            try:
+                wire.put(
+                    address, self._token, self._key, self.node, HELD_NAME, source, entry, self.config.timeout
+                )
+                return True
+            except OSError as e:
+                if delay is None:
+                    raise
+                log.debug("copy to node %d failed (%s); trying again in %.2f s", peer, e, delay)
+                time.sleep(delay)
+        return False
+
+    def _to_durable(
+        self,
+        source: BinaryIO,
+        entry: Entry,
+        durable: Path,
+        seq: int,
+        committed_at: float,
+        on_durable: Callable[[Path, Entry, float], None],
+    ) -> None:
+        with source:
+            if seq != self._durable_seq:
+                return  # a newer save goes to the durable tier
+            started = time.monotonic()
+            try:
+                copy_file(source, entry, durable, self.direct_io)
+            except BaseException as e:
+                self._durable_error = e
+                raise
+        self.timings.durable = time.monotonic() - committed_at
+        on_durable(durable, entry, time.monotonic() - started)
+
+    def settle(self, replicas: bool = True) -> None:
+        """Wait for the copies in flight to the durable tier (and, with ``replicas``, to other nodes);
+        raise the error of a failed durable copy."""
+        for durable, job in list(self._in_flight):
+            if durable or replicas:
+                job.exception()
+        error, self._durable_error = self._durable_error, None
+        if error is not None:
+            raise error
+
+    def cancel_durable(self) -> None:
+        """A newer save goes to the durable tier directly: the queued copies are obsolete (the one
+        running finishes first, so that the newer save lands last)."""
+        with self._lock:
+            self._durable_seq += 1
+            self._newest = None  # the newest save is that one: nothing in memory is newer
+        self.settle(replicas=False)
+
+    def finish(self, on_durable: Callable[[Path, Entry, float], None], replicas: bool = True) -> None:
+        """Make the newest save durable if it is not yet, and wait for the copies in flight (to other
+        nodes too with ``replicas``): training ends, or a preemption or notice waits for the durable tier."""
+        self.settle(replicas)
+        with self._lock:
+            newest, durable = self._newest, self._newest_durable
+            self._newest_durable = True
+        if newest is not None and not durable:
+            memory, entry, target = newest
+            started = time.monotonic()
+            with open(memory, "rb") as source:
+                copy_file(source, entry, target, self.direct_io)
+            on_durable(target, entry, time.monotonic() - started)
+
+    def close(self) -> None:
+        """Stop the server and the copy threads (after :meth:`finish`); a later ``attach`` starts again."""
+        if not self.attached:
+            return
+        self._replicas.shutdown(wait=True)
+        self._durable.shutdown(wait=True)
+        self._replicas = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-replica")
+        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-durable")
+        self._durable_dir = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    # -- restore -----------------------------------------------------------------------------------
+
+    def restore(
+        self, path: Path, durable: Entry | None, map_location: Any, weights_only: bool | None
+    ) -> tuple[dict[str, Any], Restore] | None:
+        """At a restart (the first load of ``last.ckpt`` after :meth:`attach`, on every rank): the newest
+        copy a node holds, fetched, verified and loaded; ``None``: load the durable tier."""
+        if not self._restore_pending or self._strategy is None or path.name != HELD_NAME:
+            return None
+        if Path(os.path.realpath(path.parent)) != self._durable_dir:
+            return None
+        self._restore_pending = False
+        started, wall = time.monotonic(), time.time()
+        options = choose(self._catalog, path.name, durable, self.node)
+        loaded: dict[str, Any] | None = None
+        source: Copy | None = None
+        problems: list[str] = []
+        for copy in options:
+            try:
+                local = self._fetched(copy)
+            except OSError as e:
+                problems.append(f"node {copy.node}: {e}")
+                continue
+            result = load_verified(local, map_location, weights_only)
+            manifest = result.verdict.manifest
+            if result.checkpoint is not None and manifest is not None and manifest.same_data(copy.entry):
+                loaded, source = result.checkpoint, copy
+                break
+            problems.append(f"node {copy.node}: the copy {result.reason or 'differs'}")
+        if any_rank(self._strategy, bool(options) and loaded is None):
+            if options:
+                why = "; ".join(problems) or "another rank failed"
+                warn(
+                    f"MemoryTier: no rank could load the memory copy of {path.name} (step "
+                    f"{options[0].entry.global_step}, held by {holders(options)}): {why}. "
+                    "Loading the durable tier instead.",
+                    all_ranks=bool(problems),
+                )
+            return None
+        if loaded is None or source is None:
+            return None
+        record = Restore(
+            MEMORY,
+            str(path),
+            source.entry.size,
+            time.monotonic() - started,
+            source.node,
+            source.host,
+            source.entry.global_step,
+            wall,
+        )
+        return loaded, record
+
+    def _fetched(self, copy: Copy) -> Path:
+        """``copy`` in this node's tier (fetched from its node, once per node, when it is elsewhere)."""
+        local = copy_path(self.config.path, self._key, copy.origin, copy.name)
+        if copy.node == self.node:
+            return local
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with exclusive(local.parent / _FETCH_LOCK):
+            held = wire.committed_copy(local)
+            if held is not None and held.same_data(copy.entry):
+                return local  # another rank of this node fetched it
+            address = self._addresses.get(copy.node)
+            if address is None:
+                raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
+            wire.get(
+                address,
+                self._token,
+                self._key,
+                copy.origin,
+                copy.name,
+                copy.entry,
+                local,
+                self.config.timeout,
+            )
+        return local
+
+
+def copy_file(source: BinaryIO, entry: Entry, target: Path, direct: bool = True) -> None:
+    """Commit the bytes of the open committed file ``source`` (the save ``entry``) at ``target``, fsynced."""
+
+    def checked(size: int, checksum: str) -> Entry:
+        if size != entry.size or checksum != entry.checksum:
+            raise OSError(errno.EIO, f"{source.name} does not match its manifest: not copied to {target}")
+        return entry
+
+    def stream(out: Any) -> None:
+        source.seek(0)
+        while chunk := source.read(wire.CHUNK):
+            out.write(chunk)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_file(target, stream, checked, direct=direct)

@@ -1,0 +1,264 @@
+"""How nodes exchange memory-tier copies: one request per TCP connection, a length-prefixed JSON header
+and the raw bytes of a file. Each node serves its tier folder from a thread; a copy it receives counts
+only once its bytes match the sender's checksum (committed like any save: manifest, then rename)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from lightning_resume._storage.catalog import Status, verify
+from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.kinds import FILE
+from lightning_resume._storage.manifest import ChecksumWriter, Entry
+from lightning_resume.io.memory.placement import copy_path, safe_part
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!I")
+_MAX_HEADER = 1 << 20
+CHUNK = 4 << 20
+
+
+class Readable(Protocol):
+    """A binary stream to read from: a socket's file, or a file."""
+
+    def read(self, size: int = -1, /) -> bytes | None: ...
+
+
+class WireError(OSError):
+    """A peer refused a request, or the connection broke before the copy was complete."""
+
+
+def send_header(out: socket.socket, header: dict[str, Any]) -> None:
+    data = json.dumps(header).encode()
+    out.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def _read_exact(source: Readable, size: int) -> bytes:
+    data = source.read(size)
+    if data is None or len(data) != size:
+        raise WireError(f"connection closed after {0 if not data else len(data)} of {size} bytes")
+    return data
+
+
+def read_header(source: Readable) -> dict[str, Any]:
+    (size,) = _LENGTH.unpack(_read_exact(source, _LENGTH.size))
+    if size > _MAX_HEADER:
+        raise WireError(f"header of {size} bytes refused")
+    header = json.loads(_read_exact(source, size))
+    if not isinstance(header, dict):
+        raise WireError("header is not a JSON object")
+    return header
+
+
+def stream_into(source: Readable, size: int, out: ChecksumWriter, pace: Callable[[int], None] | None) -> None:
+    """Copy exactly ``size`` bytes from ``source`` into ``out``."""
+    left = size
+    while left:
+        chunk = source.read(min(CHUNK, left))
+        if not chunk:
+            raise WireError(f"connection closed with {left} of {size} bytes still to come")
+        out.write(chunk)
+        left -= len(chunk)
+        if pace is not None:
+            pace(len(chunk))
+
+
+def receive_copy(
+    source: Readable, target: Path, entry: Entry, pace: Callable[[int], None] | None = None
+) -> Entry:
+    """Write the ``entry.size`` bytes coming from ``source`` as a committed copy at ``target``; a short or
+    different stream raises and leaves ``target`` as it was."""
+
+    def checked(size: int, checksum: str) -> Entry:
+        if size != entry.size or checksum != entry.checksum:
+            raise WireError(
+                f"received {size} bytes with checksum {checksum}, expected {entry.size} / {entry.checksum}"
+            )
+        return entry
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return write_file(target, lambda out: stream_into(source, entry.size, out, pace), checked, direct=False)
+
+
+def committed_copy(path: Path) -> Entry | None:
+    """The entry of the committed copy at ``path`` (its manifest and size agree), or ``None``."""
+    verdict = verify(path, FILE, checksums=False)
+    return verdict.manifest if verdict.status is Status.VERIFIED else None
+
+
+def send_file(out: socket.socket, source: BinaryIO, entry: Entry) -> None:
+    """Send the first ``entry.size`` bytes of the open file ``source``."""
+    sent = out.sendfile(source, 0, entry.size)
+    if sent != entry.size:
+        raise WireError(f"{source.name} ended after {sent} of {entry.size} bytes")
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: TierServer
+
+    def handle(self) -> None:
+        try:
+            header = read_header(self.rfile)
+            if header.get("token") != self.server.token:
+                send_header(self.connection, {"ok": False, "error": "wrong token"})
+                return
+            op = header.get("op")
+            if op == "put":
+                self._put(header)
+            elif op == "get":
+                self._get(header)
+            else:
+                send_header(self.connection, {"ok": False, "error": f"unknown request {op!r}"})
+        except (OSError, ValueError, KeyError) as e:
+            log.debug("memory tier request from %s failed: %s", self.client_address, e)
+            with contextlib.suppress(OSError):
+                send_header(self.connection, {"ok": False, "error": str(e)})
+
+    def _target(self, header: dict[str, Any]) -> Path:
+        key, name, origin = str(header["key"]), str(header["name"]), int(header["origin"])
+        if not (safe_part(key) and safe_part(name)) or origin < 0:
+            raise ValueError(f"refused name {key!r}/{origin}/{name!r}")
+        return copy_path(self.server.root, key, origin, name)
+
+    def _put(self, header: dict[str, Any]) -> None:
+        target, entry = self._target(header), Entry.from_json(header["entry"])
+        with self.server.receiving:
+            receive_copy(self.rfile, target, entry)
+        send_header(self.connection, {"ok": True})
+
+    def _get(self, header: dict[str, Any]) -> None:
+        target = self._target(header)
+        try:
+            held = open(target, "rb")  # noqa: SIM115 (the version open now stays readable if a newer one commits)
+        except FileNotFoundError:
+            send_header(self.connection, {"ok": False, "error": f"{target.name} is not held"})
+            return
+        with held:
+            entry = committed_copy(target)
+            if entry is None or entry.checksum != header.get("checksum"):
+                send_header(self.connection, {"ok": False, "error": f"{target.name} is not held"})
+                return
+            send_header(self.connection, {"ok": True, "entry": entry.to_json()})
+            send_file(self.connection, held, entry)
+
+
+class TierServer(socketserver.ThreadingTCPServer):
+    """Serves one node's memory tier folder ``root`` on ``port`` (``0``: any), to holders of ``token``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, root: Path, token: str, port: int = 0) -> None:
+        self.root, self.token = root, token
+        self.receiving = threading.Lock()  # one incoming copy at a time: memory stays bounded
+        super().__init__(("0.0.0.0", port), _Handler)
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="lightning-resume-memory-tier", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+@contextlib.contextmanager
+def _connect(address: tuple[str, int], timeout: float) -> Iterator[socket.socket]:
+    with socket.create_connection(address, timeout=timeout) as conn:
+        yield conn
+
+
+def put(
+    address: tuple[str, int],
+    token: str,
+    key: str,
+    origin: int,
+    name: str,
+    source: BinaryIO,
+    entry: Entry,
+    timeout: float,
+) -> None:
+    """Copy the committed file ``name``, open as ``source`` (the save ``entry``), into the memory tier at
+    ``address``.
+
+    Raises:
+        OSError: the connection failed or the peer did not commit the copy.
+    """
+    header = {
+        "op": "put",
+        "token": token,
+        "key": key,
+        "origin": origin,
+        "name": name,
+        "entry": entry.to_json(),
+    }
+    with _connect(address, timeout) as conn:
+        send_header(conn, header)
+        send_file(conn, source, entry)
+        reply = read_header(conn.makefile("rb"))
+    if not reply.get("ok"):
+        raise WireError(f"{address[0]}:{address[1]} refused the copy: {reply.get('error')}")
+
+
+def get(
+    address: tuple[str, int],
+    token: str,
+    key: str,
+    origin: int,
+    name: str,
+    entry: Entry,
+    target: Path,
+    timeout: float,
+) -> Entry:
+    """Fetch the copy of ``name`` written by node ``origin`` (the save ``entry``) from ``address`` into
+    ``target``, committed and checked.
+
+    Raises:
+        OSError: the connection failed, the peer no longer holds that save, or the bytes differ.
+    """
+    header = {
+        "op": "get",
+        "token": token,
+        "key": key,
+        "origin": origin,
+        "name": name,
+        "checksum": entry.checksum,
+    }
+    with _connect(address, timeout) as conn:
+        send_header(conn, header)
+        source = conn.makefile("rb")
+        reply = read_header(source)
+        if not reply.get("ok"):
+            raise WireError(f"{address[0]}:{address[1]}: {reply.get('error')}")
+        return receive_copy(source, target, entry)
+
+
+def local_address(toward: str | None) -> str:
+    """This node's address on the interface that reaches ``toward`` (the job's master), else loopback."""
+    if not toward:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((toward, 9))  # no packet is sent: this only picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def host_name() -> str:
+    return os.uname().nodename
