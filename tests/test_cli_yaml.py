@@ -129,6 +129,9 @@ trainer:
         mirror:
           class_path: lightning_resume.Mirror
           init_args: {{url: "file://{root}/mirror", options: {{auto_mkdir: true}}, wait: false, timeout: 60}}
+        memory:
+          class_path: lightning_resume.MemoryTier
+          init_args: {{path: "{root}/shm", replicas: 2, durable_every: 5, port: 29999, timeout: 30}}
   callbacks:
     - class_path: lightning_resume.RunDir
       init_args: {{root: {root}/runs}}
@@ -159,6 +162,7 @@ io = cli.trainer.strategy.checkpoint_io
 (watchdog,) = [c for c in cli.trainer.callbacks if isinstance(c, ProgressWatchdog)]
 print(io.settings.asynchronous, io.settings.dirpath.name, io.settings.keep, dict(io.settings.metadata))
 print(io.settings.mirror)
+print(io.settings.memory)
 print(watchdog.timeouts, watchdog.max_attempts_without_progress, watchdog.requeue)
 """
 
@@ -171,10 +175,13 @@ def test_yaml_builds_the_plugin_and_the_watchdog_with_every_setting(tmp_path: Pa
         [sys.executable, str(script), str(config)], env=job_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    plugin, mirror, watchdog = proc.stdout.strip().splitlines()[-3:]
+    plugin, mirror, memory, watchdog = proc.stdout.strip().splitlines()[-4:]
     assert plugin == "False local 2 {'experiment': 'yaml'}"
     assert mirror == (
         f"Mirror(url='file://{tmp_path}/mirror', options={{'auto_mkdir': True}}, wait=False, timeout=60.0)"
+    )
+    assert (
+        memory == f"MemoryTier(path='{tmp_path}/shm', replicas=2, durable_every=5, port=29999, timeout=30.0)"
     )
     assert watchdog == (
         "WatchdogTimeouts(step=1.0, first_step=2.0, validation=3.0, epoch_end=4.0, save=5.0, load=6.0, "

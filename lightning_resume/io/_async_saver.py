@@ -45,12 +45,15 @@ class AsyncSaver:
     def _writer_pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.alive() else None
 
-    def save(self, checkpoint: dict[str, Any], path: Path, entry: dict[str, Any]) -> None:
-        """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it."""
+    def save(
+        self, checkpoint: dict[str, Any], path: Path, entry: dict[str, Any], full_speed: bool = False
+    ) -> None:
+        """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it (at
+        full speed with ``full_speed``: a write into memory, which other nodes wait for)."""
         self.wait()
         staged = stage(checkpoint, self._buffer)
         self._seq += 1
-        if self._next_at_full_speed:
+        if self._next_at_full_speed or full_speed:
             self._full_speed_seq, self._next_at_full_speed = self._seq, False
         self._pending = self._executor.submit(self._write, staged, path, entry, self._seq)
 

@@ -206,7 +206,8 @@ class DurableCheckpointIO(CheckpointIO):
                 )
             self._staging = True
             try:
-                self._saver.save(checkpoint, target, entry)
+                # Into node memory at full speed: a memory copy, and the replicas wait for it.
+                self._saver.save(checkpoint, target, entry, full_speed=self._memory_save is not None)
             finally:
                 self._staging = False
             return

@@ -13,7 +13,8 @@ from conftest import same_weights
 
 from lightning_resume._storage.catalog import check_file
 from lightning_resume._storage.manifest import decode
-from lightning_resume.run_dir import layout
+from lightning_resume.cli.report import build
+from lightning_resume.run_dir import attempts, layout
 
 from .cluster import Cluster, Node
 from .launch import LAUNCHERS, logs, wait, wait_for
@@ -96,6 +97,11 @@ def test_a_lost_node_is_restored_from_its_peers_memory_exactly(
         assert f"FIRST_STEP rank={rank} step=6" in text, text
     assert same_weights(out, reference)
     assert durable_step(root) == 12  # the end of training is durable
+    (run_dir,) = layout.run_dirs(root)
+    report = build(attempts.read(run_dir), run_dir)  # what `lightning-resume report` shows
+    row = report.restarts[-1]
+    assert (row.restore_tier, row.resumed_from) == ("memory", 6), row
+    assert row.restore_bytes and row.restore_seconds is not None and row.first_step is not None
 
 
 def test_three_nodes_one_lost_restore_from_the_peer_exactly(cluster3: Cluster, tmp_path: Path) -> None:

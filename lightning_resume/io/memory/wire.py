@@ -109,6 +109,13 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         try:
+            self._handle()
+        finally:
+            with self.server.receiving_count:
+                self.server.served += 1
+
+    def _handle(self) -> None:
+        try:
             header = read_header(self.rfile)
             if header.get("token") != self.server.token:
                 send_header(self.connection, {"ok": False, "error": "wrong token"})
@@ -162,6 +169,8 @@ class TierServer(socketserver.ThreadingTCPServer):
     def __init__(self, root: Path, token: str, port: int = 0) -> None:
         self.root, self.token = root, token
         self.receiving = threading.Lock()  # one incoming copy at a time: memory stays bounded
+        self.receiving_count = threading.Lock()
+        self.served = 0  #: requests handled (answered or refused) so far
         super().__init__(("0.0.0.0", port), _Handler)
         self._thread = threading.Thread(
             target=self.serve_forever, name="lightning-resume-memory-tier", daemon=True
