@@ -179,6 +179,7 @@ class NodeMemory:
         free = shutil.disk_usage(memory.parent).free
         if free < needed:
             self.full(f"{free / 1e6:.0f} MB free, the checkpoint needs about {needed / 1e6:.0f} MB")
+            self.cancel_durable()  # this save goes to the durable tier: no older one may land after it
             return None
         self._full_warned = False
         self._saves += 1
