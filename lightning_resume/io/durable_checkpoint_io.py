@@ -274,13 +274,12 @@ class DurableCheckpointIO(CheckpointIO):
 
     def _after_commit(self, path: Path, entry: Entry, stats: WriteStats) -> None:
         """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
+        self._last_write = stats
         if self._memory is not None and self._memory_save is not None and self._memory.is_memory(path):
             durable, due = self._memory_save
-            self._last_write = stats
             self._memory.committed(path, entry, durable, due, self._durable_copy)
-            return
-        self._last_write = stats
-        self._record(path, entry)
+        else:
+            self._record(path, entry)
 
     def _durable_copy(self, path: Path, entry: Entry, seconds: float) -> None:
         log.debug("memory copy of %s (step %s) durable in %.2f s", path, entry.global_step, seconds)

@@ -52,7 +52,8 @@ class Timings:
 
 
 def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
-    """Bytes of the distinct tensor storages in a checkpoint: about the size of its file."""
+    """Bytes of the distinct tensor storages in a checkpoint: about the size of its file, which holds each
+    storage once and whole (``per_rank_states.tensor_bytes`` counts each tensor's elements instead)."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
@@ -75,7 +76,6 @@ class NodeMemory:
         self.direct_io = direct_io  # durable copies past the page cache where the filesystem allows
         self.node = 0
         self.nodes = 1
-        self._global_rank = 0
         self._durable_dir: Path | None = None
         self._key = ""
         self._token = ""
@@ -111,10 +111,7 @@ class NodeMemory:
         durable_dir = Path(os.path.realpath(durable_dir))
         self._strategy, self._durable_dir = strategy, durable_dir
         self._key = run_key(durable_dir)
-        self.node, self._global_rank = (
-            int(getattr(strategy, "node_rank", 0)),
-            int(getattr(strategy, "global_rank", 0)),
-        )
+        self.node = int(getattr(strategy, "node_rank", 0))
         self._token = broadcast(strategy, secrets.token_hex(16))
         serves = int(getattr(strategy, "local_rank", 0)) == 0
         problem = self.config.usable()

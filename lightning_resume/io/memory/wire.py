@@ -111,7 +111,7 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             self._handle()
         finally:
-            with self.server.receiving_count:
+            with self.server._served_lock:
                 self.server.served += 1
 
     def _handle(self) -> None:
@@ -169,7 +169,7 @@ class TierServer(socketserver.ThreadingTCPServer):
     def __init__(self, root: Path, token: str, port: int = 0) -> None:
         self.root, self.token = root, token
         self.receiving = threading.Lock()  # one incoming copy at a time: memory stays bounded
-        self.receiving_count = threading.Lock()
+        self._served_lock = threading.Lock()
         self.served = 0  #: requests handled (answered or refused) so far
         super().__init__(("0.0.0.0", port), _Handler)
         self._thread = threading.Thread(

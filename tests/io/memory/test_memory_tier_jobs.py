@@ -44,6 +44,16 @@ def killed(tmp_path: Path, tier: Path) -> Path:
     return root
 
 
+def restarted_exactly(
+    tmp_path: Path, root: Path, tier: Path, baseline: Path, *args: str, key: str = "m"
+) -> str:
+    """Run the job again to its end; its output, once its weights equal the uninterrupted run's."""
+    again = run_job(root, tmp_path / "out.pt", *memory_args(tier), *args, LIGHTNING_RESUME_KEY=key)
+    assert again.returncode == 0, again.output
+    assert same_weights(tmp_path / "out.pt", baseline)
+    return again.output
+
+
 def test_a_restart_loads_the_newest_save_from_node_memory_and_ends_exact(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:
@@ -68,11 +78,9 @@ def test_without_a_memory_copy_the_restart_loads_the_durable_tier_and_ends_exact
     root = killed(tmp_path, tier)
     for path in sorted(tier.rglob("*"), reverse=True):  # a fresh node: its memory is empty
         path.unlink() if path.is_file() else path.rmdir()
-    again = run_job(root, tmp_path / "out.pt", *memory_args(tier), LIGHTNING_RESUME_KEY="m")
-    assert again.returncode == 0, again.output
-    assert "(step 2) from the durable tier" in again.output, again.output
-    assert "FIRST_STEP rank=0 step=2" in again.output
-    assert same_weights(tmp_path / "out.pt", baseline["plain"])
+    output = restarted_exactly(tmp_path, root, tier, baseline["plain"])
+    assert "(step 2) from the durable tier" in output, output
+    assert "FIRST_STEP rank=0 step=2" in output
 
 
 def test_a_damaged_memory_copy_is_never_loaded(tmp_path: Path, baseline: dict[str, Path]) -> None:
@@ -82,11 +90,9 @@ def test_a_damaged_memory_copy_is_never_loaded(tmp_path: Path, baseline: dict[st
     data = bytearray(held.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
     held.write_bytes(bytes(data))
-    again = run_job(root, tmp_path / "out.pt", *memory_args(tier), LIGHTNING_RESUME_KEY="m")
-    assert again.returncode == 0, again.output
-    assert "no rank could load the memory copy of last.ckpt (step 8" in again.output, again.output
-    assert "(step 2) from the durable tier" in again.output
-    assert same_weights(tmp_path / "out.pt", baseline["plain"])
+    output = restarted_exactly(tmp_path, root, tier, baseline["plain"])
+    assert "no rank could load the memory copy of last.ckpt (step 8" in output, output
+    assert "(step 2) from the durable tier" in output
 
 
 def test_a_preemptions_save_goes_to_the_durable_tier(tmp_path: Path, baseline: dict[str, Path]) -> None:
