@@ -150,7 +150,12 @@ def verify(path: Path, kind: Kind[R], checksums: bool = True, share: tuple[int, 
     mismatches = []
     for record in sized:
         shared = [f for i, f in enumerate(kind.files(name, record)) if i % max(world, 1) == rank]
-        digests.update({f.name: checksum_file(folder / f.name) for f in shared if f.name not in digests})
+        try:
+            digests.update({f.name: checksum_file(folder / f.name) for f in shared if f.name not in digests})
+        except (FileNotFoundError, NotADirectoryError) as e:
+            # Removed while being read (retention pruning it, a concurrent gc): gone, not an error.
+            gone = Path(e.filename or name).name
+            return Verdict(Status.INCOMPLETE, record, f"{gone} is missing (removed while checked)", size)
         mismatches = [f.name for f in shared if digests[f.name] != (f.size, f.checksum)]
         if not mismatches:
             return Verdict(Status.VERIFIED, record, size=size, checksum=digests.get(name, (0, None))[1])

@@ -71,3 +71,22 @@ def test_verdicts_name_what_is_wrong(folder: Path) -> None:
     unverifiable = verify(folder / "last.ckpt", FILE, checksums=False)
     assert unverifiable.status is Status.UNVERIFIABLE
     assert "delete the manifest" in unverifiable.reason
+
+
+def test_a_checkpoint_removed_while_its_checksum_is_read_is_missing_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lightning-resume inspect`` during training: retention deletes a checkpoint it is hashing."""
+    from lightning_resume._storage import catalog
+
+    path = tmp_path / "last.ckpt"
+    write_file(path, lambda out: out.write(b"x" * 1000), lambda size, digest: Entry(size, digest, 3))
+    real = catalog.checksum_file
+
+    def removed_first(target: Path) -> tuple[int, str]:
+        Path(target).unlink()  # the job's pruning gets there between the size check and the hash
+        return real(target)
+
+    monkeypatch.setattr(catalog, "checksum_file", removed_first)
+    verdict = verify(path, FILE)
+    assert verdict.status is Status.INCOMPLETE and "removed while checked" in verdict.detail
