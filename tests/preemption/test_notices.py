@@ -461,6 +461,7 @@ def test_a_broken_endpoint_leaves_training_unaffected_with_one_warning_per_sourc
 
 CLI_SCRIPT = """
 import os
+import time
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 from jobs.train_job import Model, Noisy, loader
@@ -473,6 +474,8 @@ class CLIModel(Model):
     def on_train_batch_end(self, *args):
         if self.trainer.global_step == 5 and self.trainer.is_global_zero:
             open(os.environ["NOTICE_FILE"], "w").close()  # the notice: a file without a deadline
+        if self.trainer.global_step >= 5:
+            time.sleep(0.2)  # a loaded machine must not finish fit before the poller reads the file
 
 LightningCLI(CLIModel, Data)
 """
