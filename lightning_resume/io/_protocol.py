@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from lightning_resume._writer.duty_cycle import WriteStats
+from lightning_resume.io.restore import Restore
 
 
 @runtime_checkable
@@ -52,3 +53,6 @@ class TieredCheckpointIO(Protocol):
 
     def _close_memory(self) -> None:
         """Stop serving this node's memory tier (after every rank settled)."""
+
+    def _restored(self, record: Restore) -> None:
+        """A restore done outside the plugin (a sharded save assembled from the memory tier): record it."""

@@ -360,6 +360,11 @@ class DurableCheckpointIO(CheckpointIO):
         if self._memory is not None:
             self._memory.close()
 
+    def _restored(self, record: Restore) -> None:
+        """A sharded save assembled from the memory tier, which Lightning loads without this plugin."""
+        self._last_restore = record
+        log.info("%s", record.line())
+
     @property
     def last_write(self) -> WriteStats | None:
         """How the newest committed save was written (size, seconds to durable, duty cycle), or ``None``."""

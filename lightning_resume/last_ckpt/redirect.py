@@ -42,14 +42,15 @@ class RestartRedirect:
         trainer: pl.Trainer,
         run: RunDir,
         last: Path,
-        verify_directory: Callable[[], int],
+        verify_directory: Callable[[], tuple[int, Path]],
         damaged: Callable[[Path], bool],
     ) -> None:
         """Nothing on a first attempt; on a restart start over, raise, or send the first load to ``last``.
 
-        Call on every rank, in ``setup`` of ``fit``. ``verify_directory``: verify a sharded ``last.ckpt`` on
-        every rank (falling back if it must) and say how many ranks wrote it; ``damaged``: whether a
-        ``last.ckpt`` file that fails to load is damaged beyond fallback.
+        Call on every rank, in ``setup`` of ``fit``. ``verify_directory``: choose what a sharded restart
+        reads (every rank: a memory tier's newer copy, else ``last.ckpt`` verified, falling back if it
+        must), say how many ranks wrote it and where it is; ``damaged``: whether a ``last.ckpt`` file that
+        fails to load is damaged beyond fallback.
 
         Raises:
             ResumeError: the run has committed a checkpoint but ``last.ckpt`` is gone.
@@ -75,9 +76,10 @@ class RestartRedirect:
         if trainer.is_global_zero:
             record_saved(run.path)  # a run dir written before the marker existed gets it now
         world_size = saved = trainer.world_size
+        source = last
         if broadcast(trainer.strategy, last.is_dir()):
             # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
-            saved, damaged = verify_directory(), _never_damaged
+            (saved, source), damaged = verify_directory(), _never_damaged
         on_redirect = functools.partial(_redirected, trainer, str(last))
         self._wrapper = NextLoad(
             trainer.strategy,
@@ -89,6 +91,7 @@ class RestartRedirect:
                 damaged,
                 allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
                 owner=own_hparams.owner_name(trainer),
+                source=str(source),
             ),
         )
         self._wrapper.install()
@@ -132,6 +135,7 @@ class RedirectFirstLoad:
     damaged: Callable[[Path], bool] = _never_damaged
     allowed: Callable[[], Mapping[str, Any]] = dict
     owner: str = "the module"
+    source: str | None = None  # what is read for ``target`` when that differs (a memory tier's copy)
 
     def __call__(
         self,
@@ -143,7 +147,7 @@ class RedirectFirstLoad:
         if os.path.abspath(str(checkpoint_path)) != os.path.abspath(self.target):
             self.on_redirect(str(checkpoint_path))
         try:
-            loaded = own_hparams.load(original, self.target, args, kwargs, self.allowed)
+            loaded = own_hparams.load(original, self.source or self.target, args, kwargs, self.allowed)
         except Exception as e:
             refused = own_hparams.refusal(self.target, e, self.allowed(), self.owner)
             if refused is not None:

@@ -20,6 +20,7 @@ from lightning_resume.io._protocol import AtomicCheckpointIO, TieredCheckpointIO
 from lightning_resume.io._verified_load import intact_zip
 from lightning_resume.io.settings import settings_of
 from lightning_resume.io.sharded.choice import prepare_resume
+from lightning_resume.io.sharded.in_memory import restore as restore_sharded
 from lightning_resume.io.sharded.saver import DirectorySaver
 
 
@@ -99,14 +100,14 @@ class LastCkptWrites:
     def close(self, trainer: pl.Trainer, collective: bool) -> None:
         """Finish a sharded save in flight (``collective``: on every rank, at the same point); with a
         memory tier, every rank waits until the copies between nodes are done."""
+        saver, self._saver = self._saver, None
+        if saver is not None:  # first: its writer thread may still send replicas to the other nodes
+            saver.close(trainer, collective=collective)
         io = trainer.strategy.checkpoint_io
         if collective and isinstance(io, TieredCheckpointIO) and getattr(io, "memory_tier", None) is not None:
             io._settle_memory()
             barrier(trainer.strategy, "lightning_resume memory tier")
             io._close_memory()
-        saver, self._saver = self._saver, None
-        if saver is not None:
-            saver.close(trainer, collective=collective)
 
     def remove_partial(self, trainer: pl.Trainer) -> None:
         """Remove a ``.last.ckpt.partial`` a killed attempt left (rank 0)."""
@@ -114,11 +115,20 @@ class LastCkptWrites:
             with contextlib.suppress(FileNotFoundError):
                 self._partial.unlink()
 
-    def written_by(self, trainer: pl.Trainer) -> int:
-        """Verify a sharded ``last.ckpt`` on every rank (falling back if it must); how many ranks wrote it."""
-        kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
+    def written_by(self, trainer: pl.Trainer) -> tuple[int, Path]:
+        """Choose what a sharded restart loads (every rank): a newer save in the nodes' memory tier, else
+        the durable ``last.ckpt`` verified (falling back if it must); how many ranks wrote it, and where."""
+        io = trainer.strategy.checkpoint_io
+        restored = restore_sharded(trainer, self._path())
+        if restored is not None:
+            shard_set, directory, record = restored
+            if isinstance(io, TieredCheckpointIO):
+                io._restored(record)
+            return shard_set.world_size, directory
+        kept = settings_of(io).directories_kept
         choice = prepare_resume(trainer, self._path(), kept)
-        return trainer.world_size if choice.manifest is None else choice.manifest.world_size
+        world = trainer.world_size if choice.manifest is None else choice.manifest.world_size
+        return world, self._path()
 
     @staticmethod
     def damaged(trainer: pl.Trainer) -> Callable[[Path], bool]:

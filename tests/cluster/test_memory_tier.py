@@ -1,17 +1,24 @@
 """``DurableCheckpointIO(memory=MemoryTier(...))`` on real namespace nodes: ``last.ckpt`` in each node's
 own ``/dev/shm``, replicated over the bridge. A node lost with its memory: the relaunch restores the
 newest save from the peer that holds its replica (2 and 3 nodes), exactly; the node and its replica
-lost: from the durable tier, exactly; a node whose tmpfs is full saves to the durable tier."""
+lost: from the durable tier, exactly; a node whose tmpfs is full saves to the durable tier; a sharded
+(FSDP2) 2-node job restores every shard from memory after a node loss, exactly."""
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import same_weights
+from conftest import job_env, same_weights
 
-from lightning_resume._storage.catalog import check_file
+from lightning_resume._storage.catalog import check_file, verify
+from lightning_resume._storage.kinds import DirectoryKind, resolve_pointer
 from lightning_resume._storage.manifest import decode
 from lightning_resume.cli.report import build
 from lightning_resume.run_dir import attempts, layout
@@ -157,3 +164,48 @@ def test_a_node_whose_tmpfs_is_full_saves_to_the_durable_tier(
     versions = decode(Path(f"{layout.last_checkpoint(run_dir)}.manifest.json").read_text())
     # Each save went to the durable tier (with room, only the first and the last would be there).
     assert [v.global_step for v in versions][:2] == [12, 10]
+
+
+def sharded_durable_step(root: Path) -> int | None:
+    (run_dir,) = layout.run_dirs(root)
+    target = resolve_pointer(layout.checkpoint_dir(run_dir) / "last.ckpt")
+    manifest = verify(target, DirectoryKind("last.ckpt")).manifest if target is not None else None
+    return manifest.global_step if manifest is not None else None
+
+
+@pytest.mark.parametrize("lost_node", [0, 1])
+def test_a_sharded_two_node_job_restores_every_shard_from_memory_after_a_node_loss(
+    cluster: Cluster, tmp_path: Path, lost_node: int
+) -> None:
+    """FSDP2 on one rank per node: each node's shard in its own memory and a replica on the other; a node
+    lost after a kill (node 0 holds the set that names a save's files, node 1 its replica), the relaunch
+    on the survivor and a fresh node assembles the newest save from the survivor's memory."""
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    sharded = functools.partial(LAUNCHERS["lightning"], module="jobs.sharded_job", args=("--devices", "1"))
+    first = sharded(cluster.nodes, root, out, tmp_path / "first", *MEMORY, "--kill-after-step", "11")
+    assert all(code not in (0, None) for code in wait(first, 300)), logs(tmp_path / "first", cluster.nodes)
+    assert sharded_durable_step(root) == 3  # the durable tier has the first save only
+    lost = cluster.nodes[lost_node]
+    (survivor,) = [n for n in cluster.nodes if n is not lost]
+    lost.kill()
+    nodes = [survivor, cluster.add_node()]
+    again = sharded(nodes, root, out, tmp_path / "again", *MEMORY)
+    assert wait(again, 300) == [0, 0], logs(tmp_path / "again", nodes)
+    text = logs(tmp_path / "again", nodes)
+    found = re.search(r"\(step (\d+)\) from the memory tier of node 0 \(([\w-]+)\)", text)
+    assert found is not None and found.group(2) == survivor.hostname, text
+    step = int(found.group(1))
+    assert step in (8, 9), text  # the newest save that every rank committed before the kill
+    assert "from the durable tier" not in text
+    assert json.loads(Path(f"{out}.json").read_text())["first_step"] == step
+    reference = tmp_path / "ref.pt"
+    once = subprocess.run(
+        [sys.executable, "-m", "jobs.sharded_job", "--root", str(tmp_path / "ref"), "--out", str(reference)],
+        env=job_env(LIGHTNING_RESUME_KEY="sharded-reference"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert once.returncode == 0, once.stderr[-3000:]
+    assert same_weights(out, reference)
+    assert sharded_durable_step(root) == 16  # the end of training is durable

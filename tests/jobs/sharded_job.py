@@ -37,7 +37,14 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resume import DurableCheckpointIO, Mirror, PreemptionHandler, RequeueCheckpoint, RunDir
+from lightning_resume import (
+    DurableCheckpointIO,
+    MemoryTier,
+    Mirror,
+    PreemptionHandler,
+    RequeueCheckpoint,
+    RunDir,
+)
 from lightning_resume.io.sharded import parts
 
 #: The global step of the save being written (one save is in flight at a time).
@@ -184,7 +191,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--key", default=None)
-    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--devices", type=int, default=2, help="ranks per node")
+    p.add_argument("--nodes", type=int, default=1, help="Lightning's num_nodes (the ranks of every node)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--every", type=lambda v: v if v == "auto" else int(v), default=3, help="N or auto")
     p.add_argument("--refs", default=None)
@@ -199,6 +207,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--preempt-rank", type=int, default=None)
     p.add_argument("--preempt-step", type=int, default=None)
     p.add_argument("--epoch-log", default=None, help="write 'epoch step ranks: indices' per batch and rank")
+    p.add_argument("--memory", default=None, help="DurableCheckpointIO(memory=MemoryTier(path=...))")
+    p.add_argument("--durable-every", type=int, default=10)
+    p.add_argument("--replicas", type=int, default=1)
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -219,7 +230,10 @@ def main(argv: list[str]) -> None:
     if args.epoch_log:
         callbacks.append(EpochLog(args.epoch_log))
     plugins = None
-    if args.durable or args.mirror:
+    memory = None
+    if args.memory:
+        memory = MemoryTier(args.memory, replicas=args.replicas, durable_every=args.durable_every)
+    if args.durable or args.mirror or memory:
         options: dict[str, Any] = {}
         if args.mirror_endpoint:
             options = {
@@ -233,14 +247,16 @@ def main(argv: list[str]) -> None:
                 keep=args.keep,
                 mirror=Mirror(args.mirror, options) if args.mirror else None,
                 dirpath=run_dir.checkpoint_dir if args.mirror else None,
+                memory=memory,
             )
         ]
     strategy = ModelParallelStrategy(
-        data_parallel_size=args.devices, tensor_parallel_size=1, timeout=timedelta(seconds=60)
+        data_parallel_size=args.devices * args.nodes, tensor_parallel_size=1, timeout=timedelta(seconds=60)
     )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
+        num_nodes=args.nodes,
         strategy=strategy,
         plugins=plugins,
         max_epochs=args.epochs,

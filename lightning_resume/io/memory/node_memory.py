@@ -56,6 +56,8 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     storage once and whole (``per_rank_states.tensor_bytes`` counts each tensor's elements instead)."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
+        if _is_dtensor(obj):
+            obj = obj.to_local()  # type: ignore[attr-defined]  # this rank's shard
         storage = obj.untyped_storage()
         if storage.data_ptr() in seen:
             return 0
@@ -66,6 +68,14 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v, seen) for v in obj)
     return 0
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.4: torch.distributed._tensor
+        from torch.distributed._tensor import DTensor
+    return isinstance(tensor, DTensor)
 
 
 class NodeMemory:
@@ -99,10 +109,66 @@ class NodeMemory:
         self._newest: tuple[Path, Entry, Path] | None = None  # memory copy, entry, its durable path
         self._newest_durable = True
         self.timings = Timings()
+        #: The newest sharded save in memory (its generation), kept until a newer one is committed.
+        self.sharded_generation: str | None = None
 
     @property
     def attached(self) -> bool:
         return self._durable_dir is not None
+
+    def serves(self, durable_dir: Path) -> bool:
+        """Whether this process keeps saves of ``durable_dir`` in its node's memory (attached, usable)."""
+        return self.attached and self._usable and Path(os.path.realpath(durable_dir)) == self._durable_dir
+
+    def folder(self, origin: int) -> Path:
+        """This node's folder for the copies written by node ``origin`` (its own, or replicas)."""
+        return self.config.path / self._key / f"node-{origin}"
+
+    @property
+    def run_folder(self) -> Path:
+        """This node's folder of the run (every origin's copies)."""
+        return self.config.path / self._key
+
+    def host_of(self, node: int) -> str | None:
+        return self._hosts.get(node)
+
+    def send(self, peer: int, name: str, source: BinaryIO, entry: Entry) -> None:
+        """Copy this node's committed copy ``name`` (open as ``source``) to ``peer``, tried again after a
+        failed connection; warn once per peer when it cannot (``OSError`` is not raised)."""
+        address = self._addresses.get(peer)
+        try:
+            if address is None:
+                raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
+            for delay in (*_RETRY_DELAYS, None):
+                try:
+                    wire.put(
+                        address, self._token, self._key, self.node, name, source, entry, self.config.timeout
+                    )
+                    break
+                except OSError as e:
+                    if delay is None:
+                        raise
+                    log.debug("copy to node %d failed (%s); trying again in %.2f s", peer, e, delay)
+                    time.sleep(delay)
+        except OSError as e:
+            if peer not in self._failed_peers:
+                self._failed_peers.add(peer)
+                warn(
+                    f"MemoryTier: copying {name} (step {entry.global_step}) to node {peer} "
+                    f"({self._hosts.get(peer)}) failed: {e}. Until a copy succeeds, losing node "
+                    f"{self.node} falls back to the durable tier.",
+                    all_ranks=True,
+                )
+            return
+        self._failed_peers.discard(peer)
+
+    def fetch(self, node: int, origin: int, name: str, entry: Entry, target: Path) -> None:
+        """Fetch node ``origin``'s copy ``name`` (the save ``entry``) held by ``node`` into ``target``,
+        checked against ``entry``."""
+        address = self._addresses.get(node)
+        if address is None:
+            raise OSError(errno.EHOSTUNREACH, f"node {node} serves no memory tier")
+        wire.get(address, self._token, self._key, origin, name, entry, target, self.config.timeout)
 
     # -- setup: every rank, at the same point ------------------------------------------------------
 

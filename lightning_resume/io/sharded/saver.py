@@ -32,6 +32,7 @@ from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.io.durable_checkpoint_io import manifest_versions
 from lightning_resume.io.settings import CheckpointSettings, settings_of
 from lightning_resume.io.sharded import dcp, parts
+from lightning_resume.io.sharded.in_memory import ShardedMemory
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class DirectorySaver:
         self._cleaned = False
         self._told_sync = False
         self._last_write: WriteStats | None = None
+        self.memory: ShardedMemory | None = None  # a MemoryTier of the plugin: saves into node memory
 
     @property
     def last_write(self) -> WriteStats | None:
@@ -75,9 +77,11 @@ class DirectorySaver:
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
         settings = settings_of(trainer.strategy.checkpoint_io)
-        return cls(
+        saver = cls(
             pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
         )
+        saver.memory = ShardedMemory.of(trainer, pointer)
+        return saver
 
     def save(self, trainer: pl.Trainer) -> None:
         """Save the trainer's state as a new checkpoint directory and commit it (every rank); raise
@@ -136,6 +140,9 @@ class DirectorySaver:
         strategy = trainer.strategy
         checkpoint = capture_checkpoint(trainer, save_dir)  # every rank; ends with a barrier
         state = dcp.dcp_state(strategy, checkpoint)
+        scratch = self.memory.plan(trainer, state) if self.memory is not None else None
+        if scratch is not None and trainer.is_global_zero:
+            save_dir.rmdir()  # the save goes into node memory: no directory on the durable tier
         # Lightning's meta.pt, serialised now: it may hold live tensors.
         meta = _serialised(checkpoint) if trainer.is_global_zero else None
         if self._group is None:
@@ -145,12 +152,18 @@ class DirectorySaver:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
         self._async_used = True
+        required, rank = dcp.required_files(strategy), trainer.global_rank
+        if scratch is not None:
+            self._pending_dir = scratch
+            write = partial(self._write, staged, scratch)
+            self._pending = self._pool.submit(
+                self._finish_in_memory, write, scratch, meta, rank, fields, required
+            )
+            return
         self._pending_dir = save_dir
         write = partial(self._write, staged, save_dir)
-        commit = partial(
-            self._commit, save_dir, trainer.world_size, dcp.required_files(strategy), fields, time.monotonic()
-        )
-        self._pending = self._pool.submit(self._finish, write, save_dir, meta, trainer.global_rank, commit)
+        commit = partial(self._commit, save_dir, trainer.world_size, required, fields, time.monotonic())
+        self._pending = self._pool.submit(self._finish, write, save_dir, meta, rank, commit)
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """A copy of ``state`` that later training steps do not change (on the training thread)."""
@@ -192,6 +205,23 @@ class DirectorySaver:
             raise
         if rank == 0:
             commit()
+
+    def _finish_in_memory(
+        self,
+        write: _Action,
+        scratch: Path,
+        meta: bytes | None,
+        rank: int,
+        fields: dict[str, Any],
+        required: tuple[str, ...],
+    ) -> None:
+        """The writer thread, for a save into node memory: DCP's files, then the memory tier's commit."""
+        assert self.memory is not None
+        started = time.monotonic()
+        failed = _attempt(write)
+        size = self.memory.commit(self._group, scratch, rank, meta, fields, required, failed)
+        if rank == 0:
+            self._last_write = WriteStats(size, time.monotonic() - started)
 
     def _record_part(self, save_dir: Path, rank: int) -> None:
         """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
@@ -251,15 +281,22 @@ class DirectorySaver:
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
         self.wait(trainer)
+        self._memory_to_durable(trainer)
         mirror = self.settings.mirror
         if self.mirror is not None and mirror is not None and mirror.wait:
             self.mirror.wait(mirror.timeout)
+
+    def _memory_to_durable(self, trainer: pl.Trainer) -> None:
+        """The newest save on the durable tier too, when only node memory holds it (every rank)."""
+        if self.memory is not None:
+            self.memory.to_durable(trainer, self._agree, self._commit)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Finish the save in flight and stop; ``collective=False``: this rank only, warning on failure."""
         try:
             if collective:
                 self.wait(trainer)
+                self._memory_to_durable(trainer)
             elif self._pending is not None and (error := _attempt(self._pending.result)) is not None:
                 warn(
                     f"The sharded checkpoint save in flight failed ({error}); "
