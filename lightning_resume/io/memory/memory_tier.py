@@ -28,6 +28,10 @@ class MemoryTier:
     Memory used per node: the node's own copy and one per node it is a replica for, each the size of
     ``last.ckpt`` (briefly one more while a new copy commits).
 
+    Sharded checkpoints (``ModelParallelStrategy``, saved asynchronously through
+    ``torch.distributed.checkpoint``): every rank's shard is committed in its own node's memory and sent
+    to its node's peers; a restart assembles the newest save whose every shard some node holds.
+
     Args:
         path: A directory in node memory (variables expanded). Each run gets a folder of its own in it.
         replicas: How many other nodes hold a copy (``0``: only the writing node; restores after a

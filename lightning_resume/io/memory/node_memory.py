@@ -244,9 +244,13 @@ class NodeMemory:
             self.full(f"{free / 1e6:.0f} MB free, the checkpoint needs about {needed / 1e6:.0f} MB")
             self.cancel_durable()  # this save goes to the durable tier: no older one may land after it
             return None
-        self._full_warned = False
+        self.has_room()
         self._saves += 1
         return memory, (self._saves - 1) % self.config.durable_every == 0
+
+    def has_room(self) -> None:
+        """A save fits in the tier again: the next time it is full is warned about again."""
+        self._full_warned = False
 
     def full(self, why: str) -> None:
         """The memory tier cannot take this save: say so once, until a save fits again."""

@@ -26,7 +26,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,6 @@ class _MemorySave:
     mine: dict[str, Entry]
     fields: dict[str, Any]
     required: tuple[str, ...]
-    started: float = field(default_factory=time.monotonic)
 
 
 class ShardedMemory:
@@ -197,6 +196,7 @@ class ShardedMemory:
                 self.memory.full(room)
             self._newest = None
             return None
+        self.memory.has_room()
         scratch = folder / f"{_SCRATCH}{trainer.global_step}-{count}-{ready[0][1]}"
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
