@@ -85,9 +85,13 @@ test-edge:
 test-gpu: venv
 	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/gpu $(PYTEST_ARGS)
 
-# The tests marked `multinode` (tests/cluster, ~2 min): a real cluster of Linux namespace nodes on this
-# machine (own network on a private bridge, hostname, /tmp, /dev/shm), torchrun and Lightning's own
-# multi-node launch, a node lost and replaced. Needs root, iproute2 and util-linux; run serially.
+# The tests marked `multinode` (tests/cluster, ~2 min, plus ~2.5 min for SLURM): a real cluster of Linux
+# namespace nodes on this machine (own network on a private bridge, hostname, /tmp, /dev/shm), torchrun
+# and Lightning's own multi-node launch, a node lost and replaced. Needs root, iproute2 and util-linux;
+# run serially. test_slurm_nodes.py runs a SLURM of its own over the nodes (tests/cluster/slurm_nodes.py:
+# one slurmd per node, slurmctld and munged here, its own slurm.conf, ports 6837/6838; not
+# tests/slurm/cluster.sh's, which may run meanwhile): `sbatch -N 2` under srun, `scontrol requeue`, a
+# node lost and set DOWN. It apt-get installs slurmd, slurmctld, slurm-client and munge when missing.
 test-multinode: venv
 	command -v ip >/dev/null && command -v nsenter >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux)

@@ -114,6 +114,16 @@ def _dumps(obj: Any) -> bytes:
     return out.getvalue()
 
 
+def gather_objects_on(group: Any, obj: T) -> list[T]:
+    """``obj`` of every rank of ``group`` (a :func:`cpu_group`, ``None`` when not distributed): for threads
+    off the training loop, which must not run collectives on the training's group."""
+    if group is None or not torch.distributed.is_initialized():
+        return [obj]
+    found: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(found, obj, group=group)
+    return found
+
+
 def cpu_group(strategy: Strategy) -> Any:
     """A new gloo group of every rank (``None`` when not distributed), for collectives off the main thread
     (DCP's asynchronous save), which would deadlock with training's on the default group."""

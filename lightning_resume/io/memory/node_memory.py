@@ -71,10 +71,8 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch < 2.4: torch.distributed._tensor
-        from torch.distributed._tensor import DTensor
+    from torch.distributed.tensor import DTensor  # public since torch 2.5, the lowest we declare
+
     return isinstance(tensor, DTensor)
 
 

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 
-from lightning_resume._collectives import any_rank, barrier, gather_objects
+from lightning_resume._collectives import any_rank, barrier, gather_objects, gather_objects_on
 from lightning_resume._storage.atomic import TEMP_PREFIX
 from lightning_resume._storage.catalog import verify
 from lightning_resume._storage.commit import commit, remove, write_file
@@ -246,7 +245,7 @@ class ShardedMemory:
                 mine = self._commit_files(scratch, gen, rank, meta, fields)
             except OSError as e:
                 error = f"rank {rank}: {e}"
-        everyone = _all_gather(group, (error, mine))
+        everyone = gather_objects_on(group, (error, mine))
         problems = [e for e, _ in everyone if e]
         shutil.rmtree(scratch, ignore_errors=True)
         if problems:
@@ -447,15 +446,6 @@ def _copy_out(
 
 def _write_all(data: bytes, out: ChecksumWriter) -> None:
     out.write(data)
-
-
-def _all_gather(group: Any, obj: Any) -> list[Any]:
-    """``obj`` of every rank over ``group`` (our own gloo group: this runs off the training thread)."""
-    if group is None or not torch.distributed.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * torch.distributed.get_world_size(group)
-    torch.distributed.all_gather_object(out, obj, group=group)
-    return out
 
 
 def _attempt(action: Callable[[], Any]) -> BaseException | None:
