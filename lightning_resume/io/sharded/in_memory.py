@@ -185,7 +185,7 @@ class ShardedMemory:
             folder.mkdir(parents=True, exist_ok=True)
             needed, free = tensor_bytes(state) * _SLACK, shutil.disk_usage(folder).free
             if free < needed:
-                room = f"{free / 1e6:.0f} MB free, this rank's shard needs about {needed / 1e6:.0f} MB"
+                room = f"{free / 1e6:.2f} MB free, this rank's shard needs about {needed / 1e6:.2f} MB"
         if due:
             self._newest = None
             return None

@@ -7,8 +7,10 @@ the end of training is durable. (Two nodes: ``tests/cluster/test_memory_tier.py`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,38 @@ def test_a_damaged_shard_in_memory_falls_back_to_the_durable_tier_exactly(
     assert "from the memory tier" not in text
     assert json.loads((tmp_path / "out.pt.json").read_text())["first_step"] == 3
     assert same_weights(tmp_path / "out.pt", reference)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 kB tmpfs of its own (root only: ``mount``): smaller than one rank's shard (about 20 kB)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_node_whose_tmpfs_cannot_take_a_shard_saves_to_the_durable_tier_exactly(
+    tiny_tmpfs: Path, tmp_path: Path, reference: Path
+) -> None:
+    root = tmp_path / "runs"
+    done = run(root, tmp_path / "out.pt", "--memory", tiny_tmpfs, *MEMORY)
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = done.stdout + done.stderr
+    assert 1 <= text.count("is full (") <= 2, text[-4000:]  # once per rank, not once per save
+    assert "this rank's shard needs about" in text
+    assert not list(tiny_tmpfs.rglob("last.ckpt.*"))  # nothing committed in memory
+    assert same_weights(tmp_path / "out.pt", reference)
+    assert durable_step(root) == 16
 
 
 # -- pick: pure ----------------------------------------------------------------------------------------
