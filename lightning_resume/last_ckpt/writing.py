@@ -19,7 +19,7 @@ from lightning_resume._storage.commit import save_error
 from lightning_resume.io._protocol import AtomicCheckpointIO, TieredCheckpointIO
 from lightning_resume.io._verified_load import intact_zip
 from lightning_resume.io.settings import settings_of
-from lightning_resume.io.sharded.choice import prepare_resume
+from lightning_resume.io.sharded.choice import clean_leftovers, prepare_resume
 from lightning_resume.io.sharded.in_memory import restore as restore_sharded
 from lightning_resume.io.sharded.saver import DirectorySaver
 
@@ -119,13 +119,14 @@ class LastCkptWrites:
         """Choose what a sharded restart loads (every rank): a newer save in the nodes' memory tier, else
         the durable ``last.ckpt`` verified (falling back if it must); how many ranks wrote it, and where."""
         io = trainer.strategy.checkpoint_io
+        kept = settings_of(io).directories_kept
         restored = restore_sharded(trainer, self._path())
         if restored is not None:
             shard_set, directory, record = restored
+            clean_leftovers(trainer, self._path(), kept)
             if isinstance(io, TieredCheckpointIO):
                 io._restored(record)
             return shard_set.world_size, directory
-        kept = settings_of(io).directories_kept
         choice = prepare_resume(trainer, self._path(), kept)
         world = trainer.world_size if choice.manifest is None else choice.manifest.world_size
         return world, self._path()

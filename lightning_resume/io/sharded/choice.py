@@ -59,13 +59,18 @@ def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
     )
 
 
+def clean_leftovers(trainer: pl.Trainer, pointer: Path, keep: int) -> None:
+    """At a restart (every rank): global rank 0 removes what interrupted saves left beside ``pointer``."""
+    if trainer.is_global_zero and (removed := clean_up(pointer, keep, restart=True)):
+        log.info("removed %d leftover(s) of interrupted saves in %s", len(removed), pointer.parent)
+    barrier(trainer.strategy, "lightning_resume.clean")
+
+
 def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
     """In ``setup`` of a restart (every rank): clean up, :func:`choose`, repoint ``last.ckpt``. Candidates
     that do not verify are deleted with a warning: retention must never keep them in place of good ones."""
     strategy = trainer.strategy
-    if trainer.is_global_zero and (removed := clean_up(pointer, keep, restart=True)):
-        log.info("removed %d leftover(s) of interrupted saves in %s", len(removed), pointer.parent)
-    barrier(strategy, "lightning_resume.clean")
+    clean_leftovers(trainer, pointer, keep)
     choice = choose(trainer, pointer)
     if trainer.is_global_zero:
         if choice.rejected:
