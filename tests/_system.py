@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 
 @functools.cache
@@ -29,3 +34,22 @@ def permission_prefix() -> tuple[str, ...] | None:
         return None
     prefix = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
     return prefix if subprocess.run([*prefix, "true"]).returncode == 0 else None
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """``folder`` made a tmpfs of ``size`` (``mount -o size=...``) until the block ends; skips the test
+    where no tmpfs can be mounted (not root, or no mount permission)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}"
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -130,35 +130,10 @@ class NodeMemory:
     def host_of(self, node: int) -> str | None:
         return self._hosts.get(node)
 
-    def send(self, peer: int, name: str, source: BinaryIO, entry: Entry) -> None:
-        """Copy this node's committed copy ``name`` (open as ``source``) to ``peer``, tried again after a
-        failed connection; warn once per peer when it cannot (``OSError`` is not raised)."""
-        address = self._addresses.get(peer)
-        try:
-            if address is None:
-                raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
-            for delay in (*_RETRY_DELAYS, None):
-                try:
-                    wire.put(
-                        address, self._token, self._key, self.node, name, source, entry, self.config.timeout
-                    )
-                    break
-                except OSError as e:
-                    if delay is None:
-                        raise
-                    log.debug("copy to node %d failed (%s); trying again in %.2f s", peer, e, delay)
-                    time.sleep(delay)
-        except OSError as e:
-            if peer not in self._failed_peers:
-                self._failed_peers.add(peer)
-                warn(
-                    f"MemoryTier: copying {name} (step {entry.global_step}) to node {peer} "
-                    f"({self._hosts.get(peer)}) failed: {e}. Until a copy succeeds, losing node "
-                    f"{self.node} falls back to the durable tier.",
-                    all_ranks=True,
-                )
-            return
-        self._failed_peers.discard(peer)
+    def send(self, peer: int, name: str, source: BinaryIO, entry: Entry) -> bool:
+        """Copy this node's committed copy ``name`` (open as ``source``) to ``peer``; ``False`` (with one
+        warning per peer) when it cannot."""
+        return self._copy_to(peer, name, source, entry, superseded=lambda: False)
 
     def fetch(self, node: int, origin: int, name: str, entry: Entry, target: Path) -> None:
         """Fetch node ``origin``'s copy ``name`` (the save ``entry``) held by ``node`` into ``target``,
@@ -302,42 +277,46 @@ class NodeMemory:
 
     def _replicate_open(self, source: BinaryIO, entry: Entry, seq: int, committed_at: float) -> None:
         for peer in peers(self.node, self.nodes, self.config.replicas):
-            try:
-                if not self._send(peer, source, entry, seq):
-                    return  # a newer save is committed: its copies replace this one's
-            except OSError as e:
-                if peer not in self._failed_peers:
-                    self._failed_peers.add(peer)
-                    warn(
-                        f"MemoryTier: copying last.ckpt (step {entry.global_step}) to node {peer} "
-                        f"({self._hosts.get(peer)}) failed: {e}. Until a copy succeeds, losing node "
-                        f"{self.node} falls back to the durable tier.",
-                        all_ranks=True,
-                    )
-                continue
-            self._failed_peers.discard(peer)
-            self.timings.replicas[peer] = time.monotonic() - committed_at
-            log.debug("replica of %s (step %s) on node %d", HELD_NAME, entry.global_step, peer)
-
-    def _send(self, peer: int, source: BinaryIO, entry: Entry, seq: int) -> bool:
-        """Copy to ``peer``, tried again after a failed connection; ``False``: superseded by a newer save."""
-        address = self._addresses.get(peer)
-        if address is None:
-            raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
-        for delay in (*_RETRY_DELAYS, None):
             if seq != self._replica_seq:
-                return False
-            try:
-                wire.put(
-                    address, self._token, self._key, self.node, HELD_NAME, source, entry, self.config.timeout
+                return  # a newer save is committed: its copies replace this one's
+            if self._copy_to(peer, HELD_NAME, source, entry, superseded=lambda: seq != self._replica_seq):
+                self.timings.replicas[peer] = time.monotonic() - committed_at
+                log.debug("replica of %s (step %s) on node %d", HELD_NAME, entry.global_step, peer)
+
+    def _copy_to(
+        self, peer: int, name: str, source: BinaryIO, entry: Entry, superseded: Callable[[], bool]
+    ) -> bool:
+        """Copy to ``peer``, tried again after a failed connection; ``False``: ``superseded`` meanwhile, or
+        failed (warned about once per peer until a copy succeeds)."""
+        try:
+            address = self._addresses.get(peer)
+            if address is None:
+                raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
+            for delay in (*_RETRY_DELAYS, None):
+                if superseded():
+                    return False
+                try:
+                    wire.put(
+                        address, self._token, self._key, self.node, name, source, entry, self.config.timeout
+                    )
+                    break
+                except OSError as e:
+                    if delay is None:
+                        raise
+                    log.debug("copy to node %d failed (%s); trying again in %.2f s", peer, e, delay)
+                    time.sleep(delay)
+        except OSError as e:
+            if peer not in self._failed_peers:
+                self._failed_peers.add(peer)
+                warn(
+                    f"MemoryTier: copying {name} (step {entry.global_step}) to node {peer} "
+                    f"({self._hosts.get(peer)}) failed: {e}. Until a copy succeeds, losing node "
+                    f"{self.node} falls back to the durable tier.",
+                    all_ranks=True,
                 )
-                return True
-            except OSError as e:
-                if delay is None:
-                    raise
-                log.debug("copy to node %d failed (%s); trying again in %.2f s", peer, e, delay)
-                time.sleep(delay)
-        return False
+            return False
+        self._failed_peers.discard(peer)
+        return True
 
     def _to_durable(
         self,

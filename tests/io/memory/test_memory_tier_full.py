@@ -3,14 +3,13 @@ older memory copy is written over it afterwards (at the end of training, or by a
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from _system import mounted_tmpfs
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_resume import DurableCheckpointIO, LightningResumeWarning, MemoryTier
@@ -20,19 +19,8 @@ from lightning_resume._storage.catalog import check_file
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 2 MB tmpfs of its own (root only: ``mount``)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "shm", "2m") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def state(step: int) -> dict[str, object]:

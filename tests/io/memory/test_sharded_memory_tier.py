@@ -7,13 +7,13 @@ the end of training is durable. (Two nodes: ``tests/cluster/test_memory_tier.py`
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _system import mounted_tmpfs
 from conftest import built_once, job_env, same_weights
 
 from lightning_resume._storage.catalog import verify
@@ -119,19 +119,8 @@ def test_a_damaged_shard_in_memory_falls_back_to_the_durable_tier_exactly(
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 kB tmpfs of its own (root only: ``mount``): smaller than one rank's shard (about 20 kB)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "shm", "16k") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def test_a_node_whose_tmpfs_cannot_take_a_shard_saves_to_the_durable_tier_exactly(
