@@ -8,6 +8,9 @@
 #   make test-edge  the exactness core again, on the lowest Lightning, pytorch_lightning and torch declared
 #                   (a second venv, .venv-edge; .ci/run runs it after make test)
 #   make test-gpu   the GPU checks (tests/gpu; skipped without a CUDA device)
+#   make test-wheel the sdist and wheel built and checked, the wheel installed in a clean venv and run from
+#                   outside the checkout (.venv-wheel)
+#   make test-pythons  the exactness core on every declared Python this machine has (.venv-py3.X)
 #   make clean      remove .venv, build artefacts and tool caches
 #
 # torch is installed *before* the package on purpose: resolving the open range
@@ -40,12 +43,19 @@ TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFF
 # torchdata that goes with that torch.
 EDGE_VENV := .venv-edge
 EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 torchdata==0.10.1
+# What the exactness core needs besides torch (make test-edge, make test-pythons), and how it runs.
+EDGE_DEPS := -e ".[data,tensorboard,standalone]" "pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
+EDGE_PYTEST = -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
 
-.PHONY: venv demo lint typecheck test test-edge test-gpu test-multinode clean
+WHEEL_VENV := .venv-wheel
+# Declared Pythons test-pythons leaves out (CI: the .venv's, which make test ran the whole suite on).
+SKIP_PYTHONS ?=
+
+.PHONY: venv demo lint typecheck test test-edge test-gpu test-multinode test-wheel test-pythons clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lightning_resume/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 ifneq ($(strip $(TORCH_SPEC)),)
@@ -69,7 +79,7 @@ test: venv lint typecheck
 # (needs root and apt; idempotent, ~2 s when already installed). Stop it with
 # `bash tests/slurm/cluster.sh stop`.
 	bash tests/slurm/cluster.sh start
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tests marked `edge` (the internals pins, random kills with plain and stateful loaders, a kill right
 # after an epoch-end save, accumulation, DDP, the standalone package) on the lowest versions declared.
@@ -77,9 +87,8 @@ test-edge:
 	test -x $(EDGE_VENV)/bin/python || $(PY) -m venv $(EDGE_VENV)
 	$(EDGE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(EDGE_VENV)/bin/python -m pip install -q $(EDGE_SPEC)
-	$(EDGE_VENV)/bin/python -m pip install -q -e ".[data,tensorboard,standalone]" $(EDGE_SPEC) \
-		"pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
-	$(TEST_ENV) $(EDGE_VENV)/bin/python -m pytest -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
+	$(EDGE_VENV)/bin/python -m pip install -q $(EDGE_DEPS) $(EDGE_SPEC)
+	$(TEST_ENV) $(EDGE_VENV)/bin/python -m pytest $(EDGE_PYTEST)
 
 # Everything in tests/gpu, slow cases included; the cases marked `gpu` need a CUDA device.
 test-gpu: venv
@@ -97,6 +106,28 @@ test-multinode: venv
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 util-linux)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/cluster $(PYTEST_ARGS)
 
+# The sdist and the wheel, built and checked (tests/packaging/check_dist.py, into dist/), then the wheel
+# (no extras) installed into a clean venv, torch first, and run from an empty directory outside the
+# checkout: doctor, demo and a kill-and-resume job (tests/packaging/run_installed.py).
+test-wheel: venv
+	$(BIN)/python tests/packaging/check_dist.py dist
+	rm -rf $(WHEEL_VENV)
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+ifneq ($(strip $(TORCH_SPEC)),)
+	$(WHEEL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+endif
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/*.whl
+	$(BIN)/python tests/packaging/run_installed.py $(WHEEL_VENV)
+
+# The exactness core (what test-edge runs, on the newest versions) on every Python pyproject.toml declares
+# that this machine has: pyenv's versions folder, then python3.X on the PATH; a line for each one absent.
+# One venv each (.venv-py3.X, kept), TORCH_SPEC first. tests/packaging/pythons.py prints the results.
+test-pythons: venv
+	$(BIN)/python tests/packaging/pythons.py --skip "$(SKIP_PYTHONS)" --torch "$(TORCH_SPEC)" \
+		--skip-reason "left out by SKIP_PYTHONS (in CI: the .venv's Python, which make test ran)" \
+		--torch-pip-args "$(TORCH_PIP_ARGS)" --deps '$(EDGE_DEPS)' -- $(EDGE_PYTEST)
+
 clean:
-	rm -rf $(VENV) $(EDGE_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(EDGE_VENV) $(WHEEL_VENV) .venv-py3.* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

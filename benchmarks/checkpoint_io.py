@@ -70,6 +70,8 @@ ROWS = [
     *("lightning torch", "lightning async", "ours sync", "ours async"),
 ]
 OPTIONAL_ROWS = ["ours async+s3", "copy in pieces"]
+#: The format step with torch.save instead of our zip writer (``--only format``).
+FORMAT_ROWS = ("torch.save sync", "torch.save async")
 RAW = ("raw write", "raw direct")
 SYNCHRONOUS = ("copy floor", "raw write", "raw direct", "lightning torch", "ours sync")
 TARGETS = {
@@ -275,6 +277,8 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
             fsync_file(path)
 
         return save, durable, lambda: not done.is_set()
+    if row in FORMAT_ROWS:
+        return torch_save_route(row == "torch.save async")
     options: dict[str, Any] = {"asynchronous": row != "ours sync"}
     if row == "ours async+s3":
         options.update(
@@ -286,6 +290,48 @@ def plugin(row: str, endpoint: str | None) -> Plugin:
         )
     ours = DurableCheckpointIO(**options)
     return ours.save_checkpoint, lambda _: ours.wait_until_durable(), lambda: ours.busy
+
+
+def torch_save_route(behind: bool) -> Plugin:
+    """``torch.save`` as the format step of our route, into the same reused buffer and file (``WriteNow``:
+    writer, then commit); ``behind``: the tensors copied out first (buffers allocated once), then
+    ``torch.save`` of the copies in a thread, as an asynchronous route would with torch's own writer."""
+    import torch
+
+    from lightning_resume.io.routes import WriteNow
+
+    route = WriteNow(direct=True, keep=None)
+    route._format = torch.save  # type: ignore[assignment]
+
+    def now(checkpoint: Any, path: Path) -> None:
+        route.save(checkpoint, path, {"saved_at": time.time()}, None, lambda *_: None)
+
+    if not behind:
+        return now, lambda _: None, lambda: False
+    buffers: dict[tuple[Any, ...], Any] = {}
+    pool = ThreadPoolExecutor(max_workers=1)
+    pending: list[Any] = []
+
+    def copied(obj: Any, key: tuple[Any, ...]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if key not in buffers:
+                buffers[key] = torch.empty_like(obj, device="cpu")
+            return buffers[key].copy_(obj)
+        if isinstance(obj, dict):
+            return {k: copied(v, (*key, k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(copied(v, (*key, i)) for i, v in enumerate(obj))
+        return obj
+
+    def wait(_: Any = None) -> None:
+        while pending:
+            pending.pop().result()
+
+    def save(checkpoint: Any, path: Path) -> None:
+        wait()
+        pending.append(pool.submit(now, copied(checkpoint, ()), path))
+
+    return save, wait, lambda: bool(pending) and not pending[-1].done()
 
 
 def saver(
@@ -310,7 +356,7 @@ def saver(
 
         return (copy, lambda _: None, lambda: False), None
     if row == "copy in pieces" and device.type == "cpu":
-        from lightning_resume.io._parallel_copy import copy_regions
+        from lightning_resume.io.snapshot import copy_regions
 
         buffer = torch.empty(nbytes, dtype=torch.uint8)
         buffer.fill_(0)
@@ -428,14 +474,16 @@ def measure(
 
 
 class PhaseLog(logging.Handler):
-    """Keeps the staging phases ``DurableCheckpointIO`` logs at DEBUG (``io/_snapshot.py``)."""
+    """Keeps the staging phases ``DurableCheckpointIO`` logs at DEBUG (``io/snapshot.py``; before issue 42
+    ``io/_snapshot.py``, for runs against an older checkout)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.phases: list[dict[str, float]] = []
-        logger = logging.getLogger("lightning_resume.io._snapshot")
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(self)
+        for name in ("lightning_resume.io.snapshot", "lightning_resume.io._snapshot"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.DEBUG)
+            logger.addHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         phases = getattr(record, "phases", None)
@@ -477,6 +525,86 @@ def measure_stalls(rows: list[str], size_mb: int, saves: int, folder: Path) -> d
         "phases": phases.phases[1:],
         "device": str(device),
     }
+
+
+def measure_turns(rows: list[str], size_mb: int, saves: int, folder: Path) -> dict[str, Any]:
+    """Each of ``rows`` saving in turn in one process (the same machine load for all): the stall and the
+    time until durable with training paused (the preemption path), save by save."""
+    import torch
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, optimizer, step = build(size_mb, device)
+    tensors = state_tensors(model, optimizer)
+    plugins = {row: saver(row, tensors, device, folder, None, False)[0] for row in rows}
+    stalls: dict[str, list[float]] = {row: [] for row in rows}
+    durable: dict[str, list[float]] = {row: [] for row in rows}
+    for i in range(saves + 1):  # the first save of each row (buffers, writer start-up) is not counted
+        for row in rows[i % len(rows) :] + rows[: i % len(rows)]:
+            save, wait, _ = plugins[row]
+            path = folder / f"{row.replace(' ', '-')}.ckpt"
+            checkpoint = state_of(model, optimizer, i)
+            sync(device)
+            start = time.perf_counter()
+            save(checkpoint, path)
+            stall = time.perf_counter() - start
+            del checkpoint
+            wait(path)
+            if i:
+                stalls[row].append(stall)
+                durable[row].append(time.perf_counter() - start)
+            step()
+            sync(device)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return {"nbytes": nbytes, "stalls": stalls, "durable": durable, "device": str(device)}
+
+
+def run_turns(rows: list[str], size: int, saves: int, tree: str | None) -> dict[str, Any]:
+    """:func:`measure_turns` in a process of its own, importing ``lightning_resume`` from ``tree``."""
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=os.environ.get("BENCH_DIR")))
+    cmd = [sys.executable, __file__, "--child", ",".join(rows), "--sizes", str(size), "--saves", str(saves)]
+    cmd += ["--dir", str(folder), "--only", "turns"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+
+
+def report_turns(
+    runs: dict[tuple[int, int, str], list[dict[str, Any]]], rows: list[str], floors: tuple[str, str]
+) -> None:
+    """Per size and load, each row (of each tree): median stall and time to durable over the repeats
+    (each repeat: the median of its saves), against the copy floor and the disk floor of its runs."""
+    copy_row, disk_row = floors
+    for size, load in sorted({(s, lo) for s, lo, _ in runs}):
+        trees = [t for s, lo, t in runs if (s, lo) == (size, load)]
+        first = runs[(size, load, trees[0])][0]
+        where = "quiet" if load == 0 else f"{load} busy processes"
+        repeats = len(runs[(size, load, trees[0])])
+        print(f"\n### {first['nbytes'] / 2**30:.2f} GiB state, {where}, medians of {repeats} runs\n")
+        print("| row | stall ms | x copy floor | durable s | x disk floor |\n|---|---|---|---|---|")
+        for tree in trees:
+            results = runs[(size, load, tree)]
+
+            def med(kind: str, row: str, results: list[dict[str, Any]] = results) -> float | None:
+                return median([statistics.median(r[kind][row]) for r in results if r[kind].get(row)])
+
+            copy, disk = med("stalls", copy_row), med("durable", disk_row)
+            for row in rows:
+                if row in floors:
+                    continue
+                stall, durable = med("stalls", row), med("durable", row)
+                name = f"{row} ({tree})" if tree else row
+                print(
+                    f"| {name} | {milliseconds(stall)} | {ratio(stall, copy)} | {seconds(durable)} | "
+                    f"{ratio(durable, disk)} |"
+                )
+            label = tree or "this checkout"
+            print(f"| floors ({label}) | copy {milliseconds(copy)} | | disk {seconds(disk)} | |")
 
 
 def load_benchmark(size_mb: int, folder: Path, repeats: int) -> dict[str, float]:
@@ -788,9 +916,17 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["stall"],
+        choices=["stall", "format", "compare", "turns"],
         default=None,
-        help="stall: only the stall, rows (default: copy floor, ours async) taking turns in each process",
+        help="stall: only the stall, rows (default: copy floor, ours async) taking turns in each process; "
+        "format: our zip writer against torch.save as the format step (stall and time to durable); "
+        "compare: stall and time to durable of checkouts side by side (--trees)",
+    )
+    parser.add_argument(
+        "--trees",
+        default=None,
+        help="with --only compare: name=path,... (e.g. before=/work/before,after=.), each run importing "
+        "lightning_resume from its path, taking turns",
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="with --only stall: processes per size and load"
@@ -812,11 +948,39 @@ def main() -> None:
     if args.child is not None:
         training = args.saves if args.training_saves is None else args.training_saves
         folder, endpoint = Path(args.dir), args.endpoint
-        if args.only == "stall":
+        if args.only == "turns":
+            result = measure_turns(args.child.split(","), sizes[0], args.saves, folder)
+        elif args.only == "stall":
             result = measure_stalls(args.child.split(","), sizes[0], args.saves, folder)
         else:
             result = measure(args.child, sizes[0], args.saves, training, folder, endpoint, args.idle_steps)
         print("RESULT " + json.dumps(result), flush=True)
+        return
+    if args.only in ("format", "compare"):
+        turn_floors = ("copy floor", "raw direct")
+        if args.only == "format":
+            default = [*turn_floors, "ours sync", "torch.save sync", "ours async", "torch.save async"]
+            trees: list[tuple[str, str | None]] = [("", None)]
+        else:
+            default = [*turn_floors, "ours sync", "ours async"]
+            if not args.trees:
+                parser.error("--only compare needs --trees name=path,...")
+            trees = [(n, str(Path(p).resolve())) for n, p in (t.split("=", 1) for t in args.trees.split(","))]
+        chosen = [r.strip() for r in args.rows.split(",")] if args.rows else default
+        turns: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+        for size in sizes:
+            for load in [0] + ([args.load] if args.load > 0 else []):
+                with busy_processes(load):
+                    for repeat in range(args.repeats):
+                        # Taking turns, in another order each repeat: the same noise for every checkout.
+                        for name, tree in trees[repeat % len(trees) :] + trees[: repeat % len(trees)]:
+                            print(
+                                f"{args.only} {size} MB, load {load}, run {repeat + 1} {name}",
+                                file=sys.stderr,
+                            )
+                            result = run_turns(chosen, size, args.saves, tree)
+                            turns.setdefault((size, load, name), []).append(result)
+        report_turns(turns, chosen, turn_floors)
         return
     default_rows = ["copy floor", "ours async"] if args.only == "stall" else ROWS
     rows = [r.strip() for r in args.rows.split(",")] if args.rows else default_rows

@@ -45,7 +45,7 @@ Rows:
   (+ ``DurableCheckpointIO()``, asynchronous, unless ``--sync``); a sweep over ``--sweep`` values of N.
 - ``ours auto``: ``RequeueCheckpoint(every_n_train_steps="auto", expected_interruption_every=MTBP)``
   (the user's rough idea of the preemption rate; ``--no-prior``: none, the history alone).
-- ``ours auto + notices``: the same with ``PreemptionHandler(notices=[FileNotice(...)], notice_margin=1)``.
+- ``ours auto + notices``: the same with ``PreemptionHandler(notices=Notices([FileNotice(...)], margin=1))``.
 
 Columns: goodput (the steps' own time, ``--steps`` x the median step time of an uninterrupted run,
 over the row's wall time from the first launch to the finish, requeue waits included); goodput at
@@ -192,17 +192,17 @@ def job(args: argparse.Namespace) -> None:
         ckpt_path = "last"
     else:
         from lightning_resume import DurableCheckpointIO, PreemptionHandler, RequeueCheckpoint, RunDir
-        from lightning_resume.notices import FileNotice
+        from lightning_resume.notices import FileNotice, Notices
 
         every: int | str = "auto" if args.every == 0 else args.every
         expected = args.expected if args.expected > 0 else None
-        notices = [FileNotice(args.notice_file, interval=0.05)] if args.row_kind == "notices" else None
+        sources = [FileNotice(args.notice_file, interval=0.05)] if args.row_kind == "notices" else None
         callbacks += [
             RunDir(root=args.root),
             RequeueCheckpoint(
                 every_n_train_steps=every, save_on_train_epoch_end=False, expected_interruption_every=expected
             ),
-            PreemptionHandler(notices=notices, notice_margin=1.0),
+            PreemptionHandler(notices=Notices(sources, margin=1.0)),
         ]
         plugins = [] if args.sync else [DurableCheckpointIO()]
     trainer = pl.Trainer(

@@ -14,11 +14,13 @@ Columns (seconds; the second of two saves, the first warms the buffers up):
 
 - **floor**: copying the checkpoint's tensors into memory already allocated (the raw memory-copy floor);
 - **stall**: how long ``save_checkpoint`` held the training thread, and its ratio to the floor;
-- **replica**: from the save until the copy is committed in the peer node's memory;
+- **replica**: from the save until the copy is committed in the peer node's memory (and, in a second
+  table, the send alone, from the commit in this node's memory, against a raw TCP copy of the same bytes
+  between the same two nodes: ``sendfile``, ``recv_into`` one buffer, ``write``, ``fsync``);
 - **durable**: from the save until it is committed on the durable tier;
 - **restart**: restore after the processes restart on the same nodes (memory: each node's own tier);
 - **node loss**: restore after the writer's node is lost and a fresh node joins (memory: the peer's replica;
-  the slowest rank);
+  the slowest rank; the second table has the fetch alone against the raw copy from that peer);
 - **durable restore**: restore on two fresh nodes (no memory copy anywhere: the durable tier);
 - **MB read**: megabytes of the durable ``last.ckpt`` read by the restores after a restart and after a
   node loss (its pages in the page cache, ``fincore``: caches are dropped before, and writes bypass it);
@@ -97,13 +99,16 @@ def worker(args: argparse.Namespace) -> None:
 
     from lightning_resume import DurableCheckpointIO, MemoryTier
     from lightning_resume._collectives import gather_objects
+    from lightning_resume.io.durable_checkpoint_io import memory_tier_of
 
     strategy = _strategy(args.nodes)
     memory = MemoryTier(TIER, replicas=1, durable_every=1) if args.mode == "memory" else None
     io = DurableCheckpointIO(memory=memory)
     durable_dir = Path(args.root) / "checkpoints"
     path = durable_dir / "last.ckpt"
-    io._attach_memory(strategy, durable_dir)
+    route = memory_tier_of(io)
+    if route is not None:
+        route.attach(strategy, durable_dir)
     found: dict[str, Any] = {"node": strategy.node_rank}
     if args.phase == "save":
         if strategy.global_rank == 0:
@@ -116,19 +121,22 @@ def worker(args: argparse.Namespace) -> None:
             start = time.monotonic()
             io.save_checkpoint(state, path)
             found["stall"] = time.monotonic() - start
-            tier = io.memory_tier
+            tier = route.memory if route is not None else None
             while True:
                 now = time.monotonic() - start
                 if tier is not None and tier.timings.step == 2:
                     if "replica" not in found and tier.timings.replicas:
                         found["replica"] = now
-                    if tier.timings.durable is not None:
+                        found["replica_send"] = next(iter(tier.timings.replicas.values()))
+                    if "durable" not in found and tier.timings.durable is not None:
                         found["durable"] = now
+                    if "replica" in found and "durable" in found:
                         break
                 elif tier is None and not io.busy:
                     found["durable"] = now
                     break
                 time.sleep(0.002)
+            found["file_bytes"] = path.stat().st_size
         strategy.barrier()  # the peer serves until the replica is in
     else:
         start = time.monotonic()
@@ -139,13 +147,66 @@ def worker(args: argparse.Namespace) -> None:
             torch.equal(loaded["state_dict"][k], v) for k, v in expected.items()
         )
         restore = io.last_restore
+        found["fetch"] = route.memory.timings.fetch if route is not None else None
         found["tier"] = restore.tier if restore is not None else None
         found["from"] = restore.host if restore is not None else None
     everyone = gather_objects(strategy, found)
     io.teardown()
-    io._close_memory()
+    if route is not None:
+        route.close()
     if strategy.global_rank == 0:
         print("RESULT " + json.dumps(everyone), flush=True)
+
+
+# -- the floor: a raw TCP copy of the same bytes between the same two nodes ------------------------------
+
+FLOOR_PORT = 29650
+_RECEIVE = """
+import os, socket, sys
+size, out = int(sys.argv[1]), sys.argv[2]
+with socket.create_server(("0.0.0.0", FLOOR_PORT)) as server:
+    print("READY", flush=True)
+    conn, _ = server.accept()
+    with conn:
+        piece, got = memoryview(bytearray(4 << 20)), 0
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        while got < size:
+            n = conn.recv_into(piece[: size - got])
+            os.write(fd, piece[:n])
+            got += n
+        os.fsync(fd)
+        os.close(fd)
+        conn.sendall(b"k")
+os.unlink(out)
+""".replace("FLOOR_PORT", str(FLOOR_PORT))
+_SEND = """
+import glob, socket, sys, time
+(path,) = glob.glob(sys.argv[2] + "/*/node-0/last.ckpt")
+with open(path, "rb") as source, socket.create_connection((sys.argv[1], FLOOR_PORT)) as conn:
+    start = time.monotonic()
+    conn.sendfile(source)
+    assert conn.recv(1) == b"k"
+    print("FLOOR", time.monotonic() - start, flush=True)
+""".replace("FLOOR_PORT", str(FLOOR_PORT))
+
+
+def raw_copy(sender: Any, receiver: Any, size: int, log: Path) -> float:
+    """Seconds of a raw TCP copy of ``sender``'s memory copy into ``receiver``'s ``/dev/shm``: ``sendfile``
+    into the socket, ``recv_into`` one reused buffer, ``write``, ``fsync`` (what the wire does, minus the
+    checksum and the commit)."""
+    listening = receiver.popen(
+        [sys.executable, "-c", _RECEIVE, str(size), "/dev/shm/floor.bin"],
+        log=log.with_name(f"{log.name}-recv"),
+    )
+    deadline = time.monotonic() + 60
+    while "READY" not in log.with_name(f"{log.name}-recv").read_text():
+        if time.monotonic() > deadline or listening.poll() is not None:
+            raise RuntimeError(f"the floor receiver did not start: {log.with_name(f'{log.name}-recv')}")
+        time.sleep(0.05)
+    sending = sender.popen([sys.executable, "-c", _SEND, receiver.hostname, TIER], log=log)
+    if sending.wait(timeout=600) != 0 or listening.wait(timeout=60) != 0:
+        raise RuntimeError(f"the raw copy failed: {log.read_text()[-2000:]}")
+    return float(next(x for x in log.read_text().splitlines() if x.startswith("FLOOR")).split()[1])
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -220,15 +281,20 @@ def measure(mode: str, size_mb: int, workdir: Path) -> dict[str, Any]:
     with Cluster(2, workdir=folder) as cluster:
         node0, node1 = cluster.nodes
         saved = run_phase([node0, node1], "save", mode, size_mb, root, folder / "save")[0]
-        row.update({k: saved.get(k) for k in ("floor", "stall", "replica", "durable")})
+        row.update({k: saved.get(k) for k in ("floor", "stall", "replica", "replica_send", "durable")})
+        if mode == "memory":  # the same bytes, the same two nodes, side by side
+            row["send_floor"] = raw_copy(node0, node1, saved["file_bytes"], folder / "send-floor")
         durable = root / "checkpoints" / "last.ckpt"
         drop_caches()
         restart = run_phase([node0, node1], "restore", mode, size_mb, root, folder / "restart")
         read = cached_mb(durable)
         node0.kill()  # the writer's node is lost, with its memory
         node2 = cluster.add_node()
+        if mode == "memory":
+            row["fetch_floor"] = raw_copy(node1, node2, saved["file_bytes"], folder / "fetch-floor")
         drop_caches()
         lost = run_phase([node1, node2], "restore", mode, size_mb, root, folder / "lost")
+        row["fetch"] = max((r["fetch"] for r in lost if r.get("fetch") is not None), default=None)
         read += cached_mb(durable)
         node1.kill()
         node2.kill()
@@ -271,6 +337,21 @@ def print_table(rows: list[dict[str, Any]], mbps: float) -> None:
             f"{_cell(row['restart']):>9}{_cell(row['node_loss']):>10}{_cell(row['durable_restore']):>16}"
             f"{row['read_mb']:>8.0f}  {row['tiers']:<28}{'yes' if row['exact'] else 'NO'}"
         )
+    print("\nThe copies between nodes against a raw TCP copy of the same bytes between the same two nodes")
+    print("(sendfile into the socket, recv_into one buffer, write, fsync: the network's floor):\n")
+    print("| MB | replica send s | raw copy s | x floor | restore fetch s | raw copy s | x floor |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        if row["mode"] != "memory" or row.get("send_floor") is None:
+            continue
+        send, fetch = row.get("replica_send"), row.get("fetch")
+        send_x = _cell(send / row["send_floor"]) if send else "-"
+        fetch_x = _cell(fetch / row["fetch_floor"]) if fetch and row.get("fetch_floor") else "-"
+        print(
+            f"| {row['size_mb']} | {_cell(send)} | {_cell(row['send_floor'])} | {send_x} | {_cell(fetch)} | "
+            f"{_cell(row.get('fetch_floor'))} | {fetch_x} |"
+        )
+    print()
     by = {(r["mode"], r["size_mb"]): r for r in rows}
     for size in sorted({r["size_mb"] for r in rows}):
         durable, memory = by.get(("durable", size)), by.get(("memory", size))

@@ -2,10 +2,11 @@
 
 Prints one table measured side by side in one run, for a small model and a 25M-parameter one (Adam,
 a 64x3x224x224 batch): the fingerprint each checkpoint carries, the fingerprint of the first step
-after a save (with its batch; its file is written by a thread of its own), ``ExactResume``'s
-``on_train_batch_start`` on an ordinary step (Lightning's SimpleProfiler, a real Trainer), each
-against a 5 ms step, against ``torch.save`` of the same checkpoint into memory, and against the
-memory-copy floor (``clone`` of every tensor of that state).
+after a save (with its batch), what that step produced (a digest of every parameter and buffer, and
+its loss), the record's file (written as that step ends, once per save), ``ExactResume``'s
+``on_train_batch_start`` and ``on_train_batch_end`` on an ordinary step (Lightning's SimpleProfiler,
+a real Trainer), each against a 5 ms step, against ``torch.save`` of the same checkpoint into memory,
+and against the memory-copy floor (``clone`` of every tensor of that state).
 
     python benchmarks/self_check.py [--repeats 20]
 """
@@ -91,10 +92,13 @@ def measure(name: str, width: int, depth: int, repeats: int, root: Path) -> list
     def next_step() -> object:
         return self_check.take(fit, 4, False, batch)
 
+    def outcome() -> object:
+        return self_check.outcome(model, torch.tensor(0.5))
+
     def its_file() -> None:
         self_check.write_next(folder, 0, [3, 3], fingerprint)
 
-    fingerprint = next_step()
+    fingerprint = {**next_step(), "outcome": outcome()}
 
     def save() -> None:
         torch.save(checkpoint, io.BytesIO())
@@ -112,8 +116,9 @@ def measure(name: str, width: int, depth: int, repeats: int, root: Path) -> list
     )
     small = DataLoader(TensorDataset(torch.randn(64, 1024), torch.randn(64, 1)), batch_size=8)
     profiled.fit(Model(64, 1, inputs=1024), small)
-    hook = profiled.profiler.recorded_durations["[Callback]ExactResume.on_train_batch_start"]  # type: ignore[attr-defined]
-    per_step = statistics.median(hook)
+    durations = profiled.profiler.recorded_durations  # type: ignore[attr-defined]
+    hooks = [f"[Callback]ExactResume.on_train_batch_{when}" for when in ("start", "end")]
+    per_step = sum(statistics.median(durations[hook]) for hook in hooks)
 
     rows = []
     saved, copied = median(save, max(3, repeats // 4)), median(floor, max(3, repeats // 4))
@@ -121,8 +126,9 @@ def measure(name: str, width: int, depth: int, repeats: int, root: Path) -> list
     for what, seconds in (
         ("fingerprint in each checkpoint", median(at_save, repeats)),
         ("first step after a save (with the batch)", median(next_step, repeats)),
-        ("  its file (off the training thread)", median(its_file, repeats)),
-        ("ExactResume hook, ordinary step", per_step),
+        ("  what it produced (parameters, buffers, loss)", median(outcome, repeats)),
+        ("  its file (as it ends)", median(its_file, repeats)),
+        ("ExactResume hooks, ordinary step", per_step),
     ):
         rows.append(
             f"| {name} ({params / 1e6:.1f}M) | {what} | {seconds * 1e6:9.0f} us | {seconds / STEP:6.3f} "

@@ -232,8 +232,8 @@ def job(row: str, total_mb: int, out: Path) -> None:
         def paired_floor(self, trainer: pl.Trainer) -> None:
             """The floor measured in the same job a few steps before each save of ours (none in flight)."""
             assert self.requeue is not None
-            if self.requeue._saver is not None:
-                self.requeue._saver.wait(trainer)
+            if (saver := self.requeue._writes.writer(trainer)) is not None:
+                saver.wait(trainer)
             self.floors.append(self.floor(trainer, out / f"floor-{trainer.global_step}"))
             shutil.rmtree(out / f"floor-{trainer.global_step}", ignore_errors=True)
             self.busy_floor(trainer, out / f"busy-floor-{trainer.global_step}", self.floors[-1])
@@ -343,8 +343,8 @@ def job(row: str, total_mb: int, out: Path) -> None:
         def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             if self.pending is not None:
                 self.pending.result()
-            if self.requeue is not None and self.requeue._saver is not None:
-                self.requeue._saver.wait(trainer)
+            if self.requeue is not None and (saver := self.requeue._writes.writer(trainer)) is not None:
+                saver.wait(trainer)
             result = {
                 "saves": self.saves,
                 "steps": self.steps,
@@ -471,6 +471,66 @@ def breakdown(ranks: list[dict[str, Any]], r0: dict[str, Any]) -> dict[str, floa
     return {label: statistics.median(s.get(label, 0.0) for s in per_save) for label, _, _ in PHASES}
 
 
+def run_job(row: str, size: int, out: Path, tree: str | None = None) -> dict[str, Any]:
+    """One 2-rank job of ``row`` (importing ``lightning_resume`` from ``tree``), summarised."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, __file__, "--job", row, "--size", str(size), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, start_new_session=True)
+    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"error": proc.returncode}
+    result = summarize(out)
+    for folder in (p for p in out.iterdir() if p.is_dir()):
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def compare_trees(args: argparse.Namespace, work: Path) -> None:
+    """The ours row of each checkout, taking turns: stall against its staging floor and time to durable
+    against its raw write + fsync floor (both measured in the same job), medians over the repeats."""
+    trees = [(n, str(Path(p).resolve())) for n, p in (t.split("=", 1) for t in args.trees.split(","))]
+    runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    for size in map(int, args.sizes.split(",")):
+        for load in [0] + ([args.load] if args.load > 0 else []):
+            spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+            try:
+                for repeat in range(args.repeats):
+                    for name, tree in trees[repeat % len(trees) :] + trees[: repeat % len(trees)]:
+                        out = work / f"{size}-{load}-{name}-{repeat}"
+                        result = run_job("ours", size, out, tree)
+                        print(f"{size} MB, load {load}, {name} run {repeat + 1}: {result}", flush=True)
+                        if "error" not in result:
+                            runs.setdefault((size, load, name), []).append(result)
+            finally:
+                for spinner in spinners:
+                    spinner.kill()
+                    spinner.wait()
+    print(f"\nload average after: {os.getloadavg()}")
+    for size, load in sorted({(s, lo) for s, lo, _ in runs}):
+        where = "quiet" if load == 0 else f"{load} busy processes"
+        print(f"\n### {size} MB in total, 2 ranks, {where}\n")
+        print("| checkout | stall s | x staging floor | durable s | x write floor | runs |")
+        print("|---|---|---|---|---|---|")
+        for name, _ in trees:
+            results = runs.get((size, load, name), [])
+            if not results:
+                print(f"| {name} | failed | | | | 0 |")
+                continue
+            med = {
+                k: statistics.median(r[k] for r in results) for k in ("stall", "stage", "durable", "write")
+            }
+            stall_x = statistics.median(r["stall"] / r["stage"] for r in results)
+            durable_x = statistics.median(r["durable"] / r["write"] for r in results)
+            print(
+                f"| {name} | {med['stall']:.3f} | {stall_x:.2f}x | {med['durable']:.3f} | {durable_x:.2f}x | "
+                f"{len(results)} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -486,6 +546,14 @@ def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="print where the time of a save of ours goes"
     )
+    parser.add_argument(
+        "--trees",
+        default=None,
+        help="name=path,...: the ours row (and its paired floors) of each checkout side by side, taking "
+        "turns, --repeats times, quiet and with --load busy processes",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="with --trees: runs per checkout")
+    parser.add_argument("--load", type=int, default=2, help="with --trees: busy processes (0: quiet only)")
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=200, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -494,6 +562,9 @@ def main() -> None:
         return
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sharded-bench-"))
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} CPUs")
+    if args.trees:
+        compare_trees(args, work)
+        return
     results: dict[str, dict[str, Any]] = {}
     for size in map(int, args.sizes.split(",")):
         for row in args.rows.split(","):

@@ -26,11 +26,16 @@ if TYPE_CHECKING:
     from lightning_resume import notices
     from lightning_resume.io.durable_checkpoint_io import DurableCheckpointIO
     from lightning_resume.io.memory.memory_tier import MemoryTier
-    from lightning_resume.io.settings import Mirror
+    from lightning_resume.io.restore import Restore
+    from lightning_resume.io.settings import CheckpointSettings, Mirror
+    from lightning_resume.io.write_stats import WriteStats
     from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
     from lightning_resume.preemption.preemption_handler import PreemptionHandler
     from lightning_resume.preemption.signal_diagnostics import SignalDiagnostics
+    from lightning_resume.preemption.stop_state import StopReport
     from lightning_resume.run_dir.run_dir import RunDir
+    from lightning_resume.straggler.decision import Straggler
+    from lightning_resume.straggler.straggler_detector import StragglerDetector
     from lightning_resume.trackers.comet_resume import CometResume
     from lightning_resume.trackers.local_logger_resume import LocalLoggerResume
     from lightning_resume.trackers.mlflow_resume import MLflowResume
@@ -43,14 +48,19 @@ if TYPE_CHECKING:
 
 #: The public names that need Lightning, and their modules (imported on first use).
 _LAZY = {
+    "CheckpointSettings": "lightning_resume.io.settings",
     "DurableCheckpointIO": "lightning_resume.io.durable_checkpoint_io",
     "MemoryTier": "lightning_resume.io.memory.memory_tier",
     "Mirror": "lightning_resume.io.settings",
     "PreemptionHandler": "lightning_resume.preemption.preemption_handler",
     "ProgressWatchdog": "lightning_resume.watchdog.progress_watchdog",
     "RequeueCheckpoint": "lightning_resume.last_ckpt.requeue_checkpoint",
+    "Restore": "lightning_resume.io.restore",
     "RunDir": "lightning_resume.run_dir.run_dir",
     "SignalDiagnostics": "lightning_resume.preemption.signal_diagnostics",
+    "StopReport": "lightning_resume.preemption.stop_state",
+    "Straggler": "lightning_resume.straggler.decision",
+    "StragglerDetector": "lightning_resume.straggler.straggler_detector",
     "CometResume": "lightning_resume.trackers.comet_resume",
     "LocalLoggerResume": "lightning_resume.trackers.local_logger_resume",
     "MLflowResume": "lightning_resume.trackers.mlflow_resume",
@@ -59,6 +69,7 @@ _LAZY = {
     "TrackioResume": "lightning_resume.trackers.trackio_resume",
     "WandbResume": "lightning_resume.trackers.wandb_resume",
     "WatchdogTimeouts": "lightning_resume.watchdog.timeouts",
+    "WriteStats": "lightning_resume.io.write_stats",
 }
 
 
@@ -84,6 +95,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CheckpointSettings",
     "CheckpointVerificationError",
     "CometResume",
     "CrashLoopStopped",
@@ -99,15 +111,20 @@ __all__ = [
     "PreemptionHandler",
     "ProgressWatchdog",
     "RequeueCheckpoint",
+    "Restore",
     "ResumeError",
     "RunDir",
     "RunDirError",
     "SignalDiagnostics",
+    "StopReport",
+    "Straggler",
+    "StragglerDetector",
     "SwanLabResume",
     "TrackerResume",
     "TrackioResume",
     "WandbResume",
     "WatchdogTimeouts",
+    "WriteStats",
     "__version__",
     "notices",
 ]

@@ -43,6 +43,15 @@ def barrier(strategy: Strategy, name: str) -> None:
         strategy.barrier(name)
 
 
+def gather_numbers(strategy: Strategy, values: list[float]) -> list[list[float]]:
+    """``values`` (the same count on every rank) of every rank, by global rank: one small all-gather."""
+    if not _distributed(strategy) or not isinstance(strategy, ParallelStrategy):
+        return [list(values)]
+    tensor = torch.tensor(values, dtype=torch.float64, device=strategy.root_device)
+    gathered: list[list[float]] = strategy.all_gather(tensor).reshape(strategy.world_size, -1).cpu().tolist()
+    return gathered
+
+
 def gather_objects(strategy: Strategy, obj: T) -> list[T]:
     """``obj`` of every rank, by global rank: pickled with its length in front, in one all-gather of a
     fixed-size buffer when every payload fits (``_inline_bytes``), else a second one padded to the longest."""

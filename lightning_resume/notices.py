@@ -2,12 +2,12 @@
 
 A cloud warns before it reclaims a machine (EC2 spot: two minutes; Compute Engine: 30 s; Azure: 30 s+),
 a SLURM job knows its end time, and a Kubernetes ``preStop`` hook can create a file.
-``PreemptionHandler(notices=...)`` polls these sources off the training thread and saves ``last.ckpt``
-before the signal (``notices="auto"``, the default: every source that applies here)::
+``PreemptionHandler(notices=Notices(...))`` polls these sources off the training thread and saves
+``last.ckpt`` before the signal (``Notices()``, the default: every source that applies here)::
 
-    from lightning_resume.notices import AwsSpotNotice, FileNotice
+    from lightning_resume.notices import AwsSpotNotice, FileNotice, Notices
 
-    PreemptionHandler(notices=[AwsSpotNotice(), FileNotice("/tmp/preempted")])
+    PreemptionHandler(notices=Notices([AwsSpotNotice(), FileNotice("/tmp/preempted")]))
 
 :meth:`NoticeSource.poll` also works from a script: it returns a :class:`Notice` or ``None``, never
 raising.
@@ -19,6 +19,7 @@ from lightning_resume.preemption.notices._file_notice import FileNotice
 from lightning_resume.preemption.notices._gce_notice import GceNotice
 from lightning_resume.preemption.notices._notice import Notice
 from lightning_resume.preemption.notices._notice_source import NoticeSource
+from lightning_resume.preemption.notices._notices import Notices
 from lightning_resume.preemption.notices._slurm_time_limit_notice import SlurmTimeLimitNotice
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "GceNotice",
     "Notice",
     "NoticeSource",
+    "Notices",
     "SlurmTimeLimitNotice",
 ]

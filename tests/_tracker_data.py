@@ -316,3 +316,60 @@ def fit_tiny(
         Model(), train_dataloaders=DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
     )
     return trainer
+
+
+# -- TensorBoard and CSV ----------------------------------------------------------------------------
+
+
+def tensorboard_view(log_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """What TensorBoard shows of ``log_dir``, read with its ``EventAccumulator`` keeping everything:
+    ``kind/tag`` -> ``(step, value)`` in order; images, histograms and tensors (text, hparams) as their
+    serialized contents, so that equal means equal bytes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    keep_all = {
+        "scalars": 0,
+        "images": 0,
+        "histograms": 0,
+        "tensors": 0,
+        "audio": 0,
+        "compressedHistograms": 0,
+    }
+    accumulator = EventAccumulator(str(log_dir), size_guidance=keep_all)
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    view: dict[str, list[tuple[Any, ...]]] = {}
+    for tag in tags["scalars"]:
+        view[f"scalars/{tag}"] = [(e.step, e.value) for e in accumulator.Scalars(tag)]
+    for tag in tags["images"]:
+        view[f"images/{tag}"] = [(e.step, e.encoded_image_string) for e in accumulator.Images(tag)]
+    for tag in tags["histograms"]:
+        view[f"histograms/{tag}"] = [(e.step, str(e.histogram_value)) for e in accumulator.Histograms(tag)]
+    for tag in tags["tensors"]:
+        view[f"tensors/{tag}"] = [
+            (e.step, e.tensor_proto.SerializeToString()) for e in accumulator.Tensors(tag)
+        ]
+    return view
+
+
+def tensorboard_events(log_dir: Path) -> dict[tuple[str, int], int]:
+    """How often each ``(tag, step)`` is in the event files under ``log_dir`` (every record, in files
+    read whole by TensorBoard's own loader: a purge hides nothing here)."""
+    from collections import Counter
+
+    from tensorboard.backend.event_processing import event_file_loader
+
+    counts: Counter[tuple[str, int]] = Counter()
+    for file in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in event_file_loader.EventFileLoader(str(file)).Load():
+            for value in event.summary.value:
+                counts[(value.tag, event.step)] += 1
+    return dict(counts)
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a ``metrics.csv``, empty fields left out."""
+    import csv
+
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]

@@ -150,20 +150,52 @@ trainer:
           initial: 10
         max_attempts_without_progress: 11
         requeue: false
+    - class_path: lightning_resume.RequeueCheckpoint
+      init_args:
+        every_n_train_steps: auto
+        every_n_minutes: 30
+        save_on_train_epoch_end: false
+        dirpath: {root}/ckpt
+        keep_global_batch: true
+        expected_interruption_every: "1:00:00"
+    - class_path: lightning_resume.PreemptionHandler
+      init_args:
+        signals: [SIGUSR2]
+        requeue: false
+        exit_code: 99
+        check_every_n_steps: 2
+        failure_classes: false
+        notices:
+          class_path: lightning_resume.notices.Notices
+          init_args:
+            on_notice: stop
+            margin: 5
+            sources:
+              - class_path: lightning_resume.notices.FileNotice
+                init_args: {{path: {root}/notice, interval: 0.5}}
 """
 
 BUILD = """
 import sys
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning_resume import ProgressWatchdog
+from lightning_resume import PreemptionHandler, ProgressWatchdog, RequeueCheckpoint
 cli = LightningCLI(BoringModel, run=False, save_config_callback=None, args=["--config", sys.argv[1]])
 io = cli.trainer.strategy.checkpoint_io
 (watchdog,) = [c for c in cli.trainer.callbacks if isinstance(c, ProgressWatchdog)]
+(checkpoint,) = [c for c in cli.trainer.callbacks if isinstance(c, RequeueCheckpoint)]
+(handler,) = [c for c in cli.trainer.callbacks if isinstance(c, PreemptionHandler)]
+handler.uninstall()
 print(io.settings.asynchronous, io.settings.dirpath.name, io.settings.keep, dict(io.settings.metadata))
 print(io.settings.mirror)
 print(io.settings.memory)
 print(watchdog.timeouts, watchdog.max_attempts_without_progress, watchdog.requeue)
+c = checkpoint
+print(c.every_n_train_steps, c.every_n_minutes, c.save_on_train_epoch_end, c.checkpoint_dir.name,
+      c.keep_global_batch, c.expected_interruption_every)
+h = handler
+print([s.name for s in h.signals], h.requeue, h.exit_code, h.check_every_n_steps, h.failure_classes)
+print(h.notices.on_notice, h.notices.margin, [s.describe() for s in h.notices.sources])
 """
 
 
@@ -175,15 +207,53 @@ def test_yaml_builds_the_plugin_and_the_watchdog_with_every_setting(tmp_path: Pa
         [sys.executable, str(script), str(config)], env=job_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    plugin, mirror, memory, watchdog = proc.stdout.strip().splitlines()[-4:]
+    plugin, mirror, memory, watchdog, checkpoint, handler, notices = proc.stdout.strip().splitlines()[-7:]
     assert plugin == "False local 2 {'experiment': 'yaml'}"
     assert mirror == (
         f"Mirror(url='file://{tmp_path}/mirror', options={{'auto_mkdir': True}}, wait=False, timeout=60.0)"
     )
-    assert (
-        memory == f"MemoryTier(path='{tmp_path}/shm', replicas=2, durable_every=5, port=29999, timeout=30.0)"
+    assert memory == (
+        f"MemoryTier(path=PosixPath('{tmp_path}/shm'), replicas=2, durable_every=5, port=29999, timeout=30.0)"
     )
     assert watchdog == (
         "WatchdogTimeouts(step=1.0, first_step=2.0, validation=3.0, epoch_end=4.0, save=5.0, load=6.0, "
         "teardown=7.0, multiple=8.0, minimum=9.0, initial=10.0) 11 False"
     )
+    assert checkpoint == "auto 30.0 False ckpt True 1:00:00"
+    assert handler == "['SIGUSR2'] False 99 2 False"
+    assert notices == f"stop 5.0 ['file {tmp_path}/notice']"
+
+
+STRAGGLER = """
+trainer:
+  logger: false
+  callbacks:
+    - class_path: lightning_resume.StragglerDetector
+      init_args:
+        window: 7
+        threshold: 0.3
+        floor_ms: 20
+        patience: 3
+        on_straggler: jobs.straggler_job.exclude_node
+"""
+
+BUILD_STRAGGLER = """
+import sys
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning_resume import StragglerDetector
+cli = LightningCLI(BoringModel, run=False, save_config_callback=None, args=["--config", sys.argv[1]])
+(found,) = [c for c in cli.trainer.callbacks if isinstance(c, StragglerDetector)]
+print(found.window, found.threshold, found.floor_ms, found.patience, found.on_straggler.__name__)
+"""
+
+
+def test_yaml_builds_the_straggler_detector_with_every_setting(tmp_path: Path) -> None:
+    config, script = tmp_path / "straggler.yaml", tmp_path / "build.py"
+    config.write_text(STRAGGLER)
+    script.write_text(BUILD_STRAGGLER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(config)], env=job_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "7 0.3 20.0 3 exclude_node"

@@ -12,8 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-import tomllib
-
 import lightning_resume
 
 PACKAGE = Path(lightning_resume.__file__).parent
@@ -28,6 +26,8 @@ def _name(requirement: str) -> str:
 
 
 def declared() -> tuple[set[str], dict[str, set[str]]]:
+    import tomllib  # Python 3.11+; make test-pythons collects this module on 3.10 too
+
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     core = {_name(r) for r in project["dependencies"]}
     extras = {extra: {_name(r) for r in reqs} for extra, reqs in project["optional-dependencies"].items()}

@@ -292,6 +292,7 @@ def test_mirror_recipe_restores_a_lost_run_from_the_mirror(
     same_checkpoints(work, reference.checkpoint, run_dir / "checkpoints" / "last.ckpt", capsys)
 
 
+@pytest.mark.slow
 def test_hydra_recipe_resumes_bitwise_in_its_run_dir_from_a_new_output_dir(
     tmp_path: Path, reference: Reference, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -45,11 +45,11 @@ def fit(tmp_path: Path, steps: int) -> RunDir:
 @pytest.mark.parametrize("state", list(Restart))
 def test_inspect_and_the_restart_follow_the_same_rule(tmp_path: Path, state: Restart) -> None:
     first = fit(tmp_path, 2)
-    last, marker = layout.last_checkpoint(first.path), layout.saved_marker(first.path)
+    last, record = layout.last_checkpoint(first.path), layout.saves_record(first.path)
     if state is not Restart.RESUME:
         last.unlink()
     if state is Restart.START_OVER:
-        marker.unlink()
+        record.unlink()
     assert decide(first.path) is state
     predicted = describe_run(first.path)["next_restart_loads"]
     if state is Restart.RESUME:

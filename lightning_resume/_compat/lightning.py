@@ -29,10 +29,30 @@ class LastCheckpointCallback(OnExceptionCheckpoint):
 
     def __init__(self) -> None:
         super().__init__(dirpath=".", filename="last")  # Lightning's dirpath and filename stay unused
+        allow_without_checkpointing()
 
     @property
     def ckpt_path(self) -> str:
         raise NotImplementedError
+
+
+def allow_without_checkpointing() -> None:
+    """Let ``Trainer(enable_checkpointing=False)`` take callbacks whose only ``Checkpoint``s are
+    :class:`LastCheckpointCallback`s (checkpoints to resume from, none of the user's): Lightning's
+    ``_CallbackConnector._configure_checkpoint_callbacks`` raises for any ``Checkpoint``. Once per process."""
+    from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
+
+    original = _CallbackConnector._configure_checkpoint_callbacks
+    if getattr(original, "_resume_only", False):
+        return
+
+    def configure(self: Any, enable_checkpointing: bool) -> None:
+        checkpoints = self.trainer.checkpoint_callbacks
+        if enable_checkpointing or not all(isinstance(c, LastCheckpointCallback) for c in checkpoints):
+            original(self, enable_checkpointing)
+
+    configure._resume_only = True  # type: ignore[attr-defined]
+    _CallbackConnector._configure_checkpoint_callbacks = configure  # type: ignore[method-assign]
 
 
 # -- methods of Lightning's objects, stood in for ---------------------------------------------------------
@@ -305,6 +325,158 @@ def settle_fit_restart(trainer: pl.Trainer) -> None:
     trainer.fit_loop._restarting = False
 
 
+# -- hooks Lightning does not call ----------------------------------------------------------------------
+
+#: What a callback class sets a hook to so that Lightning skips it (``trainer/call.py``,
+#: ``_call_callback_hooks``, calls a hook only when it is ``callable``): an unused per-step hook then
+#: costs a lookup, not the call and the profiler context Lightning opens around each one.
+NOT_CALLED = None
+
+
+# -- the tuner callbacks, the train loader built early, the next batch, modes inside a validation ---------
+
+# The temporary checkpoints LearningRateFinder and BatchSizeFinder save before their search and restore
+# after it (``tuner/lr_finder.py::_lr_find``, ``tuner/batch_size_scaling.py::_scale_batch_size``).
+_TUNER_CHECKPOINT = re.compile(r"^\.(lr_find|scale_batch_size)_[0-9a-f-]+\.ckpt$")
+
+
+def restoring_tuner_checkpoint(trainer: pl.Trainer) -> bool:
+    """Whether the checkpoint being loaded is a tuner callback's own temporary one: its search restores
+    it through the checkpoint connector, which calls every callback's load hooks again."""
+    path = trainer._checkpoint_connector._ckpt_path
+    return path is not None and bool(_TUNER_CHECKPOINT.match(os.path.basename(str(path))))
+
+
+def tuners(trainer: pl.Trainer) -> list[Callback]:
+    """The ``LearningRateFinder`` and ``BatchSizeFinder`` callbacks, in the Trainer's order."""
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    return [c for c in callbacks if isinstance(c, (LearningRateFinder, BatchSizeFinder))]
+
+
+def _tuned_attribute(callback: Callback, module: pl.LightningModule) -> str | None:
+    """The attribute of the module (or its hparams or datamodule) a tuner sets, if it sets one."""
+    from lightning.pytorch.callbacks import BatchSizeFinder
+    from lightning.pytorch.tuner.lr_finder import _determine_lr_attr_name
+
+    if isinstance(callback, BatchSizeFinder):
+        return str(callback._batch_arg_name)
+    if not callback._update_attr:  # type: ignore[attr-defined]
+        return None
+    return _determine_lr_attr_name(module, callback._attr_name)  # type: ignore[attr-defined]
+
+
+def tuner_result(callback: Callback, module: pl.LightningModule) -> dict[str, Any]:
+    """What a tuner's search left: the attribute it set and its value now, and its own result."""
+    from lightning.pytorch.callbacks import BatchSizeFinder
+    from lightning.pytorch.utilities.parsing import lightning_getattr
+
+    attribute = _tuned_attribute(callback, module)
+    found: dict[str, Any] = {"attribute": attribute}
+    if attribute is not None:
+        found["value"] = lightning_getattr(module, attribute)
+    if isinstance(callback, BatchSizeFinder):
+        found["optimal"] = callback.optimal_batch_size
+    else:
+        finder = callback.optimal_lr  # type: ignore[attr-defined]
+        found["optimal"] = None if finder is None else {"results": finder.results, **_lr_finder_args(finder)}
+    return found
+
+
+def _lr_finder_args(finder: Any) -> dict[str, Any]:
+    return {"mode": finder.mode, "lr_min": finder.lr_min, "lr_max": finder.lr_max, "num": finder.num_training}
+
+
+def put_back_tuner_result(callback: Callback, module: pl.LightningModule, result: dict[str, Any]) -> None:
+    """Set what :func:`tuner_result` returned, as the search did (the optimizers' learning rates come
+    back with their own states)."""
+    from lightning.pytorch.callbacks import BatchSizeFinder
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
+    from lightning.pytorch.utilities.parsing import lightning_setattr
+
+    if result.get("attribute") is not None:
+        lightning_setattr(module, result["attribute"], result["value"])
+    optimal = result.get("optimal")
+    if isinstance(callback, BatchSizeFinder):
+        callback.optimal_batch_size = optimal
+    elif isinstance(optimal, dict):
+        finder = _LRFinder(optimal["mode"], optimal["lr_min"], optimal["lr_max"], optimal["num"])
+        finder.results = optimal["results"]
+        callback.optimal_lr = finder  # type: ignore[attr-defined]
+
+
+def instead_of_tuner_search(callback: Callback, instead: Callable[[], None]) -> Callable[[], None]:
+    """Make a tuner callback's ``on_fit_start`` (its search) run ``instead`` (an instance attribute);
+    returns the function that gives its own back."""
+
+    def run_instead(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        instead()
+
+    callback.on_fit_start = run_instead  # type: ignore[method-assign]
+
+    def undo() -> None:
+        if callback.__dict__.get("on_fit_start") is run_instead:
+            del callback.on_fit_start
+
+    return undo
+
+
+def forget_train_loader(trainer: pl.Trainer) -> None:
+    """Drop the train loader made so far (a tuner's result changes it): ``fit`` makes it again, with the
+    restored loader states, as the tuners themselves do."""
+    trainer.fit_loop._combined_loader = None
+
+
+def load_pending_train_loader_states(trainer: pl.Trainer) -> bool:
+    """Load the restored train loader states Lightning left unloaded (its issue #21765: a
+    ``configure_optimizers`` reading ``estimated_stepping_batches`` makes the loader before the states
+    are restored, and ``setup_data`` then keeps it as it is). Returns whether there were any; the caller
+    makes the iterator again."""
+    fit_loop = trainer.fit_loop
+    states, combined = fit_loop._combined_loader_states_to_load, fit_loop._combined_loader
+    if not states or combined is None or not fit_loop.restarting:
+        return False
+    combined._load_state_dicts(states)
+    fit_loop._combined_loader_states_to_load = []
+    return True
+
+
+def next_train_batch(trainer: pl.Trainer) -> Any:
+    """The batch the next training step would take (``None`` if there is none): fetched now and kept in
+    Lightning's fetcher for that step. Only for a stop: the fetcher then counts one batch ahead."""
+    from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
+
+    fetcher = trainer.fit_loop._data_fetcher
+    if not isinstance(fetcher, _PrefetchDataFetcher) or fetcher.iterator is None:
+        return None
+    if not fetcher.batches:
+        if fetcher.done:
+            return None
+        try:
+            fetcher.batches.append(_DataFetcher.__next__(fetcher))
+        except StopIteration:
+            return None
+    batch, _, _ = fetcher.batches[0]
+    return batch
+
+
+def transfer_hooks_overridden(trainer: pl.Trainer) -> bool:
+    """Whether the module or datamodule changes batches on their way to the device (the batch a step
+    trains on is then not the one the loader gave)."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+    owners = [trainer.lightning_module, getattr(trainer, "datamodule", None)]
+    return any(o is not None and is_overridden(h, o) for o in owners for h in hooks)
+
+
+def modes_before_validation(trainer: pl.Trainer) -> dict[str, bool]:
+    """Inside fit's validation: each submodule's ``training`` flag as the validation began (Lightning
+    gives them back as it ends)."""
+    return dict(trainer.fit_loop.epoch_loop.val_loop._module_mode.mode)
+
+
 # -- what the callbacks read, and the epoch's logged accumulators --------------------------------------
 
 
@@ -414,6 +586,14 @@ def point_logger_at_version(logger: Logger, version: int | str) -> None:
     logger._experiment = None
 
 
+def continue_csv_rows(logger: CSVLogger, header: list[str]) -> None:
+    """Make a ``CSVLogger``'s writer (rank 0) append to the ``metrics.csv`` rewritten under it with
+    ``header``, dropping the rows it holds unsaved (its ``_ExperimentWriter`` keeps both)."""
+    writer = logger.experiment
+    writer.metrics_keys = list(header)
+    writer.metrics = []
+
+
 @dataclass(frozen=True)
 class MLflowTarget:
     """Where an ``MLFlowLogger`` logs, as configured (nothing is created to find out)."""
@@ -468,6 +648,45 @@ def capture_checkpoint(trainer: pl.Trainer, path: Path) -> dict[str, Any]:
     finally:
         del strategy.save_checkpoint
     return captured["checkpoint"]
+
+
+@contextlib.contextmanager
+def seeing_checkpoints(trainer: pl.Trainer, seen: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """Hand every checkpoint Lightning builds in the block to ``seen`` before anything writes it: what
+    ``_CheckpointConnector.dump_checkpoint`` returns, after every ``on_save_checkpoint`` hook."""
+    connector = trainer._checkpoint_connector
+    original = connector.dump_checkpoint
+
+    def dump(weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = original(weights_only)
+        seen(checkpoint)
+        return checkpoint
+
+    connector.dump_checkpoint = dump  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if connector.__dict__.get("dump_checkpoint") is dump:
+            del connector.dump_checkpoint
+
+
+def resume_even_if_none(trainer: pl.Trainer, path: str) -> Callable[[], None]:
+    """Make this ``fit`` restore from ``path`` also when Lightning found no checkpoint (it chooses before
+    any hook, from files that exist): ``_CheckpointConnector.resume_start`` is stood in for until its
+    first call, which gets ``path`` instead of ``None``. Returns what takes the stand-in away."""
+    connector = trainer._checkpoint_connector
+    original = connector.resume_start
+
+    def undo() -> None:
+        if connector.__dict__.get("resume_start") is resume_start:
+            del connector.resume_start
+
+    def resume_start(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
+        undo()
+        original(checkpoint_path or path, *args, **kwargs)
+
+    connector.resume_start = resume_start  # type: ignore[method-assign]
+    return undo
 
 
 def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:

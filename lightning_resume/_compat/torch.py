@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_resume._compat import torchdata
+from lightning_resume.failure_classes import FailureClass
 
 #: torch's DataLoader worker loop: the target of every worker process it starts.
 WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
@@ -54,6 +55,23 @@ def replaced_iterator_factory(loader: DataLoader) -> Any:
     return loader.__dict__.get("_get_iterator")
 
 
+def dispatched_batches(loader: DataLoader) -> int | None:
+    """How many batches of its current epoch a loader with persistent workers has handed to them (made
+    or being made, given or not): its iterator's ``_send_idx`` (``None`` without one)."""
+    iterator = loader.__dict__.get("_iterator")
+    found = getattr(iterator, "_send_idx", None)
+    return int(found) if found is not None else None
+
+
+def end_persistent_workers(loader: DataLoader) -> None:
+    """Shut a loader's persistent workers down: its next ``iter()`` makes new ones (with its
+    ``worker_init_fn`` as it is then)."""
+    iterator = loader.__dict__.get("_iterator")
+    if iterator is not None:
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 def seed_as_worker(base_seed: int, worker_id: int) -> None:
     """Seed this process's generators as torch seeds data-loader worker ``worker_id`` of an iterator
     whose base seed is ``base_seed`` (``torch/utils/data/_utils/worker.py``, ``_worker_loop``)."""
@@ -83,3 +101,38 @@ def forked_target() -> Any:
             return getattr(process, "_target", None)
         frame = frame.f_back
     return None
+
+
+#: Texts of torch's (gloo's, NCCL's) error messages that tell a failure class, lower-cased, checked in order.
+FAILURE_TEXTS: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
+    (FailureClass.OUT_OF_MEMORY, ("out of memory", "can't allocate memory")),
+    (FailureClass.NON_FINITE, ("returned nan values", "is non-finite")),
+    (
+        FailureClass.COMMUNICATION,
+        (
+            *("connection closed by peer", "connection reset by peer", "timed out waiting", "gloo/transport"),
+            *("collective operation timeout", "nccl error", "ncclremoteerror", "processgroupnccl"),
+        ),
+    ),
+    (FailureClass.DATA, ("in dataloader worker process", "dataloader worker (pid")),
+)
+#: The modules whose frames in a traceback mean that the error came out of data loading.
+DATA_MODULES = ("torch.utils.data.", "torchdata.")
+
+
+def failure_in_torch_terms(exception: BaseException) -> FailureClass | None:
+    """The failure class torch tells ``exception`` is of, by its type (``torch.OutOfMemoryError``,
+    ``torch.distributed.DistError``), its message (CPU and CUDA allocators, anomaly mode, gloo, NCCL, a
+    DataLoader worker's re-raise) or a data-loading frame it was raised through; ``None`` when none."""
+    if isinstance(exception, torch.OutOfMemoryError):
+        return FailureClass.OUT_OF_MEMORY
+    if isinstance(exception, getattr(torch.distributed, "DistError", ())):
+        return FailureClass.COMMUNICATION
+    text = str(exception).lower()
+    found = next((failure for failure, texts in FAILURE_TEXTS if any(t in text for t in texts)), None)
+    trace = exception.__traceback__
+    while found is None and trace is not None:
+        if str(trace.tb_frame.f_globals.get("__name__", "")).startswith(DATA_MODULES):
+            found = FailureClass.DATA
+        trace = trace.tb_next
+    return found

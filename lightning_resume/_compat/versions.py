@@ -12,6 +12,9 @@ TESTED = {
     "pytorch-lightning": ("2.5.0", "2.6.6"),
     "torch": ("2.5.0", "2.13.0"),
 }
+#: Python (lowest declared, newest tested): pyproject.toml's requires-python and classifiers, the Pythons
+#: ``make test-pythons`` runs the exactness core on.
+PYTHON = ("3.10", "3.13")
 
 
 def _numbers(version: str) -> tuple[int, ...]:
@@ -36,4 +39,15 @@ def untested(distribution: str) -> str | None:
         return f"{distribution} {version} is older than the lowest supported, {lowest}"
     if _numbers(version) > _numbers(newest):
         return f"{distribution} {version} is newer than the newest tested, {newest}"
+    return None
+
+
+def untested_python(version: tuple[int, ...]) -> str | None:
+    """Why Python ``version`` (``sys.version_info``) is outside the tested range (``None`` when inside)."""
+    shown = ".".join(map(str, version[:3]))
+    lowest, newest = PYTHON
+    if version[:2] < _numbers(lowest):
+        return f"Python {shown} is older than the lowest supported, {lowest}"
+    if version[:2] > _numbers(newest):
+        return f"Python {shown} is newer than the newest tested, {newest}"
     return None

@@ -4,6 +4,7 @@ Every function takes the environment as a mapping; every variable read is named 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ ENV = {
     "kubernetes": "KUBERNETES_SERVICE_HOST",
     "slurm_end_time": "SLURM_JOB_END_TIME",
     "notice_file": "LIGHTNING_RESUME_NOTICE",
+    "check": "LIGHTNING_RESUME_CHECK",
 }
 
 
@@ -170,3 +172,27 @@ def slurm_requeue_id(environ: Mapping[str, str]) -> str | None:
 def under_submitit(environ: Mapping[str, str]) -> bool:
     """Whether submitit launched this process on SLURM."""
     return environ.get(ENV["submitit_executor"]) == "slurm"
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What ``lightning-resume check`` asks of the attempt it launched (``$LIGHTNING_RESUME_CHECK``, JSON)."""
+
+    folder: str  # the check's folder for this run: RunDir's root is ``folder/runs``, the timeline beside it
+    steps: int | None = None  # stop fit after this many optimizer steps (None: two epochs or 200 steps)
+    every: int | None = None  # RequeueCheckpoint saves every this many steps (None: an eighth of the steps)
+    kill: str | None = None  # where this attempt kills its process group, e.g. "step:25"
+    driver: int | None = None  # the check's pid: its process group is never killed
+
+
+def check_settings(environ: Mapping[str, str]) -> CheckSettings | None:
+    """The check's settings for this process (``None`` outside ``lightning-resume check``)."""
+    text = environ.get(ENV["check"])
+    if not text:
+        return None
+    try:
+        return CheckSettings(**json.loads(text))
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"${ENV['check']}={text!r} is not what `lightning-resume check` sets ({e}); unset it."
+        ) from e

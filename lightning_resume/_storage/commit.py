@@ -1,23 +1,27 @@
-"""Commit, remove and prune the checkpoints of a local folder (both kinds). A commit writes the new
-version aside, fsyncs it, puts its manifest in place and swaps it in with one rename: a kill at any
-instant leaves the old version or the new one, each matching its manifest."""
+"""The commit step: commit, remove and prune the checkpoints of a local folder (both kinds). A commit
+puts the manifest of a version written aside (and fsynced) in place and swaps it in with one rename: a
+kill at any instant leaves the old version or the new one, each matching its manifest."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import mmap
-import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
-from lightning_resume._storage.atomic import write_text_atomic
+from lightning_resume._storage.atomic import replace_durably, write_text_atomic
 from lightning_resume._storage.catalog import retention
-from lightning_resume._storage.direct_file import DirectFile, Pace, new_buffer
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE, Kind, Step, unobserved
-from lightning_resume._storage.manifest import ChecksumWriter, Entry, R, next_entries
+from lightning_resume._storage.manifest import (
+    Entry,
+    R,
+    encode,
+    manifest_path,
+    next_entries,
+    read_entries,
+    sized,
+)
 from lightning_resume._storage.store import LocalStore, Store
 
 #: The steps of a commit, in order, as passed to its ``on_step`` observer (``mid_delete``: pruning).
@@ -31,12 +35,6 @@ _HINTS = {
     errno.EPERM: "make the checkpoint directory writable by the user running training",
     errno.EROFS: "save checkpoints to a writable filesystem",
 }
-
-
-class TimedPace(Pace, Protocol):
-    """A ``direct_file.Pace`` that also records how long the fsync took."""
-
-    fsync_seconds: float
 
 
 def save_error(err: int | None, strerror: str, filename: str | None, path: str | Path) -> OSError:
@@ -68,55 +66,45 @@ def commit(
     return final
 
 
-def write_new(
-    path: Path,
-    write: Callable[[ChecksumWriter], None],
-    direct: bool = True,
-    buffer: mmap.mmap | None = None,
-    pace: TimedPace | None = None,
-) -> tuple[int, str]:
-    """Write and fsync ``path`` through ``write`` (given a checksumming file); return its size, checksum."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    staging = buffer if buffer is not None else new_buffer()
+def commit_file(
+    aside: Aside, record: Entry | Mapping[str, Any], known: Entry | None = None, keep: int | None = None
+) -> tuple[Entry, list[str]]:
+    """The commit step of a file save: put the version ``aside`` wrote in place as its target, with the
+    manifest entry ``record`` (the fields of a new one; or a copy's ``Entry``, which its bytes must match:
+    ``OSError`` otherwise), keeping the previous entry (``known``: the caller committed it, so the
+    manifest is not read); then, with ``keep``, retention. Return the entry and the names retention
+    removed; on an ``OSError`` the target is as it was."""
+    target = aside.target
+    assert aside.path is not None, "commit_file after the with block of the Aside"
     try:
-        with DirectFile(fd, staging, direct, pace) as file:
-            out = ChecksumWriter(file)
-            write(out)
-            file.finish()
-        started = time.monotonic()
-        os.fsync(fd)
-        if pace is not None:
-            pace.fsync_seconds = time.monotonic() - started
-    finally:
-        os.close(fd)
-        if staging is not buffer:
-            # After a failed write the traceback may still hold views of it: then the GC frees it.
-            with contextlib.suppress(BufferError):
-                staging.close()
-    return out.checksum.size, out.checksum.hexdigest()
-
-
-def write_file(
-    path: str | Path,
-    write: Callable[[ChecksumWriter], None],
-    make_entry: Callable[[int, str], Entry],
-    known: Entry | None = None,
-    direct: bool = True,
-    buffer: mmap.mmap | None = None,
-    pace: TimedPace | None = None,
-) -> Entry:
-    """Write (:func:`write_new`) and commit a new version of ``path``, its entry ``make_entry(size,
-    checksum)``; ``known``: the entry of the file now at ``path``, when the caller committed it."""
-    path = Path(path)
-    staged = FILE.stage(path)
-    try:
-        entry = make_entry(*write_new(staged, write, direct, buffer, pace))
+        if isinstance(record, Entry) and (aside.size, aside.checksum) != (record.size, record.checksum):
+            raise OSError(
+                errno.EIO,
+                f"{aside.size} bytes with checksum {aside.checksum} were written for {str(target)!r}, "
+                f"expected {record.size} / {record.checksum}: not committed",
+            )
+        entry = (
+            record
+            if isinstance(record, Entry)
+            else Entry.from_json({**record, "size": aside.size, "checksum": aside.checksum})
+        )
+        current = [known] if known is not None else held(target)
+        # The manifest first: whichever data file a kill leaves matches one of its entries.
+        write_text_atomic(manifest_path(target), encode(next_entries(entry, current)))
+        replace_durably(aside.path, target)
     except BaseException:
-        LocalStore(staged.parent).remove(staged.name)
+        aside.discard()
         raise
-    current = [known] if known is not None else FILE.held(LocalStore(path.parent), path.name)
-    commit(FILE, staged, path, next_entries(entry, current))
-    return entry
+    return entry, prune(LocalStore(target.parent), FILE, keep) if keep is not None else []
+
+
+def held(path: Path) -> list[Entry]:
+    """The versions the manifest of the file ``path`` lists that its size matches (none without it)."""
+    try:
+        size = path.stat().st_size
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sized(read_entries(path) or [], size)
 
 
 def remove(store: Store, kind: Kind[R], name: str, on_step: Step = unobserved) -> None:

@@ -1,4 +1,5 @@
-"""Sequential file writes that bypass the page cache (``O_DIRECT``), with a buffered fallback.
+"""The writer step of a save in the process that writes it: the new version of a file written aside
+(:class:`Aside`), sequentially past the page cache (``O_DIRECT``), with a buffered fallback.
 
 Through the page cache a checkpoint costs twice: kernel time copying every byte, then training data
 pushed out of the cache. Filesystems that refuse direct writes get buffered ones whose writeback starts
@@ -6,17 +7,23 @@ block by block (``sync_file_range``), so that the final fsync is short."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import logging
 import mmap
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
+from pathlib import Path
 from typing import Protocol
+
+from lightning_resume._storage.atomic import fsync_dir, temp_sibling
+from lightning_resume._storage.manifest import Checksum, ChecksumWriter
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +31,13 @@ ALIGN = 4096  #: offsets and lengths of direct writes are multiples of this (512
 BLOCK = 8 << 20  #: bytes of each aligned buffer, i.e. of each direct write
 DEPTH = 4  #: buffers per file: one is filled while the others are written
 
+RECEIVE_PIECE = 4 << 20  #: bytes received, hashed and written at a time by :meth:`Aside.receive`
+DEFAULT_BYTES = 64 << 20  #: a write speed measure: long enough for a steady speed, short for a command line
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # sync_file_range flags
 
 
 class Pace(Protocol):
-    """Decides, after each block handed to the disk, whether the writer rests (``duty_cycle``)."""
+    """Decides, after each block handed to the disk, whether the writer rests (the writer process's)."""
 
     def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
         """``nbytes`` more were handed over; ``drain()`` waits until everything handed over is written."""
@@ -185,3 +194,105 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     done = 0
     while done < view.nbytes:
         done += os.pwrite(fd, view[done:], offset + done)
+
+
+class Aside:
+    """The new version of ``target`` written beside it (a temporary sibling named with this pid, so that a
+    kill's leftover is recognised; ``path``: there instead), every byte checksummed, fsynced when the
+    ``with`` block ends, removed when it raises. ``commit.commit_file`` then puts it in place.
+
+    Example::
+
+        aside = Aside(target)
+        with aside as out:
+            write_archive(out, records)
+        commit_file(aside, fields)
+    """
+
+    def __init__(
+        self,
+        target: str | Path,
+        direct: bool = True,
+        buffer: mmap.mmap | None = None,
+        pace: Pace | None = None,
+        path: Path | None = None,
+    ) -> None:
+        self.target, self.path = Path(target), path
+        self._direct, self._buffer, self._pace = direct, buffer, pace
+        self.size, self.checksum, self.fsync_seconds = 0, "", 0.0
+
+    def __enter__(self) -> ChecksumWriter:
+        if self.path is None:
+            self._fd, self.path = temp_sibling(self.target)
+        else:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._staging = self._buffer if self._buffer is not None else new_buffer()
+        self._file = DirectFile(self._fd, self._staging, self._direct, self._pace)
+        self._out = ChecksumWriter(self._file)
+        return self._out
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        written = False
+        try:
+            if kind is None:
+                self._file.finish()
+                started = time.monotonic()
+                os.fsync(self._fd)
+                self.fsync_seconds, written = time.monotonic() - started, True
+        finally:
+            self._file.close()
+            os.close(self._fd)
+            if self._staging is not self._buffer:
+                # After a failed write the traceback may still hold views of it: then the GC frees it.
+                with contextlib.suppress(BufferError):
+                    self._staging.close()
+            if not written:
+                self.discard()
+        self.size, self.checksum = self._out.checksum.size, self._out.checksum.hexdigest()
+
+    def receive(self, recv_into: Callable[[memoryview], int], size: int) -> None:
+        """Instead of the ``with`` block, for bytes arriving from another node: ``size`` of them, each piece
+        received by ``recv_into`` (a socket's) into one reused buffer, hashed while it is in the CPU cache,
+        written on (no other copy, no thread), then fsynced; ``EOFError`` when they stop short."""
+        self._fd, self.path = temp_sibling(self.target)
+        checksum = Checksum()
+        piece = memoryview(bytearray(min(size, RECEIVE_PIECE) or 1))
+        try:
+            while checksum.size < size:
+                got = recv_into(piece[: size - checksum.size])
+                if got == 0:
+                    raise EOFError(f"{checksum.size} of {size} bytes arrived")
+                checksum.update(piece[:got])
+                _pwrite_all(self._fd, piece[:got], checksum.size - got)
+            os.fsync(self._fd)
+        except BaseException:
+            os.close(self._fd)
+            self.discard()
+            raise
+        os.close(self._fd)
+        self.size, self.checksum = checksum.size, checksum.hexdigest()
+
+    def discard(self) -> None:
+        """Remove what was written (a write that failed, or a copy that differs from its original)."""
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+def measure_write_speed(directory: str | Path, nbytes: int = DEFAULT_BYTES, direct: bool = True) -> float:
+    """Write ``nbytes`` of random data into ``directory`` as checkpoints are written (past the page cache
+    where ``direct`` and allowed), fsync, remove it; return bytes per second (``ValueError`` for
+    ``nbytes`` <= 0, ``OSError``). Named with this pid: a kill's leftover is removed by the next save."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be > 0, got {nbytes!r}.")
+    block = os.urandom(min(nbytes, BLOCK))  # incompressible, so compressing filesystems show their disk
+    aside = Aside(Path(directory) / "write-speed", direct, new_buffer())
+    started = time.monotonic()
+    try:
+        with aside as out:
+            for offset in range(0, nbytes, len(block)):
+                out.write(block[: nbytes - offset])
+        return nbytes / max(time.monotonic() - started, 1e-9)
+    finally:
+        aside.discard()
+        fsync_dir(directory)

@@ -13,7 +13,8 @@ from typing import IO, Any
 from lightning_resume._storage.atomic import fsync_dir
 from lightning_resume._storage.background import Background
 from lightning_resume._storage.catalog import Status, committed, newest_first, scan, verify
-from lightning_resume._storage.commit import commit, prune, remove, write_new
+from lightning_resume._storage.commit import commit, prune, remove
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import (
     DIRECTORY,
     FILE,
@@ -179,8 +180,10 @@ class Mirroring:
         for entry in kind.files(name, versions[0]):  # every version has the same file names
             local = Path(f"{staged}{entry.name[len(name) :]}")  # the checkpoint's name -> ``staged``
             local.parent.mkdir(parents=True, exist_ok=True)
-            with self.store.open(entry.name, "rb") as source:
-                digests[entry.name] = write_new(local, lambda out: copy(source, out), self.direct_io)
+            aside = Aside(local, self.direct_io, path=local)
+            with self.store.open(entry.name, "rb") as source, aside as out:
+                copy(source, out)
+            digests[entry.name] = (aside.size, aside.checksum)
         for folder, _, _ in os.walk(staged):  # a directory: every folder in it
             fsync_dir(folder)
         for record in versions:

@@ -1,2 +1,1 @@
-"""The checkpoint writer process and what it runs, without torch or Lightning: it starts in tens of
-milliseconds."""
+"""The writer process of asynchronous saves (no torch, no Lightning: it starts in tens of milliseconds)."""

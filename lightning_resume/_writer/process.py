@@ -1,14 +1,21 @@
-"""The checkpoint writer process: writes staged checkpoints from shared memory and commits them.
+"""The checkpoint writer process: writes staged checkpoints from shared memory and commits them, paced.
 
 Pickled tuples over a socket pair: ``("hello", {})`` -> ``("ready", pid)``; ``("write", request)`` ->
-``("done", {"entry", "stats"})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye", None)``.
-It ignores the preemption signals (the trainer still has a last checkpoint to hand over)."""
+``("done", {"entry", "stats", "pruned"})`` or ``("error", details)``; ``("exit", None)`` -> ``("bye",
+None)``. It ignores the preemption signals (the trainer still has a last checkpoint to hand over).
+
+Two speeds: a gentle write works for about 50 ms, waits for the disk, then rests ``(1 - share) / share``
+times as long; the trainer lifts the pacing through a pipe (:meth:`WriterProcess.hurry`). Not a nice
+value: a niced process cannot be un-niced without privileges, and it starves on a busy node just when a
+preemption needs it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -16,20 +23,24 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._storage.commit import save_error, write_file
-from lightning_resume._storage.direct_file import new_buffer
+from lightning_resume._storage.archive import write_archive
+from lightning_resume._storage.commit import commit_file, save_error
+from lightning_resume._storage.direct_file import Aside, new_buffer
 from lightning_resume._storage.manifest import Entry
-from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats, hurry
-from lightning_resume._writer.zip_records import write_archive
 
 log = logging.getLogger(__name__)
 
 _MAIN = Path(__file__).with_name("main.py")
 _POLL = 0.2
+QUANTUM = 0.05  #: seconds of work between two rests of a gentle write
+_MESSAGE = 8  # bytes per hurry message: a little-endian sequence number
+START_TIMEOUT = 120.0  #: seconds a new writer has to report ready (it starts in milliseconds)
+SHUTDOWN_TIMEOUT = 60.0  #: seconds the writer has to exit when asked, before it is killed
 
 
 class WriterDied(RuntimeError):
@@ -59,10 +70,6 @@ def carried_error(details: dict[str, Any], path: str | Path) -> BaseException:
         )
     error.__cause__ = RemoteTraceback(details.get("traceback", ""))
     return error
-
-
-START_TIMEOUT = 120.0  #: seconds a new writer has to report ready (it starts in milliseconds)
-SHUTDOWN_TIMEOUT = 60.0  #: seconds the writer has to exit when asked, before it is killed
 
 
 class WriterProcess:
@@ -161,25 +168,103 @@ class WriterProcess:
                 self._hurry_write = -1
 
 
+# -- in the writer process ---------------------------------------------------------------------------
+
+
+def hurry(fd: int, seq: int) -> None:
+    """Ask the writer reading the pipe ``fd`` to finish write ``seq`` at full speed; never blocks."""
+    with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        os.write(fd, seq.to_bytes(_MESSAGE, "little"))
+
+
+class DutyCycle:
+    """Paces one write (working ``share`` of the time) until a hurry message or the trainer's exit."""
+
+    def __init__(
+        self, share: float = 1.0, hurry_fd: int | None = None, seq: int = 0, quantum: float = QUANTUM
+    ) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be within (0, 1], got {share!r}.")
+        self.share = share
+        self.gentle = share < 1
+        self.hurried_after: int | None = None
+        self.rested = 0.0
+        self._hurry_fd = hurry_fd
+        self._seq = seq
+        self._quantum = quantum
+        self._handed = 0
+        self._start = self._period = time.monotonic()
+
+    def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
+        """``nbytes`` more were handed to the disk; rest if this work period is over."""
+        self._handed += nbytes
+        if not self.gentle or self._hurried(0.0) or time.monotonic() - self._period < self._quantum:
+            return
+        drain()  # the rest must be a rest of the disk too
+        worked = time.monotonic() - self._period
+        self._rest(worked * (1 - self.share) / self.share)
+        self._period = time.monotonic()
+
+    def stats(self, nbytes: int, fsync_seconds: float = 0.0) -> dict[str, Any]:
+        """The fields of ``WriteStats`` (``lightning_resume.WriteStats``) for this write."""
+        seconds = time.monotonic() - self._start
+        return {
+            "nbytes": nbytes,
+            "seconds": seconds,
+            "fsync_seconds": fsync_seconds,
+            "share": self.share,
+            "hurried_after": self.hurried_after,
+            "rested_seconds": self.rested,
+        }
+
+    def _rest(self, seconds: float) -> None:
+        start = time.monotonic()
+        deadline = start + seconds
+        while self.gentle and (left := deadline - time.monotonic()) > 0:
+            self._hurried(left)
+        self.rested += time.monotonic() - start
+
+    def _hurried(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a hurry message; whether the write is at full speed now."""
+        if self._hurry_fd is None:
+            if timeout > 0:
+                time.sleep(timeout)
+            return not self.gentle
+        if select.select([self._hurry_fd], [], [], timeout)[0]:
+            try:
+                data = os.read(self._hurry_fd, 512 * _MESSAGE)
+            except BlockingIOError:
+                data = None
+            if data == b"":  # the trainer is gone: nobody to be gentle with, and the save must land
+                self._full_speed()
+            elif data:
+                starts = range(0, len(data), _MESSAGE)
+                if max(int.from_bytes(data[i : i + _MESSAGE], "little") for i in starts) >= self._seq:
+                    self._full_speed()
+        return not self.gentle
+
+    def _full_speed(self) -> None:
+        if self.gentle:
+            self.gentle = False
+            self.hurried_after = self._handed
+
+
 def write_request(
     request: dict[str, Any], view: memoryview, buffer: mmap.mmap | None = None, hurry_fd: int | None = None
-) -> tuple[Entry, WriteStats]:
-    """Write and commit a staged checkpoint whose records point into ``view``; return its entry and stats."""
+) -> dict[str, Any]:
+    """Format, write and commit a staged checkpoint whose records point into ``view`` (the steps after
+    the snapshot, in order); return the reply: its entry, how it was written, what retention removed."""
     records = [
         (name, view[source[1] : source[1] + source[2]] if source[0] == "shm" else source[1])
         for name, source in request["records"]
     ]
     pace = DutyCycle(request.get("share", 1.0), hurry_fd, request.get("seq", 0))
-    entry = write_file(
-        request["path"],
-        lambda out: write_archive(out, records, request["alignment"], request["version"]),
-        lambda size, checksum: Entry.from_json({**request["entry"], "size": size, "checksum": checksum}),
-        Entry.from_json(request["known"]) if request.get("known") else None,
-        direct=request.get("direct", True),
-        buffer=buffer,
-        pace=pace,
-    )
-    return entry, pace.stats(entry.size)
+    aside = Aside(request["path"], request.get("direct", True), buffer, pace)
+    with aside as out:
+        write_archive(out, records, request["alignment"], request["version"])
+    known = Entry.from_json(request["known"]) if request.get("known") else None
+    entry, pruned = commit_file(aside, request["entry"], known, request.get("keep"))
+    return {"entry": entry.to_json(), "stats": pace.stats(entry.size, aside.fsync_seconds), "pruned": pruned}
 
 
 def _describe(error: BaseException) -> dict[str, Any]:
@@ -213,8 +298,7 @@ def serve(sock_fd: int, buffer_fd: int, hurry_fd: int | None = None) -> None:
                         mapping.close()
                     mapping = mmap.mmap(buffer_fd, payload["buffer_size"], prot=mmap.PROT_READ)
                 with memoryview(mapping) as view:
-                    entry, stats = write_request(payload, view, file_buffer, hurry_fd)
-                reply = ("done", {"entry": entry.to_json(), "stats": stats.to_json()})
+                    reply = ("done", write_request(payload, view, file_buffer, hurry_fd))
             except Exception as e:
                 reply = ("error", _describe(e))
         else:

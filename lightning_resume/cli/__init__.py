@@ -52,36 +52,65 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--preemptions",
-        type=_non_negative_int,
-        default=3,
-        metavar="N",
-        help="how many times to kill the run (default: 3)",
-    )
-    parser.add_argument(
-        "--seed", type=_non_negative_int, help="seed for choosing the kill steps (default: random)"
-    )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        metavar="DIR",
-        help="empty or new directory for runs, weights and logs, kept afterwards (default: a temporary "
-        "directory, deleted at the end)",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    trackers_help = "also log to trackio (offline) and show the run continued"
-    parser.add_argument("--trackers", action="store_true", help=trackers_help)
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number >= 1, got 0")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+#: The points ``check`` interrupts a run at (lightning_resume.cli.check.POINTS; listed here for --help).
+_POINTS = "mid-epoch, after-epoch-save, in-validation, in-save, after-restart, sigterm"
+
+
+def _add_check_options(parser: argparse.ArgumentParser) -> None:
+    steps_help = "stop every run after N optimizer steps (default: two epochs or 200 steps, the fewer)"
+    parser.add_argument("--steps", type=_positive_int, metavar="N", help=steps_help)
+    every_help = "RequeueCheckpoint saves every N steps during the check (default: an eighth of the steps)"
+    parser.add_argument("--every", type=_positive_int, metavar="N", help=every_help)
+    points_help = f"comma-separated points to interrupt a run at: {_POINTS} (default: all)"
+    parser.add_argument("--points", type=_names, help=points_help)
+    kills_help = "also run a scenario killed at K random steps, relaunched after each (default: 0)"
+    parser.add_argument("--kills", type=_non_negative_int, default=0, metavar="K", help=kills_help)
+    parser.add_argument("--seed", type=_non_negative_int, help="seed for the random kills (default: random)")
+    timeout_help = "seconds an attempt may take (default: 5x the first run, at least 120)"
+    parser.add_argument("--timeout", type=_positive_int, metavar="SECONDS", help=timeout_help)
+    workdir_help = "where the check's folder is made (default: the temporary directory)"
+    parser.add_argument("--workdir", type=Path, metavar="DIR", help=workdir_help)
+    parser.add_argument("--keep", action="store_true", help="keep the check's folder: runs, logs, timelines")
+    parser.add_argument("--json", action="store_true", help="print a JSON report for CI instead of a table")
+
+
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_check_options(parser)
+    command_help = "the training command as you launch it, after -- (e.g. -- python train.py fit -c cfg.yaml)"
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help=command_help)
+
+
+def _check(args: argparse.Namespace, command: list[str], project: Path | None) -> int:
+    from lightning_resume.cli.check import POINTS, CheckError, Options, check
+
+    options = Options(
+        command, args.steps, args.every, args.points or list(POINTS), args.kills, args.seed,
+        args.timeout, args.workdir, args.keep, args.json,
+    )  # fmt: skip
+    try:
+        return check(options, project)
+    except CheckError as e:
+        raise UsageError(f"{PROG} {args.command}: {e}") from None
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    return _check(args, command, Path.cwd())
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from lightning_resume.cli.demo import DemoError, run_demo
-
-    try:
-        return run_demo(args.preemptions, args.seed, args.workdir, args.keep, trackers=args.trackers)
-    except DemoError as e:
-        raise UsageError(f"{PROG} demo: {e}") from None
+    return _check(args, [sys.executable, "-m", "lightning_resume.cli.demo"], None)
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +128,11 @@ def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help="MiB written and fsynced to time durable writes to the root; 0 skips it (default: 64)",
     )
+    parser.add_argument(
+        "--emit",
+        choices=("slurm", "skypilot", "kubernetes", "torchrun"),
+        help="print the scheduler's configuration for the failure classes' exit statuses instead",
+    )
     _add_json(parser)
 
 
@@ -106,8 +140,11 @@ def _run_doctor(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from lightning_resume.cli import doctor, render
+    from lightning_resume.cli import doctor, emit, render
 
+    if args.emit:
+        print(emit.EMITTERS[args.emit](), end="")
+        return 0
     findings = doctor.run_checks(args.root.expanduser().resolve(), os.environ, args.write_test << 20)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))
@@ -182,6 +219,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(json.dumps({"kind": kind, **report}, indent=2, default=str))
     elif kind == "run":
         render.run(report)
+        for line in report["attempts"]["endings"]:  # "attempt 3 ended: out of memory on rank 1, ..."
+            print(line)
     else:
         render.root(report)
     return 0
@@ -254,12 +293,23 @@ def _run_reset_crash_loop(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Command] = {
+    "check": Command(
+        "check that your training command resumes exactly: kill it at chosen points, compare",
+        "Run the command twice uninterrupted (it must be reproducible), then once per point, killed there "
+        "(SIGKILL to its process group, or SIGTERM) and relaunched until it finishes, as a scheduler "
+        "would; compare the final weights and optimizer state bitwise, the batches, losses and weights "
+        "of every step, what each logger recorded, the run dir and logger versions, and the resume "
+        "self-checks. The project needs RunDir and RequeueCheckpoint; runs are short (--steps), in a "
+        "folder of the check's own, with trackers offline. Exit status 0 only if every scenario is exact.",
+        _add_check_arguments,
+        _run_check,
+    ),
     "demo": Command(
-        "preempt a small training job a few times and check it resumes exactly",
-        "Train a small job without interruption, then again while SIGKILLing it at random steps and "
-        "restarting it like a SLURM requeue; show where each attempt resumed and whether the final "
-        "weights are bitwise equal. Exit status 0 if they are, 1 if not.",
-        _add_demo_arguments,
+        "run check on a small bundled example",
+        "`lightning-resume check` on a small example project that ships with the package (a shuffled "
+        "DataLoader, dropout, a learning-rate schedule, a CSV logger, EarlyStopping): every point, and "
+        "--kills K random kills. Exit status 0 if every scenario is exact.",
+        _add_check_options,
         _run_demo,
     ),
     "inspect": Command(
@@ -281,7 +331,8 @@ COMMANDS: dict[str, Command] = {
         "checkpoint fits in each grace window (stop signal to SIGKILL) of SLURM, torchrun or Kubernetes "
         "or in $LIGHTNING_RESUME_GRACE_SECONDS, and tracker settings that would send data somewhere "
         "unexpected. Each finding is ok, warn or error with what to do; exit status 1 if any is an "
-        "error.",
+        "error. --emit SCHEDULER prints instead what SLURM, SkyPilot, Kubernetes or torchrun must be "
+        "told to retry the failure classes a retry can fix and stop on the others.",
         _add_doctor_arguments,
         _run_doctor,
     ),

@@ -6,19 +6,23 @@ import contextlib
 import enum
 import functools
 import os
+import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_resume._compat import versions
 from lightning_resume._compat.versions import TESTED, installed, untested
 from lightning_resume._scheduler.environment import ENV, KeySource, on_slurm, read_session, under_submitit
 from lightning_resume._scheduler.slurm import slurm_output
-from lightning_resume._writer.write_speed import DEFAULT_BYTES, measure_write_speed
+from lightning_resume._storage.direct_file import DEFAULT_BYTES, measure_write_speed
+from lightning_resume._version import __version__
 from lightning_resume.exceptions import RunDirError
-from lightning_resume.last_ckpt import cadence
+from lightning_resume.last_ckpt import auto_cadence
 from lightning_resume.preemption import grace, signals
 from lightning_resume.run_dir import attempts, layout
 from lightning_resume.watchdog import timeouts as watchdog_timeouts
@@ -381,8 +385,8 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
 def cadence_checks(root: Path) -> list[Finding]:
     """The interval ``every_n_train_steps="auto"`` chose last, in the newest run under ``root`` using it."""
     for run_dir in (path.parent for path in _newest_first(_run_files(root, layout.ATTEMPTS))):
-        record = cadence.last_cadence(attempts.read(run_dir))
-        chosen = cadence.choice_from_dict(record) if record is not None else None
+        record = auto_cadence.last_cadence(attempts.read(run_dir))
+        chosen = auto_cadence.choice_from_dict(record) if record is not None else None
         if chosen is not None:
             detail = f"{run_dir.name}: every_n_train_steps='auto' saves {chosen.describe()}"
             return [Finding(Level.OK, "checkpoint cadence", detail)]
@@ -390,8 +394,16 @@ def cadence_checks(root: Path) -> list[Finding]:
 
 
 def version_checks() -> list[Finding]:
-    """Lightning and torch against the range the internals seam was pinned on."""
-    found = []
+    """This package's version and where it is imported from; Python, Lightning and torch against the range
+    the internals seam was pinned on."""
+    where = Path(__file__).resolve().parents[1]
+    found = [Finding(Level.OK, "lightning-resume", f"{__version__}, imported from {where}")]
+    python = versions.untested_python(sys.version_info[:3])
+    if python is None:
+        found.append(Finding(Level.OK, "python", f"{platform.python_version()}: within the tested range"))
+    else:
+        hint = "CI runs the exactness core on Python {} to {}: use one of them".format(*versions.PYTHON)
+        found.append(Finding(Level.WARN, "python", python, hint))
     for distribution in TESTED:
         version, problem = installed(distribution), untested(distribution)
         if version is None:

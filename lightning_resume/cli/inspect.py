@@ -17,8 +17,9 @@ from lightning_resume._storage.catalog import verify as check
 from lightning_resume._storage.cleanup import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.store import LocalStore
+from lightning_resume.failure_classes import ending
 from lightning_resume.io.sharded.parts import LIGHTNING_META
-from lightning_resume.last_ckpt.cadence import last_cadence
+from lightning_resume.last_ckpt.auto_cadence import last_cadence
 from lightning_resume.last_ckpt.restart import Restart, decide
 from lightning_resume.run_dir import attempts, hangs, layout
 from lightning_resume.run_dir.resolve import index_entries as read_index_entries
@@ -224,6 +225,7 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
     return {
         "count": history.earlier.attempts + len(history.attempts),
         "attempts": [attempts.attempt_to_dict(a) for a in history.attempts],
+        "endings": _endings(history),
         "hangs": [
             {
                 "attempt": a.number,
@@ -245,6 +247,17 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
         "watchdog_timeouts": settings.get("timeouts"),
         "cadence": last_cadence(history),
     }
+
+
+def _endings(history: attempts.History) -> list[str]:
+    """The attempts that ended with a failure class, in words: ``"attempt 3 ended: out of memory on rank
+    1, exit 71, retried"``."""
+    found = history.attempts
+    return [
+        f"attempt {a.number} ended: {ending(a.end.failure, a.end.rank, a.end.exit_code, a is not found[-1])}"
+        for a in found
+        if a.end is not None and a.end.failure is not None
+    ]
 
 
 def _root_of(run_dir: Path) -> Path | None:

@@ -1,4 +1,5 @@
-"""Tables for the command line (rich on a terminal, plain text when piped)."""
+"""Tables for the command line (rich on a terminal, plain text when piped), never cropped: columns narrow
+to the console's width (80 when piped, or ``$COLUMNS``); a table that cannot fit is one block per row."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from lightning_resume.cli.doctor import Finding, Level
 from lightning_resume.cli.gc import Removal
 from lightning_resume.cli.report import USEFUL, GoodputReport, RestartRow
-from lightning_resume.last_ckpt import cadence
+from lightning_resume.last_ckpt import auto_cadence
 from lightning_resume.run_dir import layout
+from lightning_resume.straggler.decision import LABELS, Straggler, milliseconds
 
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
 
@@ -26,13 +31,47 @@ def table(
     justify: Literal["left", "right"] = "left",
     console: Console | None = None,
 ) -> None:
-    """Print one table (with ``caption`` under it, every column justified as ``justify``)."""
+    """Print one table (with ``caption`` under it, every column justified as ``justify``), its columns
+    narrowed to the console's width (headers wrap between words, cells fold); where even that cannot
+    fit, one block of ``column: value`` lines per row."""
+    console = console or Console()
+    cells = [list(row) for row in rows]
+    widths = _fit(columns, cells, console.width - 3 * len(columns) - 1)  # borders and padding
+    if widths is None:
+        console.print(title, overflow="fold")
+        for row in cells:
+            for i, (column, cell) in enumerate(zip(columns, row, strict=False)):
+                label = ("- " if i == 0 else "  ") + (f"{escape(column)}: " if column else "")
+                console.print(label + cell.replace("\n", "\n    "), overflow="fold")
+        if caption:
+            console.print(caption, overflow="fold")
+        return
     out = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in columns:  # a header is never folded mid-word; long cells are
-        out.add_column(column, overflow="fold", justify=justify, min_width=len(column))
-    for row in rows:
+    for column, width in zip(columns, widths, strict=True):
+        out.add_column(column, overflow="fold", justify=justify, width=width)
+    for row in cells:
         out.add_row(*row)
-    (console or Console()).print(out)
+    console.print(out)
+
+
+def _fit(columns: Sequence[str], rows: list[list[str]], room: int) -> list[int] | None:
+    """Column widths within ``room``: as wide as their text, the widest narrowed first, never under a
+    header's longest word (``None``: even those do not fit)."""
+    lowest = [max([1, *map(len, column.split())]) for column in columns]
+    widths = [
+        max([len(column), 1] + [cell_len(line) for row in rows for line in _plain(row[i]).splitlines()])
+        for i, column in enumerate(columns)
+    ]
+    if sum(lowest) > room:
+        return None
+    while sum(widths) > room:
+        widest = max(range(len(widths)), key=lambda i: (widths[i] > lowest[i], widths[i]))
+        widths[widest] -= 1
+    return widths
+
+
+def _plain(cell: str) -> str:
+    return Text.from_markup(cell).plain
 
 
 def findings(items: list[Finding]) -> None:
@@ -160,7 +199,7 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
     ]
     if checked:
         table("resume self-checks", ("attempt", "resumed after step", "verdict"), checked)
-    chosen = cadence.choice_from_dict(report.get("cadence") or {})
+    chosen = auto_cadence.choice_from_dict(report.get("cadence") or {})
     if chosen is not None:
         console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")
 
@@ -268,3 +307,42 @@ def goodput(found: GoodputReport) -> None:
         )
     if found.restarts:
         restarts(found.restarts)
+    if found.stragglers:
+        stragglers(found.stragglers, console)
+
+
+#: Ranks the per-rank table lists in full; past it, the ranks named and those that waited least.
+RANKS_SHOWN = 32
+
+
+def stragglers(records: Sequence[dict[str, Any]], console: Console) -> None:
+    """``StragglerDetector``'s section: every rank named, then the last record's ranks (ms per step)."""
+    for record in records:
+        for named in record.get("named") or []:
+            found = Straggler.from_dict(named)
+            console.print(f"attempt {record['attempt']}: straggler {found.describe()} (at step {found.step})")
+    last = records[-1]
+    ranks = list(last.get("ranks") or [])
+    named_parts = {n.get("rank"): n.get("part") for r in records for n in r.get("named") or []}
+    if len(ranks) > RANKS_SHOWN:  # the ranks named, then those that waited least: the suspects
+        ranks.sort(key=lambda r: (r.get("rank") not in named_parts, r.get("collective") or 0.0))
+        ranks = sorted(ranks[:RANKS_SHOWN], key=lambda r: r.get("rank", 0))
+    parts = ("data", "compute", "optimizer", "collective")
+    rows = (
+        (
+            str(r.get("rank")),
+            _text(r.get("host")),
+            *(milliseconds(r.get(part)).removesuffix(" ms") for part in parts),
+            LABELS.get(named_parts.get(r.get("rank")) or "", ""),
+        )
+        for r in ranks
+    )
+    shown = "" if len(ranks) == len(last.get("ranks") or []) else f", {len(ranks)} of {len(last['ranks'])}"
+    table(
+        f"ranks of attempt {last['attempt']} (ms per step over {last.get('windows')} windows of "
+        f"{last.get('window')} steps{shown})",
+        ("rank", "node", *(LABELS[part] for part in parts), "straggler"),
+        rows,
+        caption="a straggler's own part is slow and it waits least in collectives: the others wait for it",
+        console=console,
+    )

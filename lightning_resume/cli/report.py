@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_resume.last_ckpt.cadence import last_cadence
+from lightning_resume.failure_classes import ending
+from lightning_resume.last_ckpt.auto_cadence import last_cadence
 from lightning_resume.run_dir import attempts
 from lightning_resume.run_dir.attempts import Attempt, Cause, History
+from lightning_resume.straggler.decision import LABELS
 
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
 #: The ``interruptions`` key of launches killed while starting, which left no attempt record.
@@ -98,6 +100,8 @@ class GoodputReport:
     earlier: dict[str, Any] = field(default_factory=dict)
     cadence: dict[str, Any] | None = None  # the interval every_n_train_steps="auto" chose last
     restarts: list[RestartRow] = field(default_factory=list)  # every attempt after one recorded before it
+    # StragglerDetector's record of each attempt that has one: {"attempt": N, **Attempt.stragglers}.
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +124,15 @@ def _how(attempt: Attempt) -> tuple[str, str]:
     if end.cause is Cause.KILLED:
         return end.cause.value, "killed (no grace: SIGKILL, OOM, node loss)"
     return end.cause.value, end.detail or end.cause.value
+
+
+def _with_class(attempt: Attempt, how: str, retried: bool) -> str:
+    """``how`` led by the failure class the ranks exited with (``"out of memory on rank 1, exit 71,
+    retried: ..."``); a preemption's words are kept as they are."""
+    end = attempt.end
+    if end is None or end.failure is None or end.cause is Cause.PREEMPTED:
+        return how
+    return f"{ending(end.failure, end.rank, end.exit_code, retried)}: {how.removeprefix('crashed: ')}"
 
 
 def _save_seconds(attempt: Attempt) -> tuple[float, int]:
@@ -206,6 +219,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         step = _step_seconds(attempt, start)
         step = step if step is not None else typical
         cause, how = _how(attempt)
+        how = _with_class(attempt, how, retried=index < len(found) - 1)
         saved, saves = _save_seconds(attempt)
         end_time = end.time if end is not None else None
         first, last_time = attempt.first_step, attempt.last_step_time
@@ -260,6 +274,7 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         earlier=_earlier(history),
         cadence=last_cadence(history),
         restarts=[restart_row(a, b) for a, b in itertools.pairwise(found)],
+        stragglers=[{"attempt": a.number, **a.stragglers} for a in found if a.stragglers],
     )
 
 
@@ -320,7 +335,8 @@ def plot(found: GoodputReport, path: Path) -> Path:
 
     Top: one bar per attempt (:func:`bar`: grey start-up, green useful, red lost, blue the rest of its
     training time), its ending marked and named. Bottom: the global step against time; the steps lost
-    in red.
+    in red. With ``StragglerDetector``'s record, a third panel: the last such attempt's ranks
+    (:func:`plot_ranks`).
 
     Raises:
         ImportError: matplotlib is not installed (:data:`PLOT_HINT`).
@@ -335,7 +351,11 @@ def plot(found: GoodputReport, path: Path) -> Path:
     rows = found.attempts
     scale, unit = (60.0, "min") if found.wall_seconds > 600 else (1.0, "s")
     height = 2.2 + 0.35 * max(len(rows), 1) + 2.5
-    figure, (bars, steps) = plt.subplots(2, 1, figsize=(10, height), sharex=True, height_ratios=(1, 1))
+    panels = 3 if found.stragglers else 2  # the last attempt's ranks below, when StragglerDetector ran
+    height += 3 * (panels - 2)
+    figure, axes = plt.subplots(panels, 1, figsize=(10, height), height_ratios=[1] * panels)
+    bars, steps = axes[0], axes[1]
+    steps.sharex(bars)
     for index, row in enumerate(rows):
         y = len(rows) - index
         lane = (y - 0.3, 0.6)
@@ -366,7 +386,37 @@ def plot(found: GoodputReport, path: Path) -> Path:
     )
     steps.set_ylabel("global step")
     steps.set_xlabel(f"time since the first attempt started ({unit})")
+    if found.stragglers:
+        plot_ranks(axes[2], found.stragglers[-1])
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+#: The parts of a rank's step in the ranks' picture, and their colours (``StragglerDetector``).
+RANK_PARTS = {"data": "#ffa726", "compute": "#66bb6a", "optimizer": "#7e57c2", "collective": "#bdbdbd"}
+
+
+def plot_ranks(axes: Any, record: dict[str, Any]) -> None:
+    """Draw an attempt's ``stragglers`` record on matplotlib ``axes``: a bar per rank, its milliseconds per
+    step stacked by part (:data:`RANK_PARTS`); the ranks named are labelled in red."""
+    ranks = record.get("ranks") or []
+    named = {s.get("rank"): s.get("part") for s in record.get("named") or []}
+    bottom = [0.0] * len(ranks)
+    for part, colour in RANK_PARTS.items():
+        values = [1000 * (r.get(part) or 0.0) for r in ranks]
+        axes.bar(range(len(ranks)), values, bottom=bottom, color=colour, label=LABELS[part])
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    axes.set_xticks(range(len(ranks)), [str(r.get("rank")) for r in ranks], fontsize=7)
+    for label, row in zip(axes.get_xticklabels(), ranks, strict=True):
+        label.set_color("#c62828" if row.get("rank") in named else "black")
+    said = ", ".join(f"rank {rank} ({LABELS.get(part, part)})" for rank, part in named.items()) or "none"
+    axes.set_title(
+        f"attempt {record.get('attempt')}: milliseconds per step by rank, over {record.get('windows')} "
+        f"windows of {record.get('window')} steps; stragglers named (red): {said}",
+        fontsize=9,
+    )
+    axes.set_xlabel("global rank")
+    axes.set_ylabel("ms per step")
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

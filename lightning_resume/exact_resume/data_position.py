@@ -16,11 +16,9 @@ dropped (:func:`replay_iterable`; the time is logged). Several loaders (``Combin
 from __future__ import annotations
 
 import itertools
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
@@ -29,7 +27,7 @@ from lightning_resume._compat.torch import (
     replace_iterator_factory,
     replaced_iterator_factory,
 )
-from lightning_resume.exact_resume import rng
+from lightning_resume.exact_resume import persistent_workers, rng
 
 _END = object()
 
@@ -52,14 +50,14 @@ def loader_problem(loader: Any) -> str | None:
     batch_sampler = loader.batch_sampler
     if not (hasattr(batch_sampler, "sampler") and hasattr(batch_sampler, "batch_size")):
         return f"the batch sampler {type(batch_sampler).__name__} has no sampler/batch_size to skip through"
-    if persistent(loader):
-        return "persistent_workers=True keeps worker state across epochs that a restart cannot rebuild"
+    if persistent(loader) and not getattr(loader, "in_order", True):
+        return "persistent workers with in_order=False make batches in no fixed order"
     return None
 
 
 def persistent(loader: Any) -> bool:
-    """Whether ``loader``'s workers live across epochs (their random streams go on from epoch to epoch:
-    fresh workers, at any resume, mid-epoch or between epochs, draw other augmentation)."""
+    """Whether ``loader``'s workers live across epochs (their random streams go on from epoch to epoch;
+    :mod:`.persistent_workers` records them for a map-style dataset)."""
     return isinstance(loader, DataLoader) and bool(loader.persistent_workers and loader.num_workers)
 
 
@@ -83,53 +81,17 @@ def positions(skip: int, lengths: Sequence[int | None], mode: str) -> list[int]:
     return found
 
 
-def _dataset_generators(dataset: Any) -> dict[str, Any]:
-    """The dataset's own generators (its attributes), by name."""
-    kinds = (torch.Generator, np.random.Generator, random.Random)
-    return (
-        {k: v for k, v in sorted(vars(dataset).items()) if isinstance(v, kinds)}
-        if hasattr(dataset, "__dict__")
-        else {}
-    )
-
-
-def _generator_states(dataset: Any) -> dict[str, Any]:
-    states: dict[str, Any] = {}
-    for name, generator in _dataset_generators(dataset).items():
-        if isinstance(generator, torch.Generator):
-            states[name] = generator.get_state()
-        elif isinstance(generator, np.random.Generator):
-            states[name] = generator.bit_generator.state
-        else:
-            version, internal, gauss = generator.getstate()
-            states[name] = (version, torch.tensor(internal, dtype=torch.int64), gauss)
-    return states
-
-
-def _set_generator_states(dataset: Any, states: dict[str, Any]) -> None:
-    for name, generator in _dataset_generators(dataset).items():
-        state = states.get(name)
-        if state is None:
-            continue
-        if isinstance(generator, torch.Generator):
-            generator.set_state(state)
-        elif isinstance(generator, np.random.Generator):
-            generator.bit_generator.state = state
-        else:
-            generator.setstate((state[0], tuple(int(v) for v in state[1].tolist()), state[2]))
-
-
 def dataset_states(loader: DataLoader) -> dict[str, Any]:
     """The states of the generators of ``loader``'s dataset (in this process; with workers, the
     dataset is copied into each epoch's workers from this one, which never draws)."""
-    return _generator_states(loader.dataset)
+    return rng.generator_states(loader.dataset)
 
 
 def put_back_dataset_states(loader: DataLoader, states: dict[str, Any] | None) -> None:
     """Put back what :func:`dataset_states` returned (a resume between epochs: the next epoch draws on
     from where the interrupted run's dataset was)."""
     if states:
-        _set_generator_states(loader.dataset, states)
+        rng.set_generator_states(loader.dataset, states)
 
 
 def _state(generator: torch.Generator | None) -> torch.Tensor | None:
@@ -147,13 +109,15 @@ def _capture(generator: torch.Generator | None) -> dict[str, Any]:
 
 
 class EpochSampler(Sampler[Any]):
-    """Wraps a loader's sampler: records the random state each epoch's order is drawn from; after
-    :meth:`resume`, the next epoch is a recorded one again."""
+    """Wraps a loader's sampler: records the random state each epoch's order is drawn from (and tells
+    ``on_start``); after :meth:`resume`, the next epoch is a recorded one again."""
 
-    def __init__(self, sampler: Any) -> None:
+    def __init__(self, sampler: Any, on_start: Callable[[], None] | None = None) -> None:
         self.sampler = sampler
+        self.on_start = on_start
         self.start: dict[str, Any] | None = None  # the state the current epoch's order came from
         self._pending: Iterator[Any] | None = None
+        self._rewind: dict[str, Any] | None = None  # the state to start the next epoch from
 
     def resume(self, start: dict[str, Any], skip: int) -> list[Any]:
         """Draw the epoch that started from ``start`` again (in :func:`rng.scoped`; the sampler's own
@@ -165,6 +129,10 @@ class EpochSampler(Sampler[Any]):
         self.start, self._pending = start, iterator
         return skipped
 
+    def start_next_from(self, state: dict[str, Any]) -> None:
+        """Draw the next epoch from ``state`` (the global random state, and ``owner``'s ``generator``)."""
+        self._rewind = state
+
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
@@ -173,7 +141,13 @@ class EpochSampler(Sampler[Any]):
         if self._pending is not None:
             pending, self._pending = self._pending, None
             return pending
+        rewind, self._rewind = self._rewind, None
+        if rewind is not None:
+            rng.restore(rewind["rng"])
+            _set(rewind["owner"], rewind["generator"])
         self.start = _capture(getattr(self.sampler, "generator", None))
+        if self.on_start is not None:
+            self.on_start()
         return iter(self.sampler)
 
     def __len__(self) -> int:
@@ -201,10 +175,10 @@ class RecordIterator:
         if pending is None:
             self.start = _capture(self.loader.generator)
             if is_iterable(self.loader):
-                self.start["dataset"] = _generator_states(self.loader.dataset)
+                self.start["dataset"] = rng.generator_states(self.loader.dataset)
             return self.original()
         if pending.get("dataset"):
-            _set_generator_states(self.loader.dataset, pending["dataset"])
+            rng.set_generator_states(self.loader.dataset, pending["dataset"])
         # The loader's own generator (shared with its sampler) keeps the state the replayed sampler
         # left it in: in the interrupted run the sampler drew after the base seed.
         after = _state(self.loader.generator)
@@ -225,8 +199,12 @@ def watch(loader: Any) -> bool:
         return False
     replace_iterator_factory(loader, RecordIterator(loader))
     if not is_iterable(loader):  # an IterableDataset's sampler draws nothing
+        on_start = None
+        if persistent(loader):
+            persistent_workers.record(loader)
+            on_start = persistent_workers.recording(loader).epoch_started  # type: ignore[union-attr]
         batch_sampler: Any = loader.batch_sampler
-        batch_sampler.sampler = EpochSampler(batch_sampler.sampler)
+        batch_sampler.sampler = EpochSampler(batch_sampler.sampler, on_start)
     return True
 
 
@@ -245,6 +223,17 @@ def draws(loader: DataLoader) -> EpochDraws | None:
     }
 
 
+def make_next_quietly(loader: DataLoader) -> None:
+    """Have ``loader``'s next iterator draw only what its epoch draws: it stands in for the reset of
+    persistent workers' iterator, which draws no new base seed (its epoch's order starts from the random
+    state of now, the base seed drawn before it undone)."""
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    if _watched(loader) and isinstance(sampler, EpochSampler):
+        sampler.start_next_from(
+            {"rng": rng.capture(), "owner": loader.generator, "generator": _state(loader.generator)}
+        )
+
+
 def replay_iterable(loader: DataLoader, recorded: EpochDraws, batches: int) -> bool:
     """Make ``loader``'s next iterator (an ``IterableDataset``'s) the recorded epoch, ``batches``
     batches in (drawn again and dropped as it is made); ``False`` when nothing was recorded."""
@@ -254,14 +243,15 @@ def replay_iterable(loader: DataLoader, recorded: EpochDraws, batches: int) -> b
     return True
 
 
-def replay(loader: DataLoader, recorded: EpochDraws, batches: int) -> list[list[Any]]:
-    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in; return the skipped
-    batches' indices (for :mod:`.worker_streams`). The caller then has Lightning make the iterator."""
+def replay(loader: DataLoader, recorded: EpochDraws, batches: int, drop: int = 0) -> list[list[Any]]:
+    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in (its first ``drop``
+    batches made and dropped); return the skipped batches' indices (for :mod:`.worker_streams`). The
+    caller then has Lightning make the iterator."""
     batch_sampler: Any = loader.batch_sampler
     if not _watched(loader) or recorded.get("sampler") is None:
         raise ValueError("replay needs a loader watched since its epoch started")
     if recorded.get("iterator") is not None:
-        replaced_iterator_factory(loader).replay_next(recorded["iterator"])
+        replaced_iterator_factory(loader).replay_next(recorded["iterator"], drop=drop)
     size = int(batch_sampler.batch_size)
     skipped = batch_sampler.sampler.resume(recorded["sampler"], batches * size)
     return [skipped[i : i + size] for i in range(0, len(skipped), size)]

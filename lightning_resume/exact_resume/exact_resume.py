@@ -15,7 +15,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +31,34 @@ from lightning_resume._compat.lightning import (
     NOT_RESUMABLE,
     QuietLightning,
     between_epochs,
+    forget_train_loader,
+    instead_of_tuner_search,
+    load_pending_train_loader_states,
     mark_between_epochs,
+    modes_before_validation,
     next_step_uses_held_grads,
+    next_train_batch,
+    put_back_tuner_result,
     put_back_validation_log_steps,
     put_callback,
     redo_validation_on_restart,
     replace_train_loader_states,
     restart_swa_epochs,
     restart_train_iterator,
+    restoring_tuner_checkpoint,
     settle_fit_restart,
     settle_validation_progress,
     start_epoch_afresh,
     take_callback,
     train_loader_mode,
     train_loader_states,
+    transfer_hooks_overridden,
+    tuner_result,
+    tuners,
     validation_log_steps,
     watch_train_loaders,
 )
+from lightning_resume._compat.torch import end_persistent_workers
 from lightning_resume._storage.atomic import write_text_atomic
 from lightning_resume._warnings import warn
 from lightning_resume.exact_resume import (
@@ -54,6 +66,7 @@ from lightning_resume.exact_resume import (
     epoch_metrics,
     held_grads,
     per_rank_states,
+    persistent_workers,
     rng,
     self_check,
     stateful_loaders,
@@ -65,6 +78,25 @@ from lightning_resume.exact_resume.worker_streams import ResumedWorkers
 from lightning_resume.exact_resume.world_change import Positioned, WorldChange
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Recording:
+    """The uninterrupted run's first step after the save at ``saved_at``: its fingerprint so far."""
+
+    saved_at: list[int]
+    fingerprint: self_check.Fingerprint
+
+
+@dataclass(frozen=True)
+class _Checking:
+    """The first resumed step after the save of ``step``: the ``fields`` compared as it started, what
+    differs, and what the interrupted run's step produced (to compare as it ends)."""
+
+    step: int | None
+    fields: list[str]
+    found: list[str]
+    outcome: dict[str, Any] | None
 
 
 def _train_loaders(trainer: pl.Trainer | None) -> list[Any]:
@@ -110,7 +142,12 @@ class ExactResume(Callback):
         self._on_verdict: Callable[[str], None] = lambda verdict: None
         self._loaded_step: int | None = None  # the global step of the loaded checkpoint
         self._check_pending: Loaded | None = None  # what the first resumed step checks itself against
+        self._checking: _Checking | None = None  # the first resumed step, its inputs compared
         self._next_taken = -1  # the save whose next step's fingerprint is recorded
+        self._recording: _Recording | None = None  # that step, its inputs taken, until it ends
+        self._writer: threading.Thread | None = None  # writes its record
+        self._stopping = False  # the save under way is a stop's (the next step runs in the restart)
+        self._tuners_back: list[Callable[[], None]] = []  # gives the tuners their searches back
         self._saved_at = [-1, -1]  # the last save's [global step, batches of the epoch or -1 between]
         self._grads: list[Any] | None = None  # saved gradients the first resumed step adds to
         self._val_log_steps: tuple[int, dict[int, int]] | None = None  # (epoch, steps) to continue
@@ -143,6 +180,7 @@ class ExactResume(Callback):
         self._trainer, self._validated_after = trainer, validated_after
         self._fingerprints, self._on_verdict = fingerprints, on_verdict
         self._saves_mid_epoch, self._restart = saves_mid_epoch, restart
+        self._loaded_step = None
         self._stop_watching()
         self._unwatch = watch_train_loaders(trainer, data_position.watch)
 
@@ -151,6 +189,9 @@ class ExactResume(Callback):
         take_callback(trainer, self)
         self._unquiet()
         self._stop_watching()
+        for give_back in self._tuners_back:
+            give_back()
+        self._tuners_back = []
 
     # -- saving ------------------------------------------------------------------------------------
 
@@ -163,6 +204,7 @@ class ExactResume(Callback):
             "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
             "draws": [data_position.draws(dl) for dl in _plain(trainer)],
             "datasets": [data_position.dataset_states(dl) for dl in _plain(trainer)],
+            "workers": self._workers_to_save(trainer, in_validation),
             "metrics": None,
         }
         if trainer is not None and trainer.lightning_module is not None:
@@ -180,7 +222,11 @@ class ExactResume(Callback):
         fingerprinted = not (between or in_validation)
         self._saved_at = [trainer.global_step if trainer else -1, int(batches) if fingerprinted else -1]
         if trainer is not None and trainer.lightning_module is not None:
-            mine["frozen"] = trainable.frozen(trainer.lightning_module)
+            module = trainer.lightning_module
+            mine["frozen"] = trainable.frozen(module)
+            # in a validation, the modes it gives back as it ends
+            training = modes_before_validation(trainer) if in_validation else None
+            mine["modes"] = trainable.modes(module, training)
             # in a validation, as it started: the restart runs it again
             mine["val_log_steps"] = (
                 self._validation_log_steps if in_validation else validation_log_steps(trainer)
@@ -188,6 +234,8 @@ class ExactResume(Callback):
         if trainer is not None and not in_validation and trainer.lightning_module is not None:
             if not between:
                 mine["check"] = self._fingerprint(trainer, int(batches))
+                if self._stopping:  # the next step runs in the restart only: its batch, taken now
+                    self._add_next_batch(trainer, mine["check"])
             if self._next_step_uses_grads(trainer, 0 if between else int(batches)):
                 mine["grads"] = held_grads.capture(trainer.lightning_module)
         return {
@@ -198,6 +246,7 @@ class ExactResume(Callback):
             "batches": int(batches),
             **self._world.to_save(trainer, _train_loaders(trainer), int(batches)),  # issue 25
             **stop_request.to_save(trainer),
+            "tuned": self._tuned(trainer),
         }
 
     @contextlib.contextmanager
@@ -235,6 +284,8 @@ class ExactResume(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Mark a validation to redo; give each rank its own loader, scheduler and callback states."""
+        if restoring_tuner_checkpoint(trainer):
+            return  # a tuner's search puts its own start back: no resume
         state = checkpoint.get("callbacks", {}).get(self.state_key) or {}
         step = checkpoint.get("global_step")
         self._loaded_step = int(step) if isinstance(step, int) else None
@@ -257,10 +308,13 @@ class ExactResume(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the loaded states until their moments."""
+        """Keep the loaded states until their moments; the tuners' searches stay done."""
+        if self._trainer is not None and restoring_tuner_checkpoint(self._trainer):
+            return
         loaded = Loaded.from_state_dict(state_dict)
         if loaded is not None:
             self.state = self.state.load(loaded)
+            self._skip_tuner_searches(state_dict.get("tuned"))
         self._world.load(state_dict)
         self._stop_asked = state_dict
 
@@ -278,9 +332,12 @@ class ExactResume(Callback):
             self._check_pending = loaded if self._restart and self._loaded_step is not None else None
             self._grads = self._mine(trainer).get("grads")
             if self._restart:
-                self._put_back_trainable(trainer, self._mine(trainer).get("frozen"))
+                self._put_back_trainable(trainer, self._mine(trainer))
                 steps = self._mine(trainer).get("val_log_steps")
                 self._val_log_steps = None if steps is None else (trainer.current_epoch, steps)
+        if loaded is not None and load_pending_train_loader_states(trainer):
+            restart_train_iterator(trainer)  # Lightning's #21765: its loader was made too early
+            log.info("the train loaders' restored states loaded (Lightning made the loaders before them)")
         # Issue 25: on another number of ranks, the rest of the epoch split over them.
         positioned = self._world.at_train_start(trainer, loaded, _train_loaders(trainer))
         if positioned is Positioned.RESPLIT:
@@ -313,6 +370,7 @@ class ExactResume(Callback):
         datasets = self._mine(trainer).get("datasets") or []
         for loader, states in zip(_plain(trainer), datasets, strict=False):
             data_position.put_back_dataset_states(loader, states)
+        self._restart_workers(trainer, _plain(trainer), None)
         start_epoch_afresh(trainer)
         self.state = self.state.applied()
 
@@ -334,6 +392,16 @@ class ExactResume(Callback):
             self._check(trainer, self._check_pending, batch, batch_idx)
         elif trainer.global_step == self._last_save_step() != self._next_taken:
             self._record_next(trainer, batch, batch_idx)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """The first step after a save (or the first resumed one) ended: what it produced."""
+        if self._recording is not None:
+            self._finish_record(trainer, outputs)
+        if self._checking is not None:
+            self._finish_check(trainer, outputs)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -371,18 +439,53 @@ class ExactResume(Callback):
     # -- what a resume skips: the hooks that set requires_grad, the count of logged validation steps --
 
     @staticmethod
-    def _put_back_trainable(trainer: pl.Trainer, frozen: list[str] | None) -> None:
-        """``requires_grad`` as saved (``BaseFinetuning`` freezes again in ``setup``)."""
-        if frozen is None:
+    def _put_back_trainable(trainer: pl.Trainer, saved: RankState) -> None:
+        """``requires_grad``, train/eval modes and ``track_running_stats`` as saved (``BaseFinetuning``
+        freezes again in ``setup``)."""
+        module = trainer.lightning_module
+        frozen = saved.get("frozen")
+        unfrozen = [] if frozen is None else trainable.put_back(module, frozen)
+        for what, changed in (
+            ("requires_grad of %d parameter(s)", unfrozen),
+            ("the mode of %d submodule(s)", trainable.put_back_modes(module, saved.get("modes"))),
+        ):
+            if changed and trainer.is_global_zero:
+                log.info(
+                    what + " put back as saved (set otherwise since: %s%s)",
+                    len(changed),
+                    ", ".join(changed[:3]),
+                    ", ..." if len(changed) > 3 else "",
+                )
+
+    def _tuned(self, trainer: pl.Trainer | None) -> list[dict[str, Any]]:
+        """What each tuner callback's search left (a resume puts it back instead of searching again)."""
+        if trainer is None or trainer.lightning_module is None:
+            return []
+        return [tuner_result(tuner, trainer.lightning_module) for tuner in tuners(trainer)]
+
+    def _skip_tuner_searches(self, tuned: Any) -> None:
+        """A resume of a run whose tuner callbacks searched: they put their results back instead (a
+        search restores its own start after it, and with it Lightning would drop the loaded loops,
+        optimizers and schedulers: a silent restart from step 0)."""
+        trainer = self._trainer
+        found = tuners(trainer) if trainer is not None else []
+        if trainer is None or not isinstance(tuned, list) or len(tuned) != len(found):
             return
-        changed = trainable.put_back(trainer.lightning_module, frozen)
-        if changed and trainer.is_global_zero:
-            log.info(
-                "requires_grad of %d parameter(s) put back as saved (set otherwise since: %s%s)",
-                len(changed),
-                ", ".join(changed[:3]),
-                ", ..." if len(changed) > 3 else "",
-            )
+        for tuner, result in zip(found, tuned, strict=True):
+
+            def instead(tuner: Callback = tuner, result: dict[str, Any] = result) -> None:
+                assert trainer is not None
+                put_back_tuner_result(tuner, trainer.lightning_module, result)
+                forget_train_loader(trainer)  # made again with the tuned settings
+                if trainer.is_global_zero:
+                    log.info(
+                        "%s does not search again on a resume: its result is put back (%s = %r)",
+                        type(tuner).__name__,
+                        result.get("attribute"),
+                        result.get("value"),
+                    )
+
+            self._tuners_back.append(instead_of_tuner_search(tuner, instead))
 
     def _continue_validation_log_steps(self, trainer: pl.Trainer) -> None:
         """The first validation after a restart logs its steps where the interrupted run's left off
@@ -421,35 +524,88 @@ class ExactResume(Callback):
         return next_step_uses_held_grads(trainer, batch_idx)
 
     def _record_next(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        """The uninterrupted run's first step after a save: its fingerprint, for a resume to compare."""
+        """The uninterrupted run's first step after a save, as it starts: its fingerprint (written with
+        what the step produced as it ends, for a resume to compare)."""
         self._next_taken = trainer.global_step
         fingerprint = self._fingerprint(trainer, batch_idx, batch)
-        if fingerprint is None or self._fingerprints is None:
+        if fingerprint is not None and self._fingerprints is not None:
+            self._recording = _Recording(list(self._saved_at), fingerprint)
+            self._write_record(trainer, self._recording)  # kept if the step is interrupted
+
+    def _finish_record(self, trainer: pl.Trainer, outputs: Any) -> None:
+        """The step ended: its record again, with what it produced (written now, once per save)."""
+        recording, self._recording = self._recording, None
+        assert recording is not None
+        if self_check.deterministic(trainer.lightning_module):  # else it may differ in any run
+            fingerprint = dict(recording.fingerprint)
+            fingerprint["outcome"] = self_check.outcome(trainer.lightning_module, outputs)
+            if self._writer is not None:
+                self._writer.join()
+            _write_next(self._fingerprints, trainer.global_rank, recording.saved_at, fingerprint)
+
+    def _write_record(self, trainer: pl.Trainer, recording: _Recording) -> None:
+        """Write off the training thread (its file is a hint: never an error)."""
+        args = (self._fingerprints, trainer.global_rank, recording.saved_at, recording.fingerprint)
+        self._writer = threading.Thread(target=_write_next, args=args, name="self-check", daemon=True)
+        self._writer.start()
+
+    def _add_next_batch(self, trainer: pl.Trainer, check: self_check.Fingerprint | None) -> None:
+        """A stop's save: the batch the next step takes (in the restart), as the loader gives it."""
+        if check is None or transfer_hooks_overridden(trainer):
             return
-        args = (self._fingerprints, trainer.global_rank, list(self._saved_at), fingerprint)
-        threading.Thread(target=_write_next, args=args, name="self-check", daemon=True).start()
+        try:
+            batch = next_train_batch(trainer)
+        except Exception as e:  # never a reason to fail a stop's save
+            log.debug("no self-check batch at the stop: %s", e)
+            return
+        if batch is not None:
+            check["batch"] = self_check.batch_digest(batch)
+
+    @contextlib.contextmanager
+    def stopping(self) -> Iterator[None]:
+        """Around a save after which this attempt trains no more (a preemption's stop)."""
+        self._stopping = True
+        try:
+            yield
+        finally:
+            self._stopping = False
 
     def _check(self, trainer: pl.Trainer, loaded: Loaded, batch: Any, batch_idx: int) -> None:
-        """The first resumed step: compare with the interrupted run's (every rank; one warning on rank 0)."""
+        """The first resumed step, as it starts: its inputs compared with the interrupted run's (the
+        verdict comes as it ends, with what it produced)."""
         self._check_pending = None
         self._next_taken = trainer.global_step
         step = self._loaded_step
-        fields: tuple[str, ...] = ()
+        fields: list[str] = []
         found: list[str] = []
-        if step is not None and len(loaded.ranks) == trainer.world_size:
+        saved: self_check.Fingerprint | None = None
+        if step is not None and trainer.global_step != step:
+            fields, found = ["position"], [self_check.position_lost(step, trainer.global_step)]
+        elif step is not None and len(loaded.ranks) == trainer.world_size:
             now = self._fingerprint(trainer, batch_idx, batch)
             assert self._fingerprints is not None
             at_save = loaded.ranks[trainer.global_rank].get("check")
             saved_at = [step, at_save["position"][2] if at_save else -1]
             saved = self_check.read_next(self._fingerprints, trainer.global_rank, saved_at)
-            if saved is not None:
-                fields = tuple(sorted(saved))
-            elif loaded.mid_epoch and not (loaded.before_validation or loaded.in_validation):
-                saved, fields = at_save, self_check.AT_SAVE
+            candidates: Sequence[str] = sorted(saved) if saved is not None else self_check.AT_SAVE
+            if saved is None and loaded.mid_epoch and not (loaded.before_validation or loaded.in_validation):
+                saved = at_save
             if now is not None and saved is not None:
+                fields = self_check.compared(saved, now, candidates)
                 found = self_check.differences(saved, now, fields)
-            else:
-                fields = ()
+        outcome = saved.get("outcome") if saved is not None and not found else None
+        self._checking = _Checking(step, fields, found, outcome)
+
+    def _finish_check(self, trainer: pl.Trainer, outputs: Any) -> None:
+        """The first resumed step ended: what it produced compared too (when every input matched); the
+        verdict (every rank; one warning on rank 0)."""
+        checking, self._checking = self._checking, None
+        assert checking is not None
+        fields, found = list(checking.fields), list(checking.found)
+        if checking.outcome is not None:
+            now = {"outcome": self_check.outcome(trainer.lightning_module, outputs)}
+            fields.append("outcome")
+            found += self_check.differences({"outcome": checking.outcome}, now, ["outcome"])
         by_rank = gather_objects(trainer.strategy, found) if trainer.world_size > 1 else [found]
         if not trainer.is_global_zero:
             return
@@ -457,10 +613,11 @@ class ExactResume(Callback):
             self._on_verdict("unchecked")
             return
         self._on_verdict(self_check.verdict(by_rank, fields))
+        step = checking.step
         if any(by_rank):
             warn(self_check.message(step or 0, by_rank))
         else:
-            log.info("resume self-check after step %s: exact (%s compared)", step, ", ".join(fields))
+            log.info("resume self-check after step %s: exact (%s compared)", step, ", ".join(sorted(fields)))
 
     # -- the pieces --------------------------------------------------------------------------------
 
@@ -503,13 +660,13 @@ class ExactResume(Callback):
         self._stateful = bool(loaders) and all(stateful)
         problems = sorted({p for p in map(data_position.loader_problem, sources) if p})
         self._positioned = bool(loaders) and not problems and not any(stateful)
-        if any(map(data_position.persistent, sources)):
+        if any(data_position.persistent(dl) and persistent_workers.recording(dl) is None for dl in sources):
             warn(
-                "A train loader has persistent_workers=True: its workers' random streams (augmentation) "
-                "go on from epoch to epoch, and the fresh workers of a resumed run, mid-epoch or between "
-                "epochs, draw others. For an exact resume use persistent_workers=False (the workers "
-                "start again each epoch, and a resume rebuilds them exactly), or draw the augmentation "
-                "from a generator seeded by the sample index and the epoch."
+                "A train loader has persistent_workers=True with workers lightning_resume does not record "
+                "(an IterableDataset, a StatefulDataLoader or in_order=False): their random streams "
+                "(augmentation) go on from epoch to epoch, and the fresh workers of a resumed run draw "
+                "others. For an exact resume use a map-style dataset, persistent_workers=False, or draw "
+                "the augmentation from a generator seeded by the sample index and the epoch."
             )
         elif problems and self._saves_mid_epoch:
             warn(
@@ -521,6 +678,36 @@ class ExactResume(Callback):
             )
         return loaders
 
+    def _workers_to_save(self, trainer: pl.Trainer | None, in_validation: bool) -> list[Any]:
+        """Each plain loader's persistent workers, as a resume starts them (:mod:`.persistent_workers`)."""
+        if trainer is None:
+            return []
+        loaders = _plain(trainer)
+        done = getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0)
+        between = not in_validation and between_epochs(trainer)
+        lengths = [None if data_position.is_iterable(dl) else len(dl) for dl in loaders]
+        owns = data_position.positions(int(done), lengths, train_loader_mode(trainer))
+        return [
+            persistent_workers.save(dl, own, between or (n is not None and own >= n))
+            for dl, own, n in zip(loaders, owns, lengths, strict=True)
+        ]
+
+    def _restart_workers(
+        self, trainer: pl.Trainer, loaders: list[DataLoader], owns: list[int] | None
+    ) -> None:
+        """Persistent workers made anew from their saved states: at the round of ``owns`` batches of this
+        epoch (the round made again, its first batches dropped), or (``None``) for the next epoch."""
+        saved = self._mine(trainer).get("workers") or []
+        for i, (loader, workers) in enumerate(zip(loaders, saved, strict=False)):
+            init = persistent_workers.recording(loader)
+            if init is None or workers is None:
+                continue
+            end_persistent_workers(loader)
+            next_epoch = owns is None or owns[i] >= len(loader)
+            init.restart(workers["entries"], workers["states"], workers["round_start"], next_epoch)
+            if next_epoch:  # the new workers' iterator stands in for the reset of the old one
+                data_position.make_next_quietly(loader)
+
     def _position_plain_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
         """Make the interrupted epoch's iterator again from its recorded draws, skipping what it consumed."""
         loaded = self.state.loaded
@@ -529,6 +716,8 @@ class ExactResume(Callback):
         # A save in the epoch-end validation consumed the whole epoch: skipping it all would leave an
         # exhausted iterator for the next epoch.
         if not 0 < skip < trainer.num_training_batches:
+            if skip:
+                self._restart_workers(trainer, loaders, None)  # for the next epoch
             return
         iterable = [data_position.is_iterable(dl) for dl in loaders]
         lengths = [None if it else len(dl) for dl, it in zip(loaders, iterable, strict=True)]
@@ -546,14 +735,23 @@ class ExactResume(Callback):
             )
             return
         user_fns = [dl.worker_init_fn for dl in loaders]
+        saved = list(self._mine(trainer).get("workers") or [])
+        saved += [None] * (len(loaders) - len(saved))
+        self._restart_workers(trainer, loaders, owns)
         replayed = 0
-        for loader, recorded, own, drawn_again in zip(loaders, records, owns, iterable, strict=True):
+        for loader, recorded, own, drawn_again, workers in zip(
+            loaders, records, owns, iterable, saved, strict=False
+        ):
             assert recorded is not None
             if drawn_again:
                 replayed += own if data_position.replay_iterable(loader, recorded, own) else 0
                 continue
             sampler: Any = loader.batch_sampler.sampler  # type: ignore[union-attr]
             sampler.set_epoch(trainer.current_epoch)  # Lightning sets it after this hook
+            if workers is not None and persistent_workers.recording(loader) is not None:
+                start = workers["round_start"]  # the round made again, its given batches dropped
+                data_position.replay(loader, recorded, start, drop=own - start)
+                continue
             skipped = data_position.replay(loader, recorded, own)
             if loader.num_workers:
                 loader.worker_init_fn = ResumedWorkers(loader.worker_init_fn, skipped, loader.collate_fn)
@@ -601,7 +799,7 @@ class ExactResume(Callback):
         restart_train_iterator(trainer)
 
     def _mine(self, trainer: pl.Trainer) -> RankState:
-        """This rank's saved states (on another number of ranks, the rule of ``rank_states``)."""
+        """This rank's saved states (on another number of ranks, the rule of ``world_change_rng``)."""
         assert self.state.loaded is not None
         return self._world.rank_state(self.state.loaded.ranks, trainer)
 

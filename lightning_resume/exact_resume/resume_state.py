@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from lightning_resume.exact_resume.per_rank_states import RankOwned
+from lightning_resume.exact_resume.trainable import Modes
 
 
 class RankState(TypedDict, total=False):
@@ -38,6 +39,8 @@ class RankState(TypedDict, total=False):
     check: dict[str, Any] | None  # the self-check's fingerprint at the save (:mod:`.self_check`)
     grads: list[Any]  # gradients the next step adds to (:mod:`.held_grads`)
     frozen: list[str]  # the parameters without requires_grad (:mod:`.trainable`)
+    modes: Modes  # the submodules in eval mode, the norm layers not tracking stats (:mod:`.trainable`)
+    workers: list[dict[str, Any] | None]  # each plain loader's persistent workers (.persistent_workers)
     val_log_steps: dict[int, int]  # the step of each validation loader's next logged value
 
 

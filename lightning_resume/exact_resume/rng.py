@@ -1,4 +1,5 @@
-"""Capture and restore the random number generators as tensors and plain values.
+"""Capture and restore the random number generators (the global ones, and an object's own) as tensors
+and plain values.
 
 Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy objects,
 so numpy's state is stored as a tensor plus plain integers and floats.
@@ -57,3 +58,42 @@ def scoped(state: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         restore(outside)
+
+
+def _generators(owner: Any) -> dict[str, Any]:
+    """``owner``'s own generators (its attributes, e.g. a dataset's), by name."""
+    kinds = (torch.Generator, np.random.Generator, random.Random)
+    return (
+        {k: v for k, v in sorted(vars(owner).items()) if isinstance(v, kinds)}
+        if hasattr(owner, "__dict__")
+        else {}
+    )
+
+
+def generator_states(owner: Any) -> dict[str, Any]:
+    """The states of ``owner``'s own generators (``torch.Generator``, ``numpy.random.Generator`` and
+    ``random.Random`` attributes), as tensors and plain values."""
+    states: dict[str, Any] = {}
+    for name, generator in _generators(owner).items():
+        if isinstance(generator, torch.Generator):
+            states[name] = generator.get_state()
+        elif isinstance(generator, np.random.Generator):
+            states[name] = generator.bit_generator.state
+        else:
+            version, internal, gauss = generator.getstate()
+            states[name] = (version, torch.tensor(internal, dtype=torch.int64), gauss)
+    return states
+
+
+def set_generator_states(owner: Any, states: dict[str, Any]) -> None:
+    """Put back what :func:`generator_states` returned."""
+    for name, generator in _generators(owner).items():
+        state = states.get(name)
+        if state is None:
+            continue
+        if isinstance(generator, torch.Generator):
+            generator.set_state(state)
+        elif isinstance(generator, np.random.Generator):
+            generator.bit_generator.state = state
+        else:
+            generator.setstate((state[0], tuple(int(v) for v in state[1].tolist()), state[2]))

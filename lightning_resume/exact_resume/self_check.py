@@ -1,18 +1,21 @@
 """The resume that checks itself: fingerprints of the first step after a save, compared on resume.
 
 A fingerprint (:func:`take`) is small and plain (JSON): where the step stands (global step, epoch,
-batch index), which parameters are trainable, the optimizers' parameter groups and hyperparameters,
-whether accumulated gradients are held, the random state and, where given, the batch. Each save
-records this rank's fingerprint in the checkpoint; the uninterrupted run's first step after the save
-records its own (with the batch it trains on) in a file beside the run (:func:`write_next`). The first
-resumed step takes the same fingerprint at the same moment and :func:`differences` names what is not
-equal: an exact resume has none. Digests hash the bytes (a batch's tensors: their shape, type and up
-to 4096 evenly spaced elements), so they are the same on any machine for equal values.
+batch index), which parameters are trainable, which submodules are in eval mode and which BatchNorm
+layers track no running statistics, the optimizers' parameter groups and hyperparameters, whether
+accumulated gradients are held, the random state and, where given, the batch. Each save records this
+rank's fingerprint in the checkpoint; the uninterrupted run's first step after the save records its own
+(with the batch it trains on) and what the step produced (:func:`outcome`: every parameter and buffer
+after it, and its loss) in a file beside the run (:func:`write_next`). The first resumed step takes the
+same fingerprint at the same moments and :func:`differences` names what is not equal: an exact resume
+has none. Digests hash the bytes (a tensor's shape, type and up to 4096 evenly spaced elements), so they
+are the same on any machine for equal values.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -33,32 +36,42 @@ Fingerprint = dict[str, Any]
 #: How many elements of each tensor of a batch are hashed (evenly spaced, shape and type always).
 SAMPLED = 4096
 #: What a fingerprint saved at the save (not at the next step) may be compared on: unchanged between a
-#: step's end and the next one's start unless a validation runs between them.
-AT_SAVE = ("position", "trainable", "optimizers", "grads", "rng")
+#: step's end and the next one's start unless a validation runs between them (a stop's save also holds
+#: the batch the next step would have trained on).
+AT_SAVE = ("position", "trainable", "modes", "optimizers", "grads", "rng", "batch")
 
 _WHAT = {
     "batch": "the batch",
     "position": "the position in the epoch",
     "trainable": "the trainable parameters",
+    "modes": "the submodules' modes",
     "optimizers": "the optimizers' parameter groups",
     "grads": "the accumulated gradients",
     "rng": "the random state",
+    "outcome": "what the step produced",
 }
 _REMEDY = {
     "batch": "the train data is not back at its batch: a loader without a state_dict that cannot be "
     "positioned (see the warning at train start), a dataset that draws from a generator of its own, or "
     "workers that draw other augmentation; give the loader a state_dict (torchdata's StatefulDataLoader) "
     "or make the dataset's draws depend on the sample index and epoch",
-    "position": "the epoch does not continue at its batch: a loader of unknown length (an IterableDataset) "
-    "restarts its epoch; give it a state_dict (StatefulDataLoader) or save at epoch ends only",
+    "position": "the run does not continue where the checkpoint left it: a loader of unknown length (an "
+    "IterableDataset) restarts its epoch (give it a state_dict, e.g. StatefulDataLoader, or save at epoch "
+    "ends only), or a callback restored other training state after the checkpoint was loaded",
     "trainable": "a callback freezes or unfreezes parameters in a hook a resume does not run again (e.g. "
     "BaseFinetuning's setup or on_train_epoch_start); set requires_grad where it is restored, or save at "
     "epoch ends only",
+    "modes": "a callback or hook sets a submodule's train/eval mode or a BatchNorm layer's "
+    "track_running_stats in a hook a resume does not run again; set them where they are restored",
     "optimizers": "the optimizers' parameter groups or hyperparameters were changed outside their "
     "state_dict (a callback that adds a group or sets a learning rate in a hook a resume skips)",
     "grads": "gradients accumulated before the save are not held (a save inside an accumulation window)",
     "rng": "something draws random numbers between the restore and the step (another callback's "
     "on_train_start or on_train_batch_start) or a generator lightning_resume does not restore",
+    "outcome": "every input of the step matched, but it computed something else: state outside every "
+    "state_dict (an optimizer's or a scheduler's, a module attribute, a buffer registered with "
+    "persistent=False) that the checkpoint does not hold or a resume changes; see exact_resume.md, "
+    "'Known gaps'",
 }
 
 
@@ -72,8 +85,11 @@ def _digest(*parts: bytes) -> str:
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     """Shape, type, :data:`SAMPLED` evenly spaced elements (the first and last among them) and the first
-    element of each sample along the first dimension (up to 16 times as many), copied to the CPU."""
+    element of each sample along the first dimension (up to 16 times as many), copied to the CPU (of a
+    DTensor: this rank's shard)."""
     tensor = tensor.detach()
+    if hasattr(tensor, "to_local"):
+        tensor = tensor.to_local()
     head = f"{tuple(tensor.shape)}{tensor.dtype}".encode()
     if not tensor.numel():
         return head
@@ -84,7 +100,8 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     parts = [flat.index_select(0, spread.long())]
     if tensor.dim() > 1:
         parts.append(tensor.reshape(tensor.shape[0], -1)[: 16 * SAMPLED, 0])
-    return head + b"".join(p.cpu().contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
+    dense = (p.cpu().clone(memory_format=torch.contiguous_format) for p in parts)  # (a 1-element view
+    return head + b"".join(p.view(torch.uint8).numpy().tobytes() for p in dense)  # keeps its stride)
 
 
 def _leaves(value: Any, out: list[bytes], depth: int = 0) -> None:
@@ -136,6 +153,19 @@ def _trainable(module: torch.nn.Module) -> list[Any]:
     return [len(names), total, _digest("\n".join(names).encode())]
 
 
+def _modes(module: torch.nn.Module) -> list[Any]:
+    """``[submodules in eval mode, norm layers not tracking running stats, digest of their names]``."""
+    off = [name for name, m in module.named_modules() if not m.training]
+    untracked = untracked_norms(module)
+    return [len(off), len(untracked), _digest("\n".join(off).encode(), "\n".join(untracked).encode())]
+
+
+def untracked_norms(module: torch.nn.Module) -> list[str]:
+    """The names of the norm layers (BatchNorm, InstanceNorm) whose ``track_running_stats`` is off
+    (``BaseFinetuning`` turns it off on the BatchNorm layers it freezes)."""
+    return [n for n, m in module.named_modules() if getattr(m, "track_running_stats", True) is False]
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
@@ -176,6 +206,7 @@ def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = Non
     found: Fingerprint = {
         "position": [trainer.global_step, trainer.current_epoch, int(batch_idx)],
         "trainable": _trainable(module),
+        "modes": _modes(module),
         "optimizers": _optimizers(trainer),
         "grads": [uses_grads, uses_grads and _holds_grads(module)],
         "rng": _rng_digest(),
@@ -185,11 +216,47 @@ def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = Non
     return found
 
 
+def deterministic(module: torch.nn.Module) -> bool:
+    """Whether a step of ``module`` computes the same bits again: on the CPU, or with
+    ``torch.use_deterministic_algorithms`` (``Trainer(deterministic=True)``)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return True
+    return all(p.device.type == "cpu" for p in itertools.islice(module.parameters(), 1))
+
+
+def outcome(module: torch.nn.Module, loss: Any) -> dict[str, Any]:
+    """What a step produced: a short digest of every parameter and buffer after it, and its loss."""
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    digests = {name: _digest(_tensor_bytes(t))[:12] for name, t in tensors}  # (rows: an embedding's)
+    if isinstance(loss, Mapping):
+        loss = loss.get("loss")
+    return {"loss": _plain(loss) if isinstance(loss, torch.Tensor) else None, "tensors": digests}
+
+
+def _outcome_described(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    a, b = saved.get("tensors") or {}, now.get("tensors") or {}
+    differ = [name for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
+    said = []
+    if differ:
+        names = ", ".join(differ[:3]) + (", ..." if len(differ) > 3 else "")
+        said.append(f"{len(differ)} of {len(a)} parameters and buffers differ after it ({names})")
+    if saved.get("loss") != now.get("loss"):
+        said.append(f"its loss is {now.get('loss')}, was {saved.get('loss')}")
+    return "every input matched, but the step computed something else: " + "; ".join(said or ["?"])
+
+
 def _described(field: str, saved: Any, now: Any) -> str:
     if field == "position":
         return f"the position (step, epoch, batch) is {tuple(now)}, the interrupted run was at {tuple(saved)}"
     if field == "trainable":
         return f"{now[0]} of {now[1]} parameters are trainable, {saved[0]} were in the interrupted run"
+    if field == "modes":
+        return (
+            f"{now[0]} submodules are in eval mode and {now[1]} norm layers track no running stats, "
+            f"the interrupted run had {saved[0]} and {saved[1]}"
+        )
+    if field == "outcome":
+        return _outcome_described(saved, now)
     if field == "optimizers":
         if saved.get("lrs") != now.get("lrs"):
             return f"the learning rates are {now.get('lrs')}, were {saved.get('lrs')}"
@@ -209,6 +276,19 @@ def differences(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequen
         if field in saved and field in now and saved[field] != now[field]:
             found.append(f"{field}: {_described(field, saved[field], now[field])}")
     return found
+
+
+def compared(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
+    """The ``fields`` both fingerprints hold (what :func:`differences` compares)."""
+    return [field for field in fields if field in saved and field in now]
+
+
+def position_lost(loaded_step: int, now_step: int) -> str:
+    """The difference when a restart trains from another step than the checkpoint it loaded."""
+    return (
+        f"position: the restart trains from step {now_step}, but the checkpoint it loaded holds step "
+        f"{loaded_step} (something restored other training state after it, e.g. a tuner callback)"
+    )
 
 
 def message(step: int, by_rank: Sequence[Sequence[str]]) -> str:

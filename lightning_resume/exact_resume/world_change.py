@@ -5,7 +5,7 @@ run's seed and the global batch. A restart inside an epoch on another number of 
 splits the rest of that order over the new ranks (:class:`.RemainingOrder`) and sets Lightning's batch
 count to an uninterrupted new-rank run's at that point, so the epoch ends with its data. One process
 continuing a ``DistributedSampler``'s order keeps it (``num_replicas=1`` instead of Lightning's
-``RandomSampler``); random states follow :mod:`.rank_states`; ``keep_global_batch`` sets gradient
+``RandomSampler``); random states follow :mod:`.world_change_rng`; ``keep_global_batch`` sets gradient
 accumulation. What cannot be continued exactly gets one warning.
 """
 
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from lightning_resume._compat.lightning import set_epoch_position, wrapped_sampler
 from lightning_resume._compat.torchdata import is_random_sampler
 from lightning_resume._warnings import warn
-from lightning_resume.exact_resume import global_order, rank_states, stateful_loaders
+from lightning_resume.exact_resume import global_order, stateful_loaders, world_change_rng
 from lightning_resume.exact_resume.data_position import EpochSampler
 from lightning_resume.exact_resume.global_order import GlobalOrder, OrderKind
 from lightning_resume.exact_resume.remaining_order import RemainingOrder
@@ -153,7 +153,7 @@ class WorldChange:
             order = _order_now(loader, epoch, consumed, int(trainer.accumulate_grad_batches), resplit)
         return {
             "order": order.to_dict() if order is not None else None,
-            "seed": rank_states.run_seed(os.environ),
+            "seed": world_change_rng.run_seed(os.environ),
             "step": int(trainer.global_step) if trainer is not None else 0,
         }
 
@@ -178,7 +178,7 @@ class WorldChange:
         return order.resplit or order.replicas != _replicas(trainer)
 
     def rank_state(self, ranks: list[RankState], trainer: pl.Trainer) -> RankState:
-        """This rank's saved states, by the rule of :mod:`.rank_states` when the number of ranks changed."""
+        """This rank's saved states, by :mod:`.world_change_rng`'s rule when the number of ranks changed."""
         if len(ranks) != trainer.world_size and not self._logged_states:
             self._logged_states = True
             if trainer.is_global_zero:
@@ -195,7 +195,7 @@ class WorldChange:
                     if new
                     else "",
                 )
-        return rank_states.rank_state(ranks, trainer.global_rank, self._seed, self._step)
+        return world_change_rng.rank_state(ranks, trainer.global_rank, self._seed, self._step)
 
     def at_train_start(self, trainer: pl.Trainer, loaded: Loaded | None, loaders: list[Any]) -> Positioned:
         """In ``on_train_start`` of a restart: keep the order, the global batch, and split the rest of

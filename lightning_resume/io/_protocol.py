@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from lightning_resume._writer.duty_cycle import WriteStats
-from lightning_resume.io.restore import Restore
+from lightning_resume.io.write_stats import WriteStats
 
 
 @runtime_checkable
@@ -40,19 +39,28 @@ class HurryingCheckpointIO(ReportsWrites, Protocol):
         """Switch writes in flight to full speed and write the next save as soon as possible."""
 
 
-@runtime_checkable
-class TieredCheckpointIO(Protocol):
-    """A checkpoint plugin with a memory tier across nodes: ``RequeueCheckpoint`` introduces the nodes
-    (every rank, in ``setup``) and lets the copies finish before the ranks part."""
+class MemoryTierLifecycle(Protocol):
+    """A plugin's memory tier as ``RequeueCheckpoint`` drives it, on every rank at the same point: it
+    introduces the nodes in ``setup`` (a collective), restores a sharded save from the tier there (and the
+    plugin reports that restore), and at the end of ``fit`` lets the copies finish, then stops it.
+    ``DurableCheckpointIO``'s is ``memory_tier_of(plugin)`` (``io/memory/memory_route.py``)."""
 
-    def _attach_memory(self, strategy: Any, durable_dir: Path) -> None:
-        """Learn the nodes and what their memory tiers hold (a collective)."""
+    def attach(self, strategy: Any, durable_dir: Path) -> None:
+        """Learn the nodes and what their memory tiers hold."""
 
-    def _settle_memory(self) -> None:
+    def restore_sharded(self, trainer: Any, pointer: Path) -> tuple[int, Path] | None:
+        """The newest sharded save of ``pointer`` the nodes hold, assembled on every node: the ranks that
+        wrote it and its directory; ``None``: load the durable tier."""
+
+    def settle(self) -> None:
         """Wait for this process's copies to other nodes and to the durable tier."""
 
-    def _close_memory(self) -> None:
+    def close(self) -> None:
         """Stop serving this node's memory tier (after every rank settled)."""
 
-    def _restored(self, record: Restore) -> None:
-        """A restore done outside the plugin (a sharded save assembled from the memory tier): record it."""
+
+def hurry(io: object) -> None:
+    """Before a save that is waited on at once (a preemption's last): the plugin's write in flight at full
+    speed, and the next save written before it returns; nothing for a plugin that cannot."""
+    if isinstance(io, HurryingCheckpointIO):
+        io._hurry()

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
-import mmap
 import os
 import platform
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +21,22 @@ from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan, verify
 from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import prune, remove, save_error, write_file
-from lightning_resume._storage.direct_file import new_buffer
+from lightning_resume._storage.commit import remove
 from lightning_resume._storage.kinds import FILE
-from lightning_resume._storage.manifest import ChecksumWriter, Entry, check_metadata, describe, manifest_path
+from lightning_resume._storage.manifest import Entry, check_metadata, describe, manifest_path
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
-from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats
 from lightning_resume.exceptions import CheckpointVerificationError
-from lightning_resume.io._async_saver import AsyncSaver
-from lightning_resume.io._snapshot import write_torch_archive
-from lightning_resume.io._verified_load import load_verified
+from lightning_resume.io.memory.memory_route import MemoryRoute
 from lightning_resume.io.memory.memory_tier import MemoryTier
 from lightning_resume.io.memory.node_memory import NodeMemory
 from lightning_resume.io.restore import DURABLE, Restore
+from lightning_resume.io.routes import Route, WriteBehind, WriteNow
 from lightning_resume.io.settings import CheckpointSettings, Mirror
+from lightning_resume.io.verified_load import load_verified
+from lightning_resume.io.write_stats import WriteStats
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +53,27 @@ def manifest_versions() -> dict[str, str]:
         "torch": str(torch.__version__),  # TorchVersion would make the writer import torch
         "python": platform.python_version(),
     }
+
+
+def memory_tier_of(io: object) -> MemoryRoute | None:
+    """The memory tier of a ``DurableCheckpointIO`` (its route and lifecycle); ``None`` without one."""
+    return io._memory if isinstance(io, DurableCheckpointIO) else None
+
+
+def copies_elsewhere(io: object, path: Path) -> tuple[str, str | None]:
+    """At a restart without the checkpoint file ``path``: the plugin's other tiers (memory tier, mirror;
+    ``""``: none), and which holds a committed copy of ``path`` (``None``: none), after the tier's attach."""
+    if not isinstance(io, DurableCheckpointIO):
+        return "", None
+    tiers, found = [], None
+    if io._memory is not None:
+        tiers.append("the nodes' memory tiers")
+        found = io._memory.memory.holder(path)
+    if (mirror := io.settings.mirror) is not None:
+        tiers.append(f"the mirror {mirror.url!r}")
+        if found is None and io._mirrors(path) and path.name in io._remote().committed(FILE):
+            found = f"the mirror {mirror.url!r}"
+    return " and ".join(tiers), found
 
 
 class DurableCheckpointIO(CheckpointIO):
@@ -140,23 +157,33 @@ class DurableCheckpointIO(CheckpointIO):
         direct = self.settings.direct_io if direct_io is None else flag("direct_io", direct_io)
         share = self.settings.background_share if background_share is None else background_share
         self.settings = dataclasses.replace(self.settings, direct_io=direct, background_share=float(share))
+        self._choose_routes()
 
     def _init_runtime(self) -> None:
         self._lock = threading.RLock()
-        self._saver: AsyncSaver | None = None
         self._mirror: Mirroring | None = None
         self._committed: dict[str, Entry] = {}
         self._prepared: set[Path] = set()
         self._warned: set[str] = set()
-        self._staging = False
         self._urgent = False
+        self._saving = False  # a save is on its route (a signal handler may interrupt it)
         self._last_write: WriteStats | None = None
-        self._file_buffer: mmap.mmap | None = None  # reused by synchronous saves (new pages are slow)
-        self._file_buffer_busy = False
-        memory = self.settings.memory
-        self._memory = NodeMemory(memory, self.settings.direct_io) if memory is not None else None
-        self._memory_save: tuple[Path, bool] | None = None  # the durable path of the save to memory, due
         self._last_restore: Restore | None = None
+        self._choose_routes()
+
+    def _choose_routes(self) -> None:
+        """The route of every save, chosen once: asynchronous or synchronous, in node memory or not; and
+        the synchronous one, which the urgent path takes."""
+        settings = self.settings
+        self._now = WriteNow(settings.direct_io, settings.keep)
+        route: Route = self._now
+        if settings.asynchronous and self._async_supported():
+            route = WriteBehind(settings.direct_io, settings.keep, settings.background_share)
+        self._memory: MemoryRoute | None = None
+        if settings.memory is not None:
+            memory = NodeMemory(settings.memory, settings.direct_io, settings.keep)
+            route = self._memory = MemoryRoute(memory, route, self._wrote, self._restored)
+        self._route = route
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers that pickle the trainer (ddp_spawn) get the configuration, not threads and processes.
@@ -186,121 +213,59 @@ class DurableCheckpointIO(CheckpointIO):
         metadata = {**self.settings.metadata, **self._metadata_option(storage_options)}
         target = self._local(path)
         self._prepare(target.parent)
-        entry = self._entry_fields(checkpoint, metadata)
-        if self._staging or self._urgent:
-            # In a signal handler mid-save the buffer may be half-filled; after _hurry() a wait follows.
+        fields = self._entry_fields(checkpoint, metadata)
+        if self._urgent or self._saving:
+            # The one exception to the route: the last save of a preemption (after _hurry) or a save from a
+            # signal handler that interrupted another, written before returning, after the write in
+            # flight, straight onto the durable tier.
             self._urgent = False
-            self._wait_local()
+            self._route.wait()
             if self._memory is not None:
-                self._memory.cancel_durable()  # this save lands last, straight on the durable tier
-            self._save_now(checkpoint, target, entry)
+                self._memory.urgent()
+            self._now.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
             return
-        target = self._in_memory(target, checkpoint)
-        if self._use_async():
-            if self._saver is None:
-                self._saver = AsyncSaver(
-                    self.settings.direct_io,
-                    known=lambda p: self._committed.get(str(p)),
-                    on_commit=self._after_commit,
-                    share=self.settings.background_share,
-                )
-            self._staging = True
-            try:
-                # Into node memory at full speed: a memory copy, and the replicas wait for it.
-                self._saver.save(checkpoint, target, entry, full_speed=self._memory_save is not None)
-            finally:
-                self._staging = False
-            return
-        self._save_now(checkpoint, target, entry)
-
-    def _in_memory(self, target: Path, checkpoint: dict[str, Any]) -> Path:
-        """Where this save goes: the memory tier for ``last.ckpt`` when one is attached and has room."""
-        if self._memory is None:
-            return target
+        self._saving = True
         try:
-            self._wait_local()  # the save in flight commits first: its commit reads _memory_save
-        except OSError as e:
-            if e.errno != errno.ENOSPC or self._memory_save is None:
-                raise
-            self._memory.full(e.strerror or str(e))  # the save into memory was lost: this one goes durable
-        self._memory_save = None
-        where = self._memory.target(target, checkpoint)
-        if where is None:
-            return target
-        memory, due = where
-        self._memory_save = (target, due)
-        return memory
-
-    def _save_now(self, checkpoint: dict[str, Any], target: Path, fields: dict[str, Any]) -> None:
-        pace = DutyCycle()  # full speed: the caller is waiting
-        # A save from a signal handler may interrupt one in progress: it gets a buffer of its own.
-        shared = not self._file_buffer_busy
-        if shared and self._file_buffer is None:
-            self._file_buffer = new_buffer()
-        self._file_buffer_busy |= shared
-        try:
-            entry = write_file(
-                target,
-                self._serialiser(checkpoint),
-                lambda size, checksum: Entry.from_json({**fields, "size": size, "checksum": checksum}),
-                self._committed.get(str(target)),
-                direct=self.settings.direct_io,
-                buffer=self._file_buffer if shared else None,
-                pace=pace,
-            )
-        except OSError as e:
-            raise save_error(e.errno, e.strerror or str(e), e.filename, target) from e
+            self._route.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
         finally:
-            if shared:
-                self._file_buffer_busy = False
-        self._after_commit(target, entry, pace.stats(entry.size))
+            self._saving = False
 
-    @staticmethod
-    def _serialiser(checkpoint: dict[str, Any]) -> Callable[[ChecksumWriter], None]:
-        if torch_records_supported():
-            # torch.save's writer CRCs each storage whole before writing it: the disk would wait for the CPU.
-            return lambda out: write_torch_archive(checkpoint, out)
-        return lambda out: torch.save(checkpoint, out)  # type: ignore[arg-type]
-
-    def _use_async(self) -> bool:
-        if self.settings.asynchronous and (os.name != "posix" or not torch_records_supported()):
+    def _async_supported(self) -> bool:
+        if os.name != "posix" or not torch_records_supported():
             self._warn_once(
                 "async",
                 "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
                 f"knows (torch {torch.__version__}); saving synchronously instead.",
             )
             return False
-        return self.settings.asynchronous
+        return True
 
-    def _after_commit(self, path: Path, entry: Entry, stats: WriteStats) -> None:
-        """Record the commit, apply retention, queue the upload (runs in the writer thread when async)."""
-        self._last_write = stats
-        if self._memory is not None and self._memory_save is not None and self._memory.is_memory(path):
-            durable, due = self._memory_save
-            self._memory.committed(path, entry, durable, due, self._durable_copy)
-        else:
-            self._record(path, entry)
-
-    def _durable_copy(self, path: Path, entry: Entry, seconds: float) -> None:
-        log.debug("memory copy of %s (step %s) durable in %.2f s", path, entry.global_step, seconds)
-        self._record(path, entry)
-
-    def _record(self, path: Path, entry: Entry) -> None:
+    def _on_commit(self, path: Path, entry: Entry, stats: WriteStats | None, pruned: list[str]) -> None:
+        """A commit on the durable tier (``stats``: how it was written; ``None``: copied from node memory),
+        recorded and queued for the mirror (in the writer thread when asynchronous)."""
+        if stats is not None:
+            self._last_write = stats
         with self._lock:
             self._committed[str(path)] = entry
-            if self.settings.keep is not None:
-                for name in prune(LocalStore(path.parent), FILE, self.settings.keep):
-                    self._committed.pop(str(path.parent / name), None)
-                    log.debug("retention (keep=%s) removed %s", self.settings.keep, path.parent / name)
+            for name in pruned:
+                self._committed.pop(str(path.parent / name), None)
+                log.debug("retention (keep=%s) removed %s", self.settings.keep, path.parent / name)
         if self._mirrors(path):
             self._remote().submit(FILE, path, lambda: self._committed.get(str(path)))
+
+    def _wrote(self, stats: WriteStats) -> None:
+        self._last_write = stats
+
+    def _restored(self, record: Restore) -> None:
+        """A sharded save assembled from the memory tier, which Lightning loads without this plugin."""
+        self._last_restore = record
+        log.info("%s", record.line())
 
     def _hurry(self) -> None:
         """Switch the write in flight to full speed; the next ``save_checkpoint`` writes its file before it
         returns, streamed from the tensors' own memory (``PreemptionHandler``'s last save)."""
         self._urgent = True
-        if self._saver is not None:
-            self._saver.hurry()
+        self._route.hurry()
 
     def wait_until_durable(self, mirrored: bool | None = None, timeout: float | None = None) -> None:
         """Block until the save in flight is committed (with a memory tier: until the newest save is on the
@@ -314,56 +279,25 @@ class DurableCheckpointIO(CheckpointIO):
             OSError, RuntimeError: the save (or the latest upload of a checkpoint) failed.
             TimeoutError: uploads still running after ``timeout`` seconds.
         """
-        self._wait_local()
-        if self._memory is not None and self._memory.attached:
-            # The newest save in memory on the durable tier too; replicas go on in the background.
-            self._memory.finish(self._durable_copy, replicas=False)
+        if self._memory is not None:
+            self._memory.wait_until_durable()
+        else:
+            self._route.wait()
         mirror = self.settings.mirror
         if mirrored is None:
             mirrored = mirror is not None and mirror.wait
         if self._mirror is not None and mirror is not None and mirrored:
             self._mirror.wait(mirror.timeout if timeout is None else timeout)
 
-    def _wait_local(self) -> None:
-        if self._saver is not None:
-            self._saver.wait()
-
     @property
     def busy(self) -> bool:
         """Whether a save is being written in the background, or uploads are queued or running."""
-        writing = self._saver is not None and self._saver.busy
-        return writing or (self._mirror is not None and self._mirror.pending > 0)
+        return self._route.busy or (self._mirror is not None and self._mirror.pending > 0)
 
     @property
     def last_restore(self) -> Restore | None:
         """What the newest ``load_checkpoint`` read: tier, node, bytes and seconds; ``None`` before one."""
         return self._last_restore
-
-    @property
-    def memory_tier(self) -> NodeMemory | None:
-        """The memory tier's runtime in this process (``None`` without ``memory=``)."""
-        return self._memory
-
-    def _attach_memory(self, strategy: Any, durable_dir: Path) -> None:
-        """Introduce the nodes' memory tiers (every rank, in ``RequeueCheckpoint.setup``)."""
-        if self._memory is not None:
-            self._memory.attach(strategy, durable_dir)
-
-    def _settle_memory(self) -> None:
-        """Wait for this process's copies to other nodes and to the durable tier (training ended)."""
-        if self._memory is not None and self._memory.attached:
-            self._wait_local()
-            self._memory.finish(self._durable_copy)
-
-    def _close_memory(self) -> None:
-        """Stop this node's memory tier server (every rank done copying)."""
-        if self._memory is not None:
-            self._memory.close()
-
-    def _restored(self, record: Restore) -> None:
-        """A sharded save assembled from the memory tier, which Lightning loads without this plugin."""
-        self._last_restore = record
-        log.info("%s", record.line())
 
     @property
     def last_write(self) -> WriteStats | None:
@@ -372,7 +306,8 @@ class DurableCheckpointIO(CheckpointIO):
 
     @property
     def _writer_pid(self) -> int | None:  # for tests
-        return self._saver._writer_pid if self._saver is not None else None
+        route = self._memory.inner if self._memory is not None else self._route
+        return route.writer_pid if isinstance(route, WriteBehind) else None
 
     @override
     def load_checkpoint(
@@ -389,7 +324,7 @@ class DurableCheckpointIO(CheckpointIO):
             FileNotFoundError: ``path`` does not exist (locally or on the mirror).
             CheckpointVerificationError: ``path`` does not verify and no other checkpoint does.
         """
-        self._wait_local()
+        self._route.wait()
         location = map_location if map_location is not None else "cpu"
         if "://" in str(path) and not str(path).startswith("file://"):
             return self._load_remote(str(path), location, weights_only)
@@ -399,7 +334,7 @@ class DurableCheckpointIO(CheckpointIO):
         if self._memory is not None:
             # The durable copy's manifest and size only: its bytes are read only if it is loaded.
             durable = verify(target, FILE, checksums=False).manifest if target.is_file() else None
-            restored = self._memory.restore(target, durable, location, weights_only)
+            restored = self._memory.memory.restore(target, durable, location, weights_only)
             if restored is not None:
                 checkpoint, self._last_restore = restored
                 log.info("%s", self._last_restore.line())
@@ -409,7 +344,7 @@ class DurableCheckpointIO(CheckpointIO):
         step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
         size = target.stat().st_size if target.is_file() else 0
         self._last_restore = Restore(DURABLE, str(requested), size, seconds, step=step, started=wall)
-        if self._memory is not None and self._memory.attached:
+        if self._memory is not None and self._memory.memory.attached:
             log.info("%s", self._last_restore.line())
         return checkpoint
 
@@ -471,7 +406,7 @@ class DurableCheckpointIO(CheckpointIO):
         Raises:
             OSError, RuntimeError: the save in flight failed (the file to remove is then kept).
         """
-        self._wait_local()
+        self._route.wait()
         target = self._local(path)
         with self._lock:
             if list(scan(target.parent)) == [target.name]:
@@ -493,16 +428,9 @@ class DurableCheckpointIO(CheckpointIO):
         Raises:
             OSError, RuntimeError: the save in flight failed.
         """
-        saver, self._saver = self._saver, None
-        if not self._file_buffer_busy:
-            self._file_buffer = None  # freed; a later synchronous save maps a new one
         try:
-            if saver is not None:
-                saver.close()
-            if self._memory is not None and self._memory.attached:
-                # Its server stays up: Lightning tears the plugin down before on_fit_end, where
-                # RequeueCheckpoint closes it once every rank's copies are done.
-                self._memory.finish(self._durable_copy)
+            self._route.finish()  # with a memory tier: then the newest save durable (its server stays up)
+            self._now.finish()
         finally:
             settings = self.settings.mirror
             if self._mirror is not None and settings is not None and settings.wait:
@@ -561,7 +489,7 @@ class DurableCheckpointIO(CheckpointIO):
         Raises:
             ValueError: ``path`` has no manifest, or does not verify.
         """
-        self._wait_local()
+        self._route.wait()
         return dict(self._verified_entry(self._local(path)).metadata)
 
     def set_metadata(self, path: str | Path, metadata: dict[str, Any]) -> None:
@@ -595,7 +523,7 @@ class DurableCheckpointIO(CheckpointIO):
         return verdict.manifest
 
     def _rewrite(self, path: Path, metadata: dict[str, Any]) -> None:
-        self._wait_local()  # before the lock: the commit it waits for takes the lock too
+        self._route.wait()  # before the lock: the commit it waits for takes the lock too
         with self._lock:
             updated = self._verified_entry(path).with_metadata(metadata)
             write_text_atomic(manifest_path(path), FILE.encode([updated]))

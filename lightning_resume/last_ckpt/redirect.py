@@ -1,9 +1,10 @@
 """The restart redirect: on a restart, ``fit`` starts over, refuses, or loads this run's ``last.ckpt``.
 
 Lightning picks its checkpoint before any hook (a first attempt's ``ckpt_path``, its ``last`` search,
-SLURM's ``hpc_ckpt_N.ckpt``) but reads it after ``setup``: there the rule (:mod:`.restart`, rank 0 for
-all) is applied and :class:`RedirectFirstLoad` wraps ``strategy.load_checkpoint``, which every strategy
-(the sharded ones too, which call no ``CheckpointIO``) reads through once per ``fit``.
+SLURM's ``hpc_ckpt_N.ckpt``, or none when no file is there) but reads it after ``setup``: there the rule
+(:mod:`.restart`, rank 0 for all, with what the plugin's other tiers hold) is applied, ``fit`` is made to
+restore (:func:`resume_even_if_none`) and :class:`RedirectFirstLoad` wraps ``strategy.load_checkpoint``,
+which every strategy (the sharded ones too, which call no ``CheckpointIO``) reads through once per ``fit``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 
 from lightning_resume._collectives import broadcast
-from lightning_resume._compat.lightning import NextLoad, report_checkpoint_path
+from lightning_resume._compat.lightning import NextLoad, report_checkpoint_path, resume_even_if_none
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import ResumeError
-from lightning_resume.last_ckpt.restart import Restart, decide, record_saved
-from lightning_resume.run_dir import own_hparams
+from lightning_resume.io.durable_checkpoint_io import copies_elsewhere
+from lightning_resume.last_ckpt.restart import Restart, decide, exists, record_saved
+from lightning_resume.run_dir import layout, own_hparams
 
 if TYPE_CHECKING:
     from lightning_resume.run_dir.run_dir import RunDir
@@ -36,6 +38,7 @@ class RestartRedirect:
 
     def __init__(self) -> None:
         self._wrapper: NextLoad | None = None
+        self._undo_resume: Callable[[], None] | None = None
 
     def before_fit(
         self,
@@ -58,7 +61,8 @@ class RestartRedirect:
         if not run.is_resumed:
             return
         # Rank 0 decides for all: a node-local view of the checkpoints must not split the ranks.
-        restart = Restart(broadcast(trainer.strategy, decide(run.path, last).value))
+        searched, copy = elsewhere(trainer, last) if trainer.is_global_zero else ("", None)
+        restart = Restart(broadcast(trainer.strategy, decide(run.path, last, copy).value))
         if restart is Restart.START_OVER:
             # Stopped before its first save: nothing to resume and nothing to lose by starting over.
             log.info(
@@ -67,10 +71,12 @@ class RestartRedirect:
             )
             return
         if restart is Restart.LOST:
+            nowhere = f", and no copy of it is in {searched}" if searched else ""
             raise ResumeError(
-                f"This is a restart of run {run.run_id!r}, but {str(last)!r} does not exist "
-                "although the run has saved checkpoints. Starting over would silently discard the run. "
-                "Restore last.ckpt from a copy, or submit with another key to start a new run.",
+                f"This is a restart of run {run.run_id!r}, but {str(last)!r} does not exist although the run "
+                f"has saved checkpoints ({str(layout.saves_record(run.path))!r} says so){nowhere}. Starting "
+                "over would silently discard the run. Restore last.ckpt from a copy, or submit with another "
+                "key to start a new run.",
                 last,
             )
         if trainer.is_global_zero:
@@ -89,19 +95,34 @@ class RestartRedirect:
                 saved,
                 world_size,
                 damaged,
-                allowed=functools.partial(own_hparams.trainer_hparams_globals, trainer),
-                owner=own_hparams.owner_name(trainer),
+                allowed=functools.partial(own_hparams.recorded_globals, run.path),
                 source=str(source),
             ),
         )
         self._wrapper.install()
-        log.info("Restart of run %s: resuming from %s", run.run_id, last)
+        # Lightning chose no checkpoint when last.ckpt is not here: fit restores from it all the same.
+        self._undo_resume = resume_even_if_none(trainer, str(last))
+        if copy is not None:
+            log.info("Restart of run %s: resuming from %s (no %s)", run.run_id, copy, last)
+        else:
+            log.info("Restart of run %s: resuming from %s", run.run_id, last)
 
     def after_fit(self) -> None:
         """Take the wrapper away if ``fit`` ended before its load (a no-op after the load)."""
         wrapper, self._wrapper = self._wrapper, None
         if wrapper is not None:
             wrapper.uninstall()
+        undo, self._undo_resume = self._undo_resume, None
+        if undo is not None:
+            undo()
+
+
+def elsewhere(trainer: pl.Trainer, last: Path) -> tuple[str, str | None]:
+    """Without ``last.ckpt`` at ``last``: which other tiers of the plugin hold copies (``""``: none), and
+    where a committed copy of it is (``None``: nowhere). After the memory tier's ``attach``."""
+    if exists(last):
+        return "", None
+    return copies_elsewhere(trainer.strategy.checkpoint_io, last)
 
 
 def _redirected(trainer: pl.Trainer, target: str, requested: str) -> None:
@@ -124,8 +145,8 @@ class RedirectFirstLoad:
 
     ``on_redirect`` gets the requested path when it differs; a load failure is a ``ResumeError`` when
     ``saved_world_size`` differs from ``world_size`` or ``damaged(target)``; ``allowed``: the types beyond
-    torch's ``weights_only`` set the load may unpickle (:mod:`~lightning_resume.run_dir.own_hparams`);
-    ``owner``: the module's class name, for the message when it needs others.
+    torch's ``weights_only`` set the load may unpickle (what the run's saves recorded,
+    :mod:`~lightning_resume.run_dir.own_hparams`).
     """
 
     target: str
@@ -134,7 +155,6 @@ class RedirectFirstLoad:
     world_size: int
     damaged: Callable[[Path], bool] = _never_damaged
     allowed: Callable[[], Mapping[str, Any]] = dict
-    owner: str = "the module"
     source: str | None = None  # what is read for ``target`` when that differs (a memory tier's copy)
 
     def __call__(
@@ -149,7 +169,7 @@ class RedirectFirstLoad:
         try:
             loaded = own_hparams.load(original, self.source or self.target, args, kwargs, self.allowed)
         except Exception as e:
-            refused = own_hparams.refusal(self.target, e, self.allowed(), self.owner)
+            refused = own_hparams.refusal(self.target, e, self.allowed())
             if refused is not None:
                 raise ResumeError(refused, self.target) from e
             if self.saved_world_size != self.world_size:
@@ -166,7 +186,7 @@ class RedirectFirstLoad:
                 f"The restart cannot load {self.target!r}: it is damaged (loading raised {type(e).__name__}; "
                 "it is not a complete checkpoint archive). It was written without DurableCheckpointIO, so "
                 "there is no verified copy to fall back to. Restore it from a copy, or remove it and "
-                "checkpoints/.saved to start the run over (the earlier training is then lost). "
+                "saves.json from the run dir to start the run over (the earlier training is then lost). "
                 "DurableCheckpointIO verifies every checkpoint and keeps the previous one loadable.",
                 self.target,
             ) from e

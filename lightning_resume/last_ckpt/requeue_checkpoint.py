@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -16,27 +15,31 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_resume._checks import expand_dir, find_one, flag, missing, positive_number
-from lightning_resume._collectives import broadcast
 from lightning_resume._compat.lightning import (
     OWN_STATES_NOT_LOADED,
     LastCheckpointCallback,
     QuietLightning,
     rebuilds_ddp_buckets,
+    restoring_tuner_checkpoint,
+    seeing_checkpoints,
     skips_backward,
 )
 from lightning_resume._compat.versions import untested
 from lightning_resume._warnings import warn
 from lightning_resume.exact_resume.exact_resume import ExactResume
 from lightning_resume.exceptions import LightningResumeError, Preempted
+from lightning_resume.last_ckpt._check_hooks import CheckHooks
 from lightning_resume.last_ckpt.cadence import Cadence, checked_interval, checked_seconds
 from lightning_resume.last_ckpt.epoch_boundary import EpochBoundary
-from lightning_resume.last_ckpt.redirect import RestartRedirect
-from lightning_resume.last_ckpt.restart import exists, record_saved
+from lightning_resume.last_ckpt.redirect import RestartRedirect, elsewhere
+from lightning_resume.last_ckpt.restart import exists, outlook, record_saved
 from lightning_resume.last_ckpt.users_checkpoints import keep_off_our_last, model_checkpoint_first
 from lightning_resume.last_ckpt.writing import LastCkptWrites
 from lightning_resume.run_dir import layout
 from lightning_resume.run_dir.binding import PROCESS
-from lightning_resume.run_dir.run_dir import RunDir
+from lightning_resume.run_dir.own_hparams import SavedPickles
+from lightning_resume.run_dir.run_dir import RunDir, attempts_of
+from lightning_resume.trackers.local_logger_resume import LocalLoggerResume
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,10 @@ class RequeueCheckpoint(LastCheckpointCallback):
     rank's random state and data position are restored, so the final weights are bitwise equal to an
     uninterrupted run's. Without ``last.ckpt`` a restart starts over if the run never committed a
     checkpoint, and raises ``ResumeError`` if it did (starting over would silently discard the run).
+
+    Lightning's ``TensorBoardLogger``/``CSVLogger`` (the default logger too) continue with it: unless
+    the Trainer lists a :class:`~lightning_resume.LocalLoggerResume`, it puts one in, so a restart
+    logs into the first attempt's version dir, cut exactly at the checkpoint it resumes from.
 
     ``every_n_train_steps="auto"`` chooses the interval from the measured save stall and the expected
     time between interruptions (Young/Daly, see the RequeueCheckpoint page), re-evaluated after each
@@ -149,7 +156,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
         self.expected_interruption_every = expected_interruption_every
-        self._cadence = Cadence(every_n_train_steps, expected)  # times every save; chooses "auto"
+        self._cadence = Cadence(every_n_train_steps, every_n_minutes, expected)  # times every save
         self.every_n_minutes = every_n_minutes
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._run_dir: RunDir | None = None
@@ -158,15 +165,19 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self.keep_global_batch = keep_global_batch
         self._exact = ExactResume(keep_global_batch, lambda: self._last_save_step)  # put in at setup
         self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
-        self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []
+        self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []  # (StopSaves)
         self._save_at_boundary = False  # a save is due once the epoch's end has run
-        self._last_save_step, self._last_save_time = -1, time.monotonic()
+        self._last_save_step = -1
         self._step_seen = 0  # the global step after the last batch: a save waits for an optimizer step
-        self._marked = False  # checkpoints/.saved is known to exist
+        self._marked = False  # saves.json is known to say the run committed a checkpoint
         self._quiet = QuietLightning(self)
         self._quiet_own = QuietLightning(self, OWN_STATES_NOT_LOADED)
         self._quiet_best: QuietLightning | None = None
         self._writes = LastCkptWrites(lambda: Path(self.ckpt_path), self._mark_saved)
+        self._pickles = SavedPickles(self._run)  # what each save pickles, recorded before it is written
+        self._check: CheckHooks | None = None  # under `lightning-resume check` only
+        # Lightning's TensorBoard/CSV loggers continued (bound now: they pick their dirs before fit)
+        self._logs = LocalLoggerResume()
 
     def _run(self) -> Path:
         """The run dir of the Trainer's ``RunDir``, or of this process's before ``setup``."""
@@ -198,11 +209,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
         except LightningResumeError:  # no run dir yet
             return ""
 
-    @property
-    def _saves_epoch_start_instead(self) -> bool:
-        """Whether the epoch boundary is saved after the next epoch's first batch (stateful loaders)."""
-        return self._exact.stateful_loaders
-
     # -- hooks: the restart redirect; the exact resume and the epoch boundary put in place ----------
 
     @override
@@ -217,6 +223,8 @@ class RequeueCheckpoint(LastCheckpointCallback):
         if stage != "fit":
             return
         _warn_if_untested(trainer)
+        self._logs.join(trainer, pl_module)  # unless the Trainer has its own
+        self._check = CheckHooks.insert(trainer, self._run_dir.path, self._cadence)
         self._boundary.attach(trainer)
         self._exact.attach(
             trainer,
@@ -225,7 +233,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
             saves_mid_epoch=bool(self.every_n_train_steps or self.every_n_minutes),
             restart=self._run_dir.is_resumed,
             fingerprints=layout.self_check_dir(self._run_dir.path),
-            on_verdict=self._run_dir.attempts.self_checked,
+            on_verdict=attempts_of(self._run_dir).self_checked,
         )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # every node, for a node-local dirpath
         self._writes.attach_memory(trainer, self.checkpoint_dir)
@@ -240,13 +248,15 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self._trainer is not None and restoring_tuner_checkpoint(self._trainer):
+            return  # a tuner's search puts its own start back: not a save of ours
         step = state_dict.get("global_step")
         self._last_save_step = int(step) if step is not None else -1
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._run_dir is not None
-        self._cadence.start(trainer, self._run_dir)
+        self._cadence.start(trainer, attempts_of(self._run_dir))
         self._step_seen = trainer.global_step
 
     def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
@@ -257,11 +267,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
             self.save(trainer)
         for listener in self._boundary_listeners:
             listener(trainer)
-
-    def _on_each_epoch_boundary(self, listener: Callable[[pl.Trainer], None]) -> None:
-        """Call ``listener(trainer)`` at every epoch boundary, after this callback's work there."""
-        if listener not in self._boundary_listeners:
-            self._boundary_listeners.append(listener)
 
     # -- hooks: when to save -----------------------------------------------------------------------
 
@@ -297,16 +302,19 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         exception = args[-1] if args else kwargs.get("exception")
         if isinstance(exception, SIGTERMException):
-            self.save(trainer)  # raised at a batch boundary, so the state is consistent
+            # Raised at a batch boundary of training or of fit's validation: a resume point. In the sanity
+            # check no training step has run (the restart runs it again: nothing to save).
+            if trainer.validating and not trainer.sanity_checking:
+                self.save_in_validation(trainer)  # the restart runs this validation again
+            elif not trainer.sanity_checking:
+                self.save(trainer, stopping=True)
         elif (
             not isinstance(exception, Preempted)  # saved already
             and trainer.state.fn == TrainerFn.FITTING  # not a failed validate/test/predict
             and trainer.is_global_zero
         ):
-            if exists(Path(self.ckpt_path)):
-                kept = f"{self.ckpt_path} keeps its last save"
-            else:
-                kept = f"no checkpoint was saved yet, so a restart starts over (nothing at {self.ckpt_path})"
+            last = Path(self.ckpt_path)
+            kept = outlook(self._run(), last, elsewhere(trainer, last)[1])  # the rule a restart applies
             # Not saved now: an exception may come from the middle of a step, not a resume point.
             log.warning("fit stopped by %s; %s", type(exception).__name__, kept)
         self._after_fit(trainer, collective=False)
@@ -330,18 +338,18 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def _due(self, trainer: pl.Trainer) -> bool:
         if trainer.global_step == self._last_save_step:
             return False  # gradient accumulation: no optimizer step since the last save
-        due = self._cadence.due(trainer, self._last_save_step)  # every N steps, or the "auto" interval
-        if self.every_n_minutes is not None:
-            elapsed = time.monotonic() - self._last_save_time >= self.every_n_minutes * 60
-            # Clocks differ between ranks: rank 0 decides for all of them.
-            due = due or bool(broadcast(trainer.strategy, elapsed))
-        return due
+        return self._cadence.due(trainer, self._last_save_step)  # every N steps or minutes, or "auto"
 
     # -- saving ------------------------------------------------------------------------------------
 
-    def save(self, trainer: pl.Trainer) -> None:
+    def save(self, trainer: pl.Trainer, stopping: bool = False) -> None:
         """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between
-        epochs, or in fit's validation through :meth:`save_in_validation`)."""
+        epochs, or in fit's validation through :meth:`save_in_validation`); ``stopping``: this attempt
+        trains no further step (the save then also fingerprints the batch the restart's first step takes)."""
+        if stopping:
+            with self._exact.stopping():
+                self.save(trainer)
+            return
         if skips_backward(trainer) and not trainer.is_last_batch:
             warn(
                 "RequeueCheckpoint saves inside StochasticWeightAveraging's BatchNorm epoch (a preemption): "
@@ -350,13 +358,15 @@ class RequeueCheckpoint(LastCheckpointCallback):
                 "epoch is one pass without backward: a grace window that lets it finish makes the next "
                 "save exact."
             )
-        self._cadence.saving(trainer, self._writes.writer(trainer))
-        self._writes.write(trainer)
+        self._cadence.timer.saving(trainer, self._writes.writer(trainer))
+        with seeing_checkpoints(trainer, functools.partial(self._pickles.saving, trainer)):
+            self._writes.write(trainer)
         self._mark_saved(trainer)
-        self._cadence.saved(trainer)  # the stall; the time to durable now or once written
+        self._cadence.saved()  # the stall; the time to durable now or once written
         log.debug("saved %s at step %s", self.ckpt_path, trainer.global_step)
         self._last_save_step = trainer.global_step
-        self._last_save_time = time.monotonic()
+        if self._check is not None:
+            self._check.saved(trainer)
 
     def save_in_validation(self, trainer: pl.Trainer) -> None:
         """Write ``last.ckpt`` from inside fit's validation (every rank): the last training step's state,

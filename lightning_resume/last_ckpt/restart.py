@@ -1,4 +1,4 @@
-"""The restart rule, from the checkpoint directory alone: one function for ``RequeueCheckpoint`` and
+"""The restart rule: one function for ``RequeueCheckpoint`` (with what the plugin's other tiers hold) and
 ``lightning-resume inspect``; a test checks that ``docs/src/how_resume_works.md`` states :data:`RULES`.
 Pure standard library.
 """
@@ -8,20 +8,19 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from lightning_resume._storage.atomic import create_text_exclusive
-from lightning_resume.run_dir import layout
+from lightning_resume.run_dir import layout, save_record
 
 
 class Restart(enum.Enum):
     """What a restart of a run does."""
 
-    #: ``last.ckpt`` exists: the restart resumes from it.
+    #: A committed copy of ``last.ckpt`` exists: the restart resumes from the newest one.
     RESUME = "resume"
-    #: No ``last.ckpt`` and the run never committed a checkpoint: it starts from the beginning, in the
-    #: same run dir (the earlier attempt stopped before its first save; nothing is lost).
+    #: No copy of ``last.ckpt`` and the run never committed a checkpoint: it starts from the beginning,
+    #: in the same run dir (the earlier attempt stopped before its first save; nothing is lost).
     START_OVER = "start over"
-    #: No ``last.ckpt`` although the run committed one: the restart raises ``ResumeError`` rather
-    #: than silently discard the run.
+    #: No copy of ``last.ckpt`` although the run committed one: the restart raises ``ResumeError``
+    #: rather than silently discard the run.
     LOST = "lost"
 
     @property
@@ -31,14 +30,17 @@ class Restart(enum.Enum):
 
 
 RULES = {
-    Restart.RESUME: "`last.ckpt` exists: the restart resumes from it.",
+    Restart.RESUME: (
+        "A committed copy of `last.ckpt` exists (in the checkpoint folder, in a node's memory tier or on "
+        "the mirror): the restart resumes from the newest one."
+    ),
     Restart.START_OVER: (
-        "No `last.ckpt` and the run never committed a checkpoint: the restart starts from the beginning "
-        "in the same run dir."
+        "No copy of `last.ckpt` anywhere and the run never committed a checkpoint: the restart starts from "
+        "the beginning in the same run dir."
     ),
     Restart.LOST: (
-        "No `last.ckpt` although the run committed one: the restart raises `ResumeError` instead of "
-        "starting over."
+        "No copy of `last.ckpt` anywhere although the run committed one (`saves.json` in the run dir "
+        "says so): the restart raises `ResumeError` instead of starting over."
     ),
 }
 
@@ -48,18 +50,34 @@ def exists(last: Path) -> bool:
     return last.is_file() or last.is_dir()
 
 
-def decide(run_dir: Path, last: Path | None = None) -> Restart:
-    """Apply the restart rule to ``run_dir`` (whose ``last.ckpt`` is ``last``, by default in the run dir)."""
-    if exists(last or layout.last_checkpoint(run_dir)):
+def decide(run_dir: Path, last: Path | None = None, elsewhere: str | None = None) -> Restart:
+    """Apply the restart rule to ``run_dir`` (whose ``last.ckpt`` is ``last``, by default in the run dir;
+    ``elsewhere``: where another tier holds a committed copy of it, if one does)."""
+    if exists(last or layout.last_checkpoint(run_dir)) or elsewhere:
         return Restart.RESUME
-    if layout.saved_marker(run_dir).exists():
+    if save_record.read(run_dir).committed:
         return Restart.LOST
     return Restart.START_OVER
 
 
 def record_saved(run_dir: Path) -> None:
-    """Mark that the run has committed a checkpoint (``checkpoints/.saved``, kept): in the run dir even
-    when ``last.ckpt`` is node-local, so that a restart on another node knows."""
-    marker = layout.saved_marker(run_dir)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    create_text_exclusive(marker, "")
+    """Record that the run has committed a checkpoint (``saves.json``, beside the checkpoint folder: a
+    restart on another node, or after the folder was lost, knows)."""
+    save_record.update(run_dir, committed=True)
+
+
+def outlook(run_dir: Path, last: Path, copy: str | None = None) -> str:
+    """What a restart of ``run_dir`` will do, by the rule as it stands now (for the line ending ``fit``)."""
+    restart = decide(run_dir, last, copy)
+    if restart is Restart.RESUME:
+        return (
+            f"{last} keeps its last save: a restart resumes from it"
+            if exists(last)
+            else (f"a restart resumes from {copy} ({last} is missing)")
+        )
+    if restart is Restart.START_OVER:
+        return f"no checkpoint was saved yet, so a restart starts over (nothing at {last})"
+    return (
+        f"{last} is missing although the run saved checkpoints, so a restart raises ResumeError until "
+        "last.ckpt is restored from a copy"
+    )

@@ -1,6 +1,7 @@
-"""How ``last.ckpt`` is written: by a plugin that ``writes_atomically`` itself, else to
-``.last.ckpt.partial``, fsynced and renamed (rank 0); sharded strategies, which call no plugin, through a
-:class:`~lightning_resume.io.sharded.saver.DirectorySaver`. And what a restart needs to know of it.
+"""How ``last.ckpt`` is written, one route chosen at the first save of each ``fit``: sharded strategies,
+which call no plugin, through a :class:`~lightning_resume.io.sharded.saver.DirectorySaver`; a plugin that
+``writes_atomically`` by itself; any other to ``.last.ckpt.partial``, fsynced and renamed (rank 0). And
+what a restart needs to know of it, with the plugin's memory tier (``io._protocol.MemoryTierLifecycle``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import lightning.pytorch as pl
 
 from lightning_resume._collectives import barrier
 from lightning_resume._compat.lightning import saves_directory
+from lightning_resume._storage.archive import intact_zip
 from lightning_resume._storage.atomic import fsync_file, replace_durably, temp_sibling
 from lightning_resume._storage.commit import save_error
-from lightning_resume.io._protocol import AtomicCheckpointIO, TieredCheckpointIO
-from lightning_resume.io._verified_load import intact_zip
+from lightning_resume.io._protocol import AtomicCheckpointIO, MemoryTierLifecycle
+from lightning_resume.io.durable_checkpoint_io import memory_tier_of
 from lightning_resume.io.settings import settings_of
 from lightning_resume.io.sharded.choice import clean_leftovers, prepare_resume
-from lightning_resume.io.sharded.in_memory import restore as restore_sharded
 from lightning_resume.io.sharded.saver import DirectorySaver
 
 
@@ -41,6 +42,11 @@ def lost_save(partial: Path) -> OSError:
     )
 
 
+def memory_tier(trainer: pl.Trainer) -> MemoryTierLifecycle | None:
+    """The memory tier of the trainer's checkpoint plugin, if it has one."""
+    return memory_tier_of(trainer.strategy.checkpoint_io)
+
+
 class LastCkptWrites:
     """The writes of one ``last.ckpt``, at ``path()`` (known once the run dir is); ``on_commit`` is called
     (every rank) once a sharded save is committed in the background."""
@@ -48,6 +54,7 @@ class LastCkptWrites:
     def __init__(self, path: Callable[[], Path], on_commit: Callable[[pl.Trainer], None]) -> None:
         self._path = path
         self._on_commit = on_commit
+        self._write: Callable[[pl.Trainer], None] | None = None  # the route, chosen at the first save
         self._saver: DirectorySaver | None = None  # sharded strategies: checkpoint directories
 
     @property
@@ -57,30 +64,35 @@ class LastCkptWrites:
 
     def writer(self, trainer: pl.Trainer) -> DirectorySaver | None:
         """What writes the next save where the plugin does not (a sharded strategy's saver), if anything."""
-        if saves_directory(trainer.strategy) is False:
-            return None
-        if self._saver is None:
+        if self._write is None:
+            self._write = self._choose(trainer)
+        return self._saver
+
+    def _choose(self, trainer: pl.Trainer) -> Callable[[pl.Trainer], None]:
+        if saves_directory(trainer.strategy) is not False:
             self._saver = DirectorySaver.for_trainer(
                 trainer, self._path(), on_commit=lambda: self._on_commit(trainer)
             )
-        return self._saver
+            return self._saver.save
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
+            return lambda trainer: trainer.save_checkpoint(self._path(), weights_only=False)
+        return self._through_partial_file
 
     def write(self, trainer: pl.Trainer) -> None:
         """Write the Trainer's checkpoint as ``last.ckpt`` (every rank)."""
-        saver = self.writer(trainer)
-        io = trainer.strategy.checkpoint_io
-        if saver is not None:
-            saver.save(trainer)
-        elif isinstance(io, AtomicCheckpointIO) and io.writes_atomically:
-            trainer.save_checkpoint(self._path(), weights_only=False)
-        else:
-            partial = self._partial
-            trainer.save_checkpoint(partial, weights_only=False)
-            if trainer.is_global_zero:
-                if not partial.is_file():
-                    raise lost_save(partial)
-                fsync_file(partial)
-                replace_durably(partial, self._path())
+        if self._write is None:
+            self._write = self._choose(trainer)
+        self._write(trainer)
+
+    def _through_partial_file(self, trainer: pl.Trainer) -> None:
+        partial = self._partial
+        trainer.save_checkpoint(partial, weights_only=False)
+        if trainer.is_global_zero:
+            if not partial.is_file():
+                raise lost_save(partial)
+            fsync_file(partial)
+            replace_durably(partial, self._path())
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Block until every write in flight is on disk (every rank)."""
@@ -93,21 +105,20 @@ class LastCkptWrites:
     @staticmethod
     def attach_memory(trainer: pl.Trainer, durable_dir: Path) -> None:
         """Introduce the nodes of a plugin's memory tier (every rank, in ``setup``)."""
-        io = trainer.strategy.checkpoint_io
-        if isinstance(io, TieredCheckpointIO):
-            io._attach_memory(trainer.strategy, durable_dir)
+        if (tier := memory_tier(trainer)) is not None:
+            tier.attach(trainer.strategy, durable_dir)
 
     def close(self, trainer: pl.Trainer, collective: bool) -> None:
         """Finish a sharded save in flight (``collective``: on every rank, at the same point); with a
-        memory tier, every rank waits until the copies between nodes are done."""
-        saver, self._saver = self._saver, None
+        memory tier, every rank waits until the copies between nodes are done. The next ``fit`` chooses
+        its route again."""
+        saver, self._saver, self._write = self._saver, None, None
         if saver is not None:  # first: its writer thread may still send replicas to the other nodes
             saver.close(trainer, collective=collective)
-        io = trainer.strategy.checkpoint_io
-        if collective and isinstance(io, TieredCheckpointIO) and getattr(io, "memory_tier", None) is not None:
-            io._settle_memory()
+        if collective and (tier := memory_tier(trainer)) is not None:
+            tier.settle()
             barrier(trainer.strategy, "lightning_resume memory tier")
-            io._close_memory()
+            tier.close()
 
     def remove_partial(self, trainer: pl.Trainer) -> None:
         """Remove a ``.last.ckpt.partial`` a killed attempt left (rank 0)."""
@@ -118,15 +129,12 @@ class LastCkptWrites:
     def written_by(self, trainer: pl.Trainer) -> tuple[int, Path]:
         """Choose what a sharded restart loads (every rank): a newer save in the nodes' memory tier, else
         the durable ``last.ckpt`` verified (falling back if it must); how many ranks wrote it, and where."""
-        io = trainer.strategy.checkpoint_io
-        kept = settings_of(io).directories_kept
-        restored = restore_sharded(trainer, self._path())
+        kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
+        tier = memory_tier(trainer)
+        restored = tier.restore_sharded(trainer, self._path()) if tier is not None else None
         if restored is not None:
-            shard_set, directory, record = restored
             clean_leftovers(trainer, self._path(), kept)
-            if isinstance(io, TieredCheckpointIO):
-                io._restored(record)
-            return shard_set.world_size, directory
+            return restored
         choice = prepare_resume(trainer, self._path(), kept)
         world = trainer.world_size if choice.manifest is None else choice.manifest.world_size
         return world, self._path()

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from types import FrameType
 from typing import Any, Literal
 
@@ -16,15 +16,16 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_resume._checks import find_one, flag, whole_number
+from lightning_resume._checks import flag, whole_number
 from lightning_resume._scheduler.environment import is_global_zero, under_submitit
-from lightning_resume._writer.duty_cycle import WriteStats
 from lightning_resume.exceptions import Preempted
-from lightning_resume.io._protocol import HurryingCheckpointIO
-from lightning_resume.last_ckpt.requeue_checkpoint import RequeueCheckpoint
+from lightning_resume.exit_status.exit_status import attach as attach_exit_status
+from lightning_resume.failure_classes import FailureClass
+from lightning_resume.io._protocol import ReportsWrites
+from lightning_resume.last_ckpt.stop_saves import StopSaves
 from lightning_resume.preemption.notices._agreement import Wanted, agree, shared_notice, written_seconds
-from lightning_resume.preemption.notices._notice import Notice
 from lightning_resume.preemption.notices._notice_source import NoticeSource
+from lightning_resume.preemption.notices._notices import Notices, as_notices
 from lightning_resume.preemption.notices._policy import Act
 from lightning_resume.preemption.notices._watch import NoticeWatch
 from lightning_resume.preemption.requeue import requeue_job
@@ -35,40 +36,12 @@ from lightning_resume.preemption.signals import (
     signal_number,
     submitit_signal,
 )
+from lightning_resume.preemption.stop_state import Event, Stage, StopReport, StopState
 from lightning_resume.preemption.worker_signals import block_in_workers, unblock_in_workers
 
 log = logging.getLogger(__name__)
 
 _Handler = Any  # what signal.getsignal returns: a callable, SIG_DFL, SIG_IGN or None
-
-
-@dataclass
-class StopReport:
-    """How a preemption stopped ``fit``.
-
-    Attributes:
-        signal: The signal's name (``"a signal on another rank"``), or the notice (``"the aws-spot notice"``).
-        step: The global step ``last.ckpt`` holds (``None`` when stopped before training).
-        started: ``time.monotonic()`` of the signal (for a notice: of the ranks' decision to stop).
-        seconds_to_durable: From then until ``last.ckpt`` was durable.
-        requeue: What was done to requeue the job (``None`` until it is decided).
-        seconds_to_exit: From the signal until ``fit`` ended.
-        write: How ``last.ckpt`` was written, when the plugin reports it (``DurableCheckpointIO.last_write``).
-        notice: The preemption notice acted on before the stop, if any.
-        notice_to_durable: Seconds from that notice until the first ``last.ckpt`` after it was durable.
-        steps_after_notice: Steps trained after the notice's save and kept by the last save.
-    """
-
-    signal: str
-    step: int | None
-    started: float = 0.0
-    seconds_to_durable: float | None = None
-    requeue: str | None = None
-    seconds_to_exit: float | None = None
-    write: WriteStats | None = None
-    notice: Notice | None = None
-    notice_to_durable: float | None = None
-    steps_after_notice: int | None = None
 
 
 class PreemptionHandler(Callback):
@@ -96,24 +69,26 @@ class PreemptionHandler(Callback):
         signals: Signal names that mean "preempted" (a list, or one name). Default: SIGTERM, SIGUSR1,
             SIGUSR2 (and submitit's ``$SUBMITIT_PREEMPT_SIGNAL`` under submitit).
         requeue: Requeue the job (SLURM / submitit). ``False``: save and exit only.
-        exit_code: Exit status after a preemption, 1..255 (default 143, "terminated").
+        exit_code: Exit status after a preemption, 1..255 (default 143, "terminated": the ``preempted``
+            class of ``lightning_resume.failure_classes``).
         check_every_n_steps: Agree on the flag every this many training (and validation) batches: one
             small all-reduce per check under DDP (about 2 ms on 2 CPU ranks); the stop comes up to this
             many batches later.
-        notices: Preemption notice sources to poll off the training thread, acted on through the same
-            agreement: ``"auto"`` (default: every source of :mod:`lightning_resume.notices` that applies
-            on the machine, told without a network call), ``None`` or ``[]`` for none, or a list such as
-            ``[AwsSpotNotice(), FileNotice("/tmp/x")]``.
-        on_notice: ``"save_and_continue"`` (default) saves ``last.ckpt`` now and trains on until the
-            deadline less the measured time to durable, ``notice_margin`` and one step (or the signal),
-            then stops as for a signal; ``"stop"``, or no room for that, saves, requeues and exits now.
-        notice_margin: Seconds kept free before a notice's deadline, beyond the measured time to
-            durable and one step (time to requeue and exit, clocks that differ).
+        notices: Preemption notices polled off the training thread and acted on through the same
+            agreement: a :class:`~lightning_resume.notices.Notices` (its sources, what a notice does,
+            the margin kept before its deadline); default ``Notices()``, every source that applies on
+            the machine; ``None``: none.
+        on_notice: Deprecated (0.x): folded into ``notices`` with a ``FutureWarning``, as are
+            ``notices="auto"`` and a list of sources; use ``Notices(on_notice=...)``.
+        notice_margin: Deprecated (0.x): use ``Notices(margin=...)``.
+        failure_classes: End any failed ``fit`` with its failure class's exit status, the same on every
+            rank, and record the class in ``attempts.json`` (see the failure classes page). ``False``
+            here or on ``ProgressWatchdog`` turns it off.
 
     Raises:
-        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), an exit code outside
-            1..255, an unknown ``on_notice`` or ``notices`` string, or a non-positive ``notice_margin``.
-        TypeError: for arguments of the wrong type.
+        ValueError: for an unknown or uncatchable signal (SIGKILL, SIGSTOP), or an exit code outside
+            1..255.
+        TypeError: for arguments of the wrong type (``notices`` neither ``Notices`` nor ``None``).
 
     Example::
 
@@ -125,11 +100,13 @@ class PreemptionHandler(Callback):
         self,
         signals: list[str] | None = None,
         requeue: bool = True,
-        exit_code: int = 143,
+        exit_code: int = FailureClass.PREEMPTED.exit_code,
         check_every_n_steps: int = 1,
-        notices: Literal["auto"] | list[NoticeSource] | None = "auto",
-        on_notice: Literal["save_and_continue", "stop"] = "save_and_continue",
-        notice_margin: float = 15.0,
+        notices: Notices | Literal["auto"] | list[NoticeSource] | None = Notices(),  # noqa: B008  (frozen: a shared default is safe)
+        failure_classes: bool = True,
+        *,
+        on_notice: str | None = None,
+        notice_margin: float | None = None,
     ) -> None:
         whole_number("exit_code", exit_code, what="whole number from 1 to 255")
         if not 1 <= exit_code <= 255:
@@ -139,6 +116,7 @@ class PreemptionHandler(Callback):
             )
         flag("requeue", requeue)
         whole_number("check_every_n_steps", check_every_n_steps, 1)
+        notices = as_notices(notices, on_notice, notice_margin)
         if isinstance(signals, str):
             signals = [signals]  # one name, not a list of characters
         names = list(signals) if signals is not None else list(PREEMPT_SIGNALS)
@@ -147,31 +125,28 @@ class PreemptionHandler(Callback):
         self.signals = sorted({catchable_signal(name) for name in names})
         self.requeue = requeue
         self.exit_code = exit_code
+        self.failure_classes = flag("failure_classes", failure_classes)
         self.check_every_n_steps = check_every_n_steps
-        self._notices = NoticeWatch(notices, on_notice, notice_margin)
-        self.notices, self.on_notice, self.notice_margin = notices, on_notice, notice_margin
-        self._agreed = Act.NONE
-        self._wanted: Wanted = (Act.NONE, None)  # this rank's, at the latest check
+        self.notices = notices
+        self._notices = NoticeWatch(notices)
+        self._state = StopState()
         self._batches_seen = 0
         self._pid = os.getpid()
         self._previous: dict[signal.Signals, _Handler] = {}
-        self._received: tuple[signal.Signals, float] | None = None
-        self._in_training = False
-        self._stopped: StopReport | None = None
-        self._requeue_checkpoint: RequeueCheckpoint | None = None
-        self._exiting = False  # the interpreter runs its exit handlers: the process ends anyway
-        atexit.register(self._at_exit)  # after torch's finalizers are registered: runs before them
+        self._saves: StopSaves | None = None
+        atexit.register(self._state.move, Event.EXIT)  # after torch's finalizers: runs before them
         self.install()
 
     @property
     def received(self) -> str | None:
         """Name of the first preemption signal received, if any."""
-        return self._received[0].name if self._received else None
+        return self._state.signal[0].name if self._state.signal else None
 
     @property
     def stop_report(self) -> StopReport | None:
         """How ``fit`` was stopped (signal, step, requeue, latencies), or ``None`` if it was not."""
-        return self._stopped if self._stopped is not None and self._stopped.requeue is not None else None
+        report = self._state.report
+        return report if report is not None and report.requeue is not None else None
 
     def install(self) -> None:
         """Install the handlers (main thread only), keeping the ones they replace for chaining."""
@@ -195,35 +170,24 @@ class PreemptionHandler(Callback):
         self._previous = {}
         unblock_in_workers()
 
-    def _at_exit(self) -> None:
-        self._exiting = True
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._exiting:  # a raise in an exit handler prints a traceback and changes nothing
-            log.warning("%s received while the process exits: ignored", signal.Signals(signum).name)
-            return
-        if os.getpid() != self._pid:
+        sig = signal.Signals(signum)
+        if os.getpid() != self._pid and self._state.stage is not Stage.EXITING:
             # A forked child inherited this handler: the training process decides. The child gets what
             # it would have got without us (a pool's terminate() must still end it).
             self._as_before_in_child(signum, frame)
             return
-        sig = signal.Signals(signum)
-        if self._received is not None:
-            log.warning(
-                "%s received while already stopping for %s: ignored", sig.name, self._received[0].name
-            )
+        ignored = self._state.signalled(sig, time.monotonic())
+        if ignored is not None:  # (while exiting: a raise in an exit handler prints a traceback)
+            log.warning("%s received %s: ignored", sig.name, ignored)
             return
-        self._received = (sig, time.monotonic())
-        when = (
-            "training stops at the next step boundary"
-            if self._in_training
-            else "not training yet: exiting now"
-        )
+        idle = self._state.stage is Stage.IDLE
+        when = "not training yet: exiting now" if idle else "training stops at the next step boundary"
         log.warning("%s received (pid %s): %s", sig.name, os.getpid(), when)
         previous = self._previous.get(sig)
         if callable(previous) and describe(previous).origin == "user":
             previous(signum, frame)
-        if not self._in_training:
+        if idle:
             self._stop_before_training(sig)
 
     def _as_before_in_child(self, signum: int, frame: FrameType | None) -> None:
@@ -237,7 +201,8 @@ class PreemptionHandler(Callback):
 
     def _stop_before_training(self, sig: signal.Signals) -> None:
         requeued = self._issue_requeue(sig) if is_global_zero(os.environ) else "left to rank 0"
-        self._stopped = StopReport(sig.name, None, requeue=requeued)
+        self._state.stop(StopReport(sig.name, None, requeue=requeued))
+        self._state.move(Event.END)
         raise Preempted(self.exit_code)
 
     def _issue_requeue(self, sig: signal.Signals) -> str:
@@ -250,12 +215,12 @@ class PreemptionHandler(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        why = "it saves last.ckpt through it, with a RunDir"
-        self._requeue_checkpoint = find_one(trainer, RequeueCheckpoint, "PreemptionHandler", why)
-        self._requeue_checkpoint._on_each_epoch_boundary(self._at_epoch_boundary)
+        self._saves = StopSaves(trainer, "PreemptionHandler")
+        self._saves.at_each_epoch_boundary(self._at_epoch_boundary)
         self.install()
         if stage == "fit":
-            self._notices.start(trainer.local_rank, trainer.global_rank)
+            attach_exit_status(trainer)
+            self._notices.start(trainer.local_rank, trainer.global_rank, self._saves.recorded_to_durable())
 
     def _take_back_handlers(self) -> None:
         # Lightning puts its SIGTERM handler (which broadcasts under DDP) in front of ours just before the
@@ -270,7 +235,7 @@ class PreemptionHandler(Callback):
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # From here on a signal is acted on at the next batch boundary, on every rank at once.
         self._take_back_handlers()
-        self._in_training = True
+        self._state.move(Event.TRAIN)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -289,7 +254,7 @@ class PreemptionHandler(Callback):
         # An epoch's last batch is not a resume point: its end (with a stateful loader: the next epoch's
         # first batch) is, so the check waits for it.
         if self._check_due() and not trainer.is_last_batch:
-            self._act(trainer, self._agree(trainer))
+            self._act(trainer, *self._agree(trainer))
 
     @override
     def on_validation_batch_end(
@@ -301,18 +266,19 @@ class PreemptionHandler(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if trainer.state.fn != "fit" or self._stopped is not None or not self._in_training:
+        if trainer.state.fn != "fit" or not self._state.training or not self._check_due():
             return
         # A notice's save while training goes on waits for the next training batch.
-        if not (self._check_due() and self._agree(trainer) >= Act.STOP):
+        act, wanted = self._agree(trainer)
+        if act < Act.STOP:
             return
         if trainer.sanity_checking:
             # No training step has run: nothing to save; the restart runs the sanity check again.
-            cause, start = self._cause(trainer)
-            self._stopped = StopReport(cause, trainer.global_step, started=start, seconds_to_durable=0.0)
+            cause, start = self._cause(trainer, act, wanted)
+            self._state.stop(StopReport(cause, trainer.global_step, started=start, seconds_to_durable=0.0))
         else:
             # Validation changes no training state: save the last step's, to redo this validation.
-            self._save(trainer, in_validation=True)
+            self._save(trainer, act, wanted, in_validation=True)
         self._exit(trainer)
 
     @override
@@ -320,110 +286,102 @@ class PreemptionHandler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         # Exiting here rather than right after the save lets Lightning log the saved step's metrics.
-        if self._stopped is not None:
+        if self._state.stage is Stage.STOPPING:
             self._exit(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Not a resume point: the epoch's end is agreed on as the next epoch starts (_at_epoch_boundary).
-        if self._stopped is not None:
+        if self._state.stage is Stage.STOPPING:
             self._exit(trainer)
 
     def _at_epoch_boundary(self, trainer: pl.Trainer) -> None:
         """The resume point between epochs, before the next one's hooks (``RequeueCheckpoint`` calls it)."""
-        assert self._requeue_checkpoint is not None
-        if self._stopped is None and not self._requeue_checkpoint._saves_epoch_start_instead:
-            self._act(trainer, self._agree(trainer))
-        if self._stopped is not None:
+        assert self._saves is not None
+        if self._state.training and not self._saves.boundary_saved_later:
+            self._act(trainer, *self._agree(trainer))
+        if self._state.stage is Stage.STOPPING:
             self._exit(trainer)
 
-    def _agree(self, trainer: pl.Trainer) -> Act:
-        """What every rank does at this batch (all ranks call this at the same batch)."""
+    def _agree(self, trainer: pl.Trainer) -> tuple[Act, Wanted]:
+        """What every rank does at this batch, and what this rank wanted (all ranks call this at once)."""
         io = trainer.strategy.checkpoint_io
-        self._wanted = (
-            (Act.SIGNAL, None) if self._received else self._notices.wanted(lambda: written_seconds(io))
-        )
-        self._agreed = agree(trainer.strategy, self._wanted[0])
-        return self._agreed
+        signalled = self._state.stage is Stage.SIGNALLED
+        wanted = (Act.SIGNAL, None) if signalled else self._notices.wanted(lambda: written_seconds(io))
+        return agree(trainer.strategy, wanted[0]), wanted
 
-    def _act(self, trainer: pl.Trainer, act: Act) -> None:
+    def _act(self, trainer: pl.Trainer, act: Act, wanted: Wanted) -> None:
         if act == Act.SAVE:
-            self._save_for_notice(trainer)
+            self._save_for_notice(trainer, wanted)
         elif act >= Act.STOP:
-            self._save(trainer)
+            self._save(trainer, act, wanted)
 
-    def _cause(self, trainer: pl.Trainer) -> tuple[str, float]:
+    def _cause(self, trainer: pl.Trainer, act: Act, wanted: Wanted) -> tuple[str, float]:
         """What stops ``fit`` (a signal, or a notice) and its ``time.monotonic()``."""
-        if self._agreed == Act.STOP:
-            notice = shared_notice(trainer.strategy, self._wanted, Act.STOP)
+        if act == Act.STOP:
+            notice = shared_notice(trainer.strategy, wanted, Act.STOP)
             self._notices.acting_on(notice)
             return f"the {notice.source} notice", time.monotonic()
-        if self._received:
-            return self._received[0].name, self._received[1]
+        if self._state.signal is not None:
+            return self._state.signal[0].name, self._state.signal[1]
         return "a signal on another rank", time.monotonic()
 
-    def _save_for_notice(self, trainer: pl.Trainer) -> None:
+    def _save_for_notice(self, trainer: pl.Trainer, wanted: Wanted) -> None:
         """Make ``last.ckpt`` durable now, for a notice, and train on."""
-        notice = shared_notice(trainer.strategy, self._wanted, Act.SAVE)
-        record = self._notices.saved(notice, trainer.global_step, self._save_durably(trainer))
+        assert self._saves is not None
+        notice = shared_notice(trainer.strategy, wanted, Act.SAVE)
+        record = self._notices.saved(notice, trainer.global_step, self._saves.save_durably(trainer))
         if trainer.is_global_zero:
             written = written_seconds(trainer.strategy.checkpoint_io)
             log.warning("%s", self._notices.describe_save(record, written))
 
-    def _save_durably(self, trainer: pl.Trainer, in_validation: bool = False) -> float:
-        """Write ``last.ckpt`` at once and wait until it is durable; return the seconds it took."""
-        assert self._requeue_checkpoint is not None
-        start, io = time.monotonic(), trainer.strategy.checkpoint_io
-        if isinstance(io, HurryingCheckpointIO):
-            io._hurry()  # a wait follows at once: full speed, and this save written straight away
-        checkpoint = self._requeue_checkpoint
-        (checkpoint.save_in_validation if in_validation else checkpoint.save)(trainer)
-        checkpoint.wait_until_durable(trainer)
-        return time.monotonic() - start
-
-    def _save(self, trainer: pl.Trainer, in_validation: bool = False) -> None:
+    def _save(self, trainer: pl.Trainer, act: Act, wanted: Wanted, in_validation: bool = False) -> None:
         """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
-        cause, start = self._cause(trainer)
-        self._save_durably(trainer, in_validation)
+        assert self._saves is not None
+        cause, start = self._cause(trainer, act, wanted)
+        self._saves.save_durably(trainer, in_validation, stopping=True)
         seconds, io = time.monotonic() - start, trainer.strategy.checkpoint_io
-        write = io.last_write if isinstance(io, HurryingCheckpointIO) else None
-        self._stopped = StopReport(cause, trainer.global_step, start, seconds_to_durable=seconds, write=write)
+        write = io.last_write if isinstance(io, ReportsWrites) else None
+        report = StopReport(cause, trainer.global_step, start, seconds_to_durable=seconds, write=write)
         record = self._notices.record
         if record is not None:  # a notice came first: what it led to
-            record.durable_after(time.time(), self._stopped.seconds_to_durable or 0.0)
-            self._stopped.notice, self._stopped.notice_to_durable = record.notice, record.notice_to_durable
-            self._stopped.steps_after_notice = record.steps_gained(trainer.global_step)
+            record.durable_after(time.time(), seconds)
+            gained = record.steps_gained(trainer.global_step)
+            report = replace(report, notice=record.notice, notice_to_durable=record.notice_to_durable)
+            report = replace(report, steps_after_notice=gained)
+        self._state.stop(report)
 
     def _exit(self, trainer: pl.Trainer) -> None:
         """Requeue (rank 0) and end ``fit`` with :class:`~lightning_resume.Preempted`."""
-        assert self._stopped is not None
-        sig = self._received[0] if self._received else signal.SIGTERM
+        report = self._state.report
+        assert report is not None
+        sig = self._state.signal[0] if self._state.signal else signal.SIGTERM
         if trainer.is_global_zero and self._submitit_requeue() is not None:
             # submitit requeues and exits from its own handler: say everything before handing over.
-            self._stopped.requeue = "through submitit"
-            self._log_stop("through submitit, which exits", None)
+            self._state.report = replace(report, requeue="through submitit")
+            self._log_stop(report, "through submitit, which exits", None)
         requeued = self._issue_requeue(sig) if trainer.is_global_zero else "left to rank 0"
-        total = time.monotonic() - self._stopped.started
-        self._stopped.requeue, self._stopped.seconds_to_exit = requeued, total
+        total = time.monotonic() - report.started
+        self._state.report = replace(report, requeue=requeued, seconds_to_exit=total)
+        self._state.move(Event.END)
         if trainer.is_global_zero:
-            self._log_stop(requeued, total)
+            self._log_stop(report, requeued, total)
         raise Preempted(self.exit_code)
 
-    def _log_stop(self, requeued: str, total: float | None) -> None:
-        assert self._stopped is not None
-        since = "the stop" if self._agreed == Act.STOP else "the signal"
+    def _log_stop(self, report: StopReport, requeued: str, total: float | None) -> None:
+        since = "the stop" if report.by_notice else "the signal"
         exits = "" if total is None else f"; exiting with status {self.exit_code} {total:.3f} s after {since}"
         record = self._notices.record
         log.warning(
             "Preempted by %s at step %s: last.ckpt durable %.3f s after %s%s; requeue: %s%s%s",
-            self._stopped.signal,
-            self._stopped.step,
-            self._stopped.seconds_to_durable,
+            report.signal,
+            report.step,
+            report.seconds_to_durable,
             since,
-            f" ({self._stopped.write.describe()})" if self._stopped.write is not None else "",
+            f" ({report.write.describe()})" if report.write is not None else "",
             requeued,
             exits,
-            f"; {record.describe(self._stopped.step)}" if record is not None else "",
+            f"; {record.describe(report.step)}" if record is not None else "",
         )
 
     def _submitit_requeue(self) -> Any:
@@ -435,7 +393,7 @@ class PreemptionHandler(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._in_training = False
+        self._state.move(Event.LEAVE)
         self._notices.stop()
         self.uninstall()
 

@@ -12,7 +12,8 @@ from typing_extensions import override
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import Preempted
 from lightning_resume.preemption import signals
-from lightning_resume.preemption.preemption_handler import PreemptionHandler, StopReport
+from lightning_resume.preemption.preemption_handler import PreemptionHandler
+from lightning_resume.preemption.stop_state import StopReport
 
 log = logging.getLogger(__name__)
 

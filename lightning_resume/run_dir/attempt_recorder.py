@@ -153,6 +153,7 @@ class AttemptRecorder:
         self._last_flush = 0.0
         self._failed = False  # an error writing the record was reported once
         self._beat: int | None = None  # the step beat's file descriptor (rank 0, while training)
+        self._failure: dict[str, Any] = {}  # the failure class the attempt ends with (``classified``)
         # Registered early: exit handlers run last-in first-out, so this one runs after those of the
         # objects made later (loggers, checkpoint IO), the closest to the exit a handler gets.
         atexit.register(self._exiting)
@@ -323,6 +324,15 @@ class AttemptRecorder:
         self._attempt = replace(self._attempt, cadence=cadence)
         self._flush()
 
+    @_never_raises
+    def stragglers(self, summary: dict[str, Any], at_once: bool = False) -> None:
+        """Record ``StragglerDetector``'s summary (written with the next flush; ``at_once``: now)."""
+        if self._attempt is None:
+            return
+        self._attempt = replace(self._attempt, stragglers=summary)
+        if at_once:
+            self._flush()
+
     def _write_beat(self) -> None:
         """Overwrite the step beat in place (no fsync: the page cache outlives a kill)."""
         assert self._attempt is not None and self._last_step is not None
@@ -337,6 +347,23 @@ class AttemptRecorder:
             self._beat = -1
             self._report(e)
 
+    @_never_raises
+    def classified(self, failure: str, exit_code: int, rank: int, error: str = "") -> None:
+        """Record the failure class the ranks exit with, its exit status, the rank it came from and that
+        rank's error (``ExitStatus``; into the end as it is closed, or at once when it is closed already)."""
+        self._failure = {"failure": failure, "exit_code": exit_code, "rank": rank, "error": error}
+        if self._attempt is not None and self._attempt.end is not None:
+            self._attempt = replace(self._attempt, end=self._classified(self._attempt.end))
+            self._flush()
+
+    def _classified(self, end: End) -> End:
+        """``end`` with the failure class (a hang's has its own); a failure's error is the root cause's."""
+        if end.failure is not None or not self._failure:
+            return end
+        found = dict(self._failure)
+        error = found.pop("error")
+        return replace(end, **found, **({"error": error} if end.cause is Cause.FAILED and error else {}))
+
     def _close(self, trainer: pl.Trainer, end: End) -> None:
         if self._beat is not None and self._beat >= 0:
             with contextlib.suppress(OSError):
@@ -348,7 +375,7 @@ class AttemptRecorder:
         with contextlib.suppress(Exception):
             checkpoint = self.durable(trainer) or checkpoint
         self._last_step = trainer.global_step if self._last_step is None else self._last_step
-        self._attempt = replace(self._attempt, checkpoint=checkpoint, end=end)
+        self._attempt = replace(self._attempt, checkpoint=checkpoint, end=self._classified(end))
         self._flush()
 
     @_never_raises

@@ -19,11 +19,15 @@ is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang no
                             "last_to_durable": 4.8},
         "cadence": {"steps": 120, "seconds": 300.0, ...}, "exited": 1717000395.3,
         "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step", "step": 655,
-                "seconds": 300.2, "timeout": 300.0, "rank": 1, "stacks": ["hangs/attempt-3-rank-0.txt"]}}]}
+                "seconds": 300.2, "timeout": 300.0, "rank": 1, "stacks": ["hangs/attempt-3-rank-0.txt"],
+                "failure": "hang", "exit_code": 75}}]}
 
 Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the dropped ones for :func:`exposure`.
-``code_started``, ``restore``, ``restored_at``, ``exited`` and ``end.signalled`` are written only when
-known (older files lack them; they read as ``None``).
+``code_started``, ``restore``, ``restored_at``, ``exited``, ``end.signalled`` and ``end.failure`` /
+``end.exit_code`` (the failure class, ``lightning_resume.failure_classes``) are written only when known
+(older files lack them; they read as ``None``). ``stragglers`` is written by ``StragglerDetector``:
+``{"window": 100, "windows": 12, "ranks": [{"rank": 0, "host": "node7", "data": 0.001, "compute": 0.2,
+"collective": 0.05, "optimizer": 0.01}, ...], "named": [Straggler.to_dict(), ...]}`` (seconds per step).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lightning_resume._storage.atomic import write_json_atomic
+from lightning_resume.failure_classes import FailureClass
 from lightning_resume.run_dir import layout
 from lightning_resume.run_dir.hangs import HangNote, section_label
 
@@ -81,9 +86,13 @@ class End:
     step: int | None = None  # hung: the step it had reached; killed: its last step, if its beat told
     seconds: float | None = None  # hung: how long it had made no progress
     timeout: float | None = None  # hung: the timeout it exceeded
-    rank: int | None = None  # hung: the first rank to report
+    rank: int | None = None  # hung: the first rank to report; with ``failure``: the rank it came from
     stacks: tuple[str, ...] = ()  # hung: every reporting rank's stacks file, relative to the run dir
     signalled: float | None = None  # preempted: when the signal arrived (a notice: when the ranks agreed)
+    # The failure class the ranks exited with (``lightning_resume.failure_classes``), its exit status, and
+    # the rank it came from (in ``rank``): set when PreemptionHandler or ProgressWatchdog classified it.
+    failure: str | None = None
+    exit_code: int | None = None
 
     @property
     def fault(self) -> float:
@@ -97,7 +106,8 @@ class End:
 
 
 #: The fields of :class:`End` that its JSON object holds only when set.
-_END_OPTIONAL = ("signal", "notice", "error", "section", "step", "seconds", "timeout", "rank", "signalled")
+_END_OPTIONAL: tuple[str, ...] = ("signal", "notice", "error", "section", "step", "seconds", "timeout")
+_END_OPTIONAL += ("rank", "signalled", "failure", "exit_code")
 
 
 @dataclass(frozen=True)
@@ -205,6 +215,8 @@ class Attempt:
     restore: dict[str, Any] | None = None
     restored_at: float | None = None  # when that load ended (else when the loaded state reached callbacks)
     exited: float | None = None  # when rank 0's process began to exit (``None``: unknown, e.g. SIGKILL)
+    # ``StragglerDetector``'s summary: window, windows, each rank's seconds per step by part, the ranks named.
+    stragglers: dict[str, Any] | None = None
 
     @property
     def made_progress(self) -> bool:
@@ -303,6 +315,7 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
         last_ckpt_saves=_numbers(LastCkptSaves, data.get("last_ckpt_saves") or {}),
         cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
         restore=data.get("restore") if isinstance(data.get("restore"), dict) else None,
+        stragglers=data.get("stragglers") if isinstance(data.get("stragglers"), dict) else None,
         end=_end(data.get("end")),
         **{key: data.get(key) for key in (*as_is, *known)},
     )
@@ -351,6 +364,7 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         "saves": {key: _rounded(value) for key, value in asdict(attempt.saves).items()},
         "last_ckpt_saves": {key: _rounded(getattr(last, key), 4) for key in _LAST_CKPT_KEYS},
         "cadence": attempt.cadence,
+        **({"stragglers": attempt.stragglers} if attempt.stragglers is not None else {}),
         **({"self_check": attempt.self_check} if attempt.self_check is not None else {}),
         **{key: value for key, value in known.items() if value is not None},
         "end": end_data,
@@ -428,7 +442,10 @@ def hung_end(notes: Sequence[HangNote]) -> End:
         f"{first.seconds:.0f} s (timeout {first.timeout:.0f} s); stacks in {', '.join(stacks)}"
     )
     told = {key: getattr(first, key) for key in ("section", "step", "seconds", "timeout", "rank")}
-    return End(first.time, Cause.HUNG, detail, stacks=stacks, **told)
+    hang = FailureClass.HANG
+    return End(
+        first.time, Cause.HUNG, detail, stacks=stacks, failure=hang.value, exit_code=hang.exit_code, **told
+    )
 
 
 def with_notes(history: History, notes: Sequence[HangNote]) -> History:

@@ -7,15 +7,16 @@
             run_meta.json                  who created the run, under which session key
             status.json                    how the latest attempt stands
             attempts.json                  every attempt: start, resumed step, checkpoints, end (RunDir)
+            saves.json                     whether the run committed a checkpoint; what its checkpoints pickle
             watchdog.json                  ProgressWatchdog's settings and the slowest time seen per section
             hangs/attempt-N-rank-R.txt     a hung rank's Python stacks (.json beside it: where, how long)
             .lock                          locked by the live attempt that trains here
             checkpoints/last.ckpt          the checkpoint a restart resumes from
-            checkpoints/.saved             marker: the run has committed a checkpoint
             checkpoints/.validated-after   the step of the last save that a validation followed
             .self-check/rank-R.step-S.json each rank's first step after the save of step S (the self-check)
             <tracker>_resume.json          tracker sidecars (also tensorboard_resume.json, csv_resume.json)
             logs/tensorboard, logs/csv     links to the TensorBoard/CSV version dirs (LocalLoggerResume)
+            logs/.positions.json           each log's length at the recent saves (where a restart cuts)
             config.yaml                    LightningCLI's configuration (config.1.yaml, ...: earlier ones)
             hydra_config.yaml              Hydra's composed configuration (hydra_config.1.yaml, ...)
         .index/<session key>               the run dir a session key belongs to, relative to the root
@@ -39,7 +40,7 @@ CHECKPOINTS = "checkpoints"
 LAST = "last"
 CKPT_SUFFIX = ".ckpt"
 LAST_CKPT = f"{LAST}{CKPT_SUFFIX}"
-SAVED_MARKER = ".saved"
+SAVES = "saves.json"
 VALIDATED_AFTER = ".validated-after"  # that validation is redone on restart
 LOGS = "logs"
 SELF_CHECK = ".self-check"
@@ -103,9 +104,9 @@ def last_checkpoint(run_dir: Path) -> Path:
     return checkpoint_dir(run_dir) / LAST_CKPT
 
 
-def saved_marker(run_dir: Path) -> Path:
-    """``<run dir>/checkpoints/.saved``: present once the run has committed a checkpoint."""
-    return checkpoint_dir(run_dir) / SAVED_MARKER
+def saves_record(run_dir: Path) -> Path:
+    """``<run dir>/saves.json``, beside (not in) ``checkpoints/``: it outlives a lost checkpoint folder."""
+    return run_dir / SAVES
 
 
 def validated_after(run_dir: Path) -> Path:

@@ -1,5 +1,5 @@
-"""``OwnCheckpointLoad``: ``validate``/``test``/``predict`` may load the run's own checkpoints with
-pickled hyperparameters (the rule of :mod:`.own_hparams`)."""
+"""``OwnCheckpointLoad``: ``validate``/``test``/``predict`` may load the run's own checkpoints with what
+their saves pickled (the rule of :mod:`.own_hparams`)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class OwnCheckpointLoad:
         return any(where.is_relative_to(os.path.realpath(folder)) for folder in folders)
 
     def _allowed(self) -> dict[str, Any]:
-        return own_hparams.trainer_hparams_globals(self.trainer)
+        return own_hparams.own_globals(self.trainer, self.run_dir)
 
     def _load(
         self,

@@ -20,6 +20,7 @@ from lightning_resume._log import show_info_lines
 from lightning_resume._scheduler.environment import (
     ENV,
     KeySource,
+    check_settings,
     expects_peers,
     global_rank,
     is_global_zero,
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 
 # The RunDirs alive in this process (weakly held), to recognise a second one for the same session.
 _LIVE: weakref.WeakSet[RunDir] = weakref.WeakSet()
+
+
+def attempts_of(run_dir: RunDir) -> AttemptRecorder:
+    """This attempt's record in ``attempts.json`` (written by global rank 0), for the features that add
+    to it: the one way into it from outside ``run_dir/`` (architecture.md); not user API."""
+    return run_dir._attempts
 
 
 class RunDir(Callback):
@@ -84,7 +91,8 @@ class RunDir(Callback):
             raise ValueError(f"root must be a directory path, got {root!r}.")
         if key is not None:
             resolve.check_key(key, "RunDir(key=...)")
-        self.root = Path(root).expanduser().resolve()
+        check = check_settings(os.environ)  # under `lightning-resume check`: the check's own root
+        self.root = (Path(check.folder) / "runs" if check else Path(root)).expanduser().resolve()
         self.key = key
         self.handoff_timeout = float(handoff_timeout)
         self._session = read_session(os.environ, key)
@@ -170,11 +178,6 @@ class RunDir(Callback):
     def session_key(self) -> str | None:
         """The session key this run is recorded under, if any."""
         return self._session.key
-
-    @property
-    def attempts(self) -> AttemptRecorder:
-        """The record of this attempt in ``attempts.json`` (written by global rank 0)."""
-        return self._attempts
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -1,10 +1,14 @@
-"""TensorBoard and CSV logs of a restart that resumes at logging step ``k``: what the interrupted
-attempt logged at steps ``>= k`` is dropped, so that every step appears once.
+"""Where TensorBoard and CSV logs stand at a moment of a run (a *position*), and cutting them back to one.
 
-- TensorBoard: a ``SessionLog(START)`` at step ``k`` (as ``SummaryWriter(purge_step=k)``) makes readers
-  drop earlier events at steps ``>= k``; the server ignores a run's first START, so one goes at step 0.
+A position records what the logs of a version dir held: the length of each TensorBoard event file
+(relative path -> bytes) and the number of rows of ``metrics.csv``. A restart continuing from that
+moment cuts the logs back to it, since it logs what followed again: every event is then there once,
+whatever step it was logged at.
+
+- TensorBoard: each recorded event file is cut to its recorded length, to whole records (a kill may
+  leave half of one at the end); event files made since are removed.
 - CSV: ``CSVLogger`` deletes ``metrics.csv`` before any callback hook, so a restart moves it aside
-  (:data:`KEPT`) before ``fit`` and writes back the rows at steps ``< k``.
+  (:data:`KEPT`) before ``fit`` and writes its first rows back.
 """
 
 from __future__ import annotations
@@ -12,27 +16,94 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import math
 import os
 import socket
+import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._storage.atomic import fsync_dir, replace_durably, write_text_atomic
+from lightning_resume._storage.atomic import (
+    fsync_dir,
+    fsync_file,
+    replace_durably,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 METRICS = "metrics.csv"
 #: What ``CSVLogger`` writes its hyperparameters to.
 HPARAMS = "hparams.yaml"
-#: ``metrics.csv`` of the interrupted attempt, set aside until the restart knows its resumed step.
+#: ``metrics.csv`` of the interrupted attempt, set aside until the restart cuts it.
 KEPT = ".metrics.csv.resume"
+#: ``<run dir>/logs/<CUTS>``: the position at the first resume point after each recent save.
+CUTS = ".positions.json"
 _EVENTS = "events.out.tfevents."
+_RECENT = 16  # saves whose positions are kept (a restart loads the newest committed one)
+_HEADER = struct.Struct("<QI")  # a TFRecord: length, its crc; then the data and the data's crc
+
+
+# -- TensorBoard ------------------------------------------------------------------------------------
+
+
+def event_files(log_dir: Path) -> dict[str, int]:
+    """Every TensorBoard event file under ``log_dir`` (path relative to it) and its length."""
+    found = {}
+    for path in sorted(log_dir.rglob(f"{_EVENTS}*")):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                found[str(path.relative_to(log_dir))] = path.stat().st_size
+    return found
+
+
+def whole_records(path: Path, limit: float = math.inf) -> int:
+    """The length of the whole TFRecords that start ``path`` and end within ``limit`` bytes."""
+    size = min(path.stat().st_size, limit)
+    end = 0
+    with open(path, "rb") as f:
+        while end + _HEADER.size <= size:
+            f.seek(end)
+            length, _ = _HEADER.unpack(f.read(_HEADER.size))
+            if end + _HEADER.size + length + 4 > size:
+                break
+            end += _HEADER.size + length + 4
+    return end
+
+
+def cut_events(log_dir: Path, keep: Mapping[str, float]) -> None:
+    """Cut each event file named in ``keep`` to its whole records within the length given; remove the
+    others. (A truncation is all-or-nothing, and a cut done twice is the same cut.)"""
+    for name in event_files(log_dir):
+        path = log_dir / name
+        if name not in keep:
+            path.unlink()
+        elif (length := whole_records(path, keep[name])) < path.stat().st_size:
+            os.truncate(path, length)
+            fsync_file(path)
+        fsync_dir(path.parent)
+
+
+def new_event_files(log_dir: Path, before: Mapping[str, int]) -> dict[str, float]:
+    """The event files under ``log_dir`` not in ``before`` (made since), each kept whole."""
+    return {name: math.inf for name in event_files(log_dir) if name not in before}
+
+
+# -- CSV --------------------------------------------------------------------------------------------
 
 
 def set_aside_metrics(log_dir: Path) -> bool:
-    """Move ``metrics.csv`` out of ``CSVLogger``'s way (over an older kept file); return whether rows are
-    kept for the restart."""
+    """Move ``metrics.csv`` out of ``CSVLogger``'s way; return whether rows are kept for the restart.
+
+    A kept file already there is that of a restart that died before cutting it: it stays, and the
+    ``metrics.csv`` beside it holds only what that restart logged before its first resume point."""
     current, kept = log_dir / METRICS, log_dir / KEPT
-    if current.is_file():
+    if kept.is_file():
+        if current.is_file():
+            current.unlink()
+            fsync_dir(log_dir)
+    elif current.is_file():
         replace_durably(current, kept)
     return kept.is_file()
 
@@ -44,43 +115,75 @@ def put_back_metrics(log_dir: Path) -> None:
         replace_durably(kept, current)
 
 
-def _step(row: dict[str, Any]) -> int | None:
+def count_rows(path: Path) -> int:
+    """The whole rows of a CSV written by ``CSVLogger`` (numbers only: one line per row)."""
     try:
-        return int(float(row.get("step") or ""))
-    except ValueError:
-        return None
+        with open(path, "rb") as f:
+            lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+    return max(lines - 1, 0)
 
 
-def _rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """Header and whole rows of a CSV: a row cut short by a kill (fewer fields, no newline) is dropped."""
-    text = ""
-    if path.is_file():
+def _rows(path: Path, limit: float = math.inf) -> list[dict[str, str]]:
+    """The first ``limit`` whole rows of a CSV, empty fields left out (none for a missing file)."""
+    try:
         with open(path, newline="") as f:
             text = f.read()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]  # the last row was being written
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = list(reader.fieldnames or [])
-    rows = [row for row in reader if None not in row.values() and None not in row]
-    return header, rows
+    except FileNotFoundError:
+        return []
+    text = text[: text.rfind("\n") + 1]  # a last row cut short by a kill
+    rows: list[dict[str, str]] = []
+    for row in csv.DictReader(io.StringIO(text, newline="")):
+        if len(rows) >= limit:
+            break
+        if None not in row and None not in row.values():
+            rows.append({k: v for k, v in row.items() if v != ""})
+    return rows
 
 
-def merge_kept_rows(log_dir: Path, resume_step: float = math.inf) -> list[str]:
-    """Write the kept rows at steps ``< resume_step``, then this attempt's, as ``metrics.csv`` (atomically),
-    and remove the kept file. Returns the header, both files' columns, which the writer must use."""
-    kept = log_dir / KEPT
-    old_header, old_rows = _rows(kept)
-    new_header, new_rows = _rows(log_dir / METRICS)
-    header = sorted(set(old_header) | set(new_header))
-    rows = [row for row in old_rows if (step := _step(row)) is not None and step < resume_step]
-    out = io.StringIO(newline="")
-    writer = csv.DictWriter(out, fieldnames=header)
-    writer.writeheader()
-    writer.writerows([*rows, *new_rows])
-    write_text_atomic(log_dir / METRICS, out.getvalue())
-    kept.unlink()
+def cut_metrics(log_dir: Path, rows: float, own: bool) -> list[str]:
+    """Make ``metrics.csv`` the first ``rows`` rows of the kept file, then (``own``) this attempt's rows,
+    atomically, and remove the kept file. Returns the header (every column with a value, sorted, as
+    ``CSVLogger`` orders them), which the logger's writer must use from now on."""
+    kept, current = log_dir / KEPT, log_dir / METRICS
+    merged = _rows(kept, rows) + (_rows(current) if own else [])
+    header = sorted({key for row in merged for key in row})
+    if merged:
+        out = io.StringIO(newline="")
+        writer = csv.DictWriter(out, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(merged)
+        write_text_atomic(current, out.getvalue())
+    else:
+        current.unlink(missing_ok=True)
+    kept.unlink(missing_ok=True)
     fsync_dir(log_dir)
     return header
+
+
+# -- the positions after each save --------------------------------------------------------------------
+
+
+def read_cuts(path: Path) -> dict[str, Any]:
+    """Save token -> the position at the first resume point after that save (``{}``: none recorded)."""
+    try:
+        entries = json.loads(path.read_text()).get("saves", [])
+        return {entry["token"]: entry["position"] for entry in entries}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return {}
+
+
+def record_cuts(path: Path, tokens: list[str], position: dict[str, Any]) -> None:
+    """Record ``position`` for the saves ``tokens`` (atomically; the most recent saves only)."""
+    known = read_cuts(path)
+    known.update(dict.fromkeys(tokens, position))
+    recent = list(known.items())[-_RECENT:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"saves": [{"token": t, "position": p} for t, p in recent]})
+
+
+# -- a version dir made by this process ----------------------------------------------------------------
 
 
 def remove_new_log_dir(log_dir: Path, written_here: tuple[str, ...] = ()) -> bool:
@@ -100,19 +203,3 @@ def remove_new_log_dir(log_dir: Path, written_here: tuple[str, ...] = ()) -> boo
     with contextlib.suppress(OSError):
         log_dir.rmdir()
     return not log_dir.exists()
-
-
-def has_other_events(log_dir: Path) -> bool:
-    """Whether ``log_dir`` holds event files of another process (an earlier run logged here)."""
-    mine = f".{socket.gethostname()}.{os.getpid()}."
-    return any(mine not in p.name for p in log_dir.glob(f"{_EVENTS}*"))
-
-
-def write_purge_event(writer: Any, step: int) -> None:
-    """Append the ``SessionLog(START)`` of ``SummaryWriter(purge_step=step)`` (torch's or tensorboardX's)."""
-    if type(writer).__module__.startswith("tensorboardX"):
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-    else:
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-    writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
-    writer.flush()

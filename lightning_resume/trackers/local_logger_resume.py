@@ -1,10 +1,13 @@
-"""``LocalLoggerResume``: a restarted job continues the TensorBoard/CSV logs of its first attempt."""
+"""``LocalLoggerResume``: a restarted job continues the TensorBoard/CSV logs of its first attempt, cut
+exactly at the checkpoint it resumes from."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,10 @@ from lightning_resume._checks import missing
 from lightning_resume._compat.lightning import (
     QuietLightning,
     any_log_dir_exists,
+    continue_csv_rows,
     log_dir_exists,
-    logging_step,
     point_logger_at_version,
+    put_callback,
 )
 from lightning_resume._scheduler.environment import is_global_zero
 from lightning_resume._warnings import warn
@@ -33,6 +37,9 @@ from lightning_resume.trackers.sidecar import write_sidecar as _write_sidecar
 log = logging.getLogger(__name__)
 
 TENSORBOARD, CSV = "tensorboard", "csv"
+#: The state key of ``RequeueCheckpoint``'s exact resume, whose state says whether a save was made
+#: inside a validation (which the restart then runs again).
+_EXACT_RESUME = "ExactResume"
 #: Identity fields that say where a logger's version dirs live.
 PLACE_FIELDS = ("dir", "name")
 
@@ -60,38 +67,50 @@ def _is_remote(logger: Logger) -> bool:
     return "://" in str(logger.save_dir)
 
 
+def _in_fit_validation(trainer: pl.Trainer) -> bool:
+    return trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking
+
+
 class LocalLoggerResume(Callback):
-    """Keep a restarted job in the version dir of its ``TensorBoardLogger``/``CSVLogger``: one series per run.
+    """Keep a restarted job in the version dir of its ``TensorBoardLogger``/``CSVLogger``, its logs cut
+    exactly at the checkpoint it resumes from: every event is there once, as in an uninterrupted run.
 
     Works for your loggers and the Trainer's default one. The first attempt records each logger's
     version dir in ``<run dir>/tensorboard_resume.json`` / ``csv_resume.json`` and links it as
-    ``<run dir>/logs/tensorboard`` / ``logs/csv``. A restart (see :class:`~lightning_resume.RunDir`):
+    ``<run dir>/logs/tensorboard`` / ``logs/csv``. Each save records where the logs stood at its resume
+    point (the event files' lengths, the rows of ``metrics.csv``). A restart (see
+    :class:`~lightning_resume.RunDir`):
 
     - logs into the recorded version dir again (a logger that took the next ``version_N`` is pointed
       back and the dir it made removed; hyperparameters logged before ``fit`` follow it).
-    - drops what the interrupted attempt logged at the steps the restart logs again: TensorBoard gets
-      the ``SessionLog(START)`` event of ``SummaryWriter(purge_step=...)`` at the resumed step, and
-      ``metrics.csv`` keeps only the rows before it.
+    - cuts the logs back to the loaded checkpoint's position as it reaches that resume point: what the
+      interrupted attempt logged after it goes, and so does what this attempt logged while starting
+      (hyperparameters, ``hp_metric``, a sanity check), which the logs already hold once.
 
     A logger whose ``save_dir`` or ``name`` changed is not moved back (one warning). The first logger
-    of each kind is handled; remote logs (``s3://...``) are left as they are. TensorBoard's
-    ``hp_metric`` placeholder is logged at step 0 by every attempt (``default_hp_metric=False``).
+    of each kind is handled; remote logs (``s3://...``) are left as they are.
+    :class:`~lightning_resume.RequeueCheckpoint` puts one in by itself when the Trainer lists none.
 
     Raises:
         MissingCallbackError: at ``setup`` when no :class:`~lightning_resume.RunDir` was constructed.
 
     Example::
 
-        trainer = Trainer(callbacks=[RunDir(root="runs"), RequeueCheckpoint(), LocalLoggerResume()])
+        trainer = Trainer(callbacks=[RunDir(root="runs"), RequeueCheckpoint()])  # one put in
         trainer.fit(model)  # the default TensorBoard logger continues lightning_logs/version_0
     """
 
     def __init__(self) -> None:
         self._run_dir: Path | None = None
-        self._restart = False
         self._recorded: dict[str, dict[str, Any]] = {}
+        self._before: dict[str, int] = {}  # event files of the recorded TensorBoard dir before this process
         self._kept: set[str] = set()  # kinds whose metrics.csv was set aside by this process
-        self._continued: dict[str, Any] = {}  # kind -> logger to trim at the first resumed batch
+        self._loggers: dict[str, Any] = {}  # kind -> the logger handled (rank 0)
+        self._continued: dict[str, Any] = {}  # kind -> logger continuing the interrupted attempt's logs
+        self._loaded: dict[str, Any] | None = None  # the loaded checkpoint's position record
+        self._cut_due = False  # the logs are cut at this attempt's first resume point
+        self._pending: list[str] = []  # saves whose resume point comes next
+        self._at_validation: dict[str, Any] | None = None  # the position as this validation started
         self._quiet: list[QuietLightning] = []
         PROCESS.when_ready(self._on_run_dir)
 
@@ -99,7 +118,6 @@ class LocalLoggerResume(Callback):
 
     def _on_run_dir(self, resolution: Resolution) -> None:
         self._run_dir = resolution.path
-        self._restart = resolution.is_resumed
         if not resolution.is_resumed:
             return
         for kind in (TENSORBOARD, CSV):
@@ -115,9 +133,28 @@ class LocalLoggerResume(Callback):
                 continue
             self._recorded[kind] = recorded.identity
             log_dir = Path(recorded.identity["id"])
-            if kind == CSV and is_global_zero(os.environ) and _local_logs.set_aside_metrics(log_dir):
+            if not is_global_zero(os.environ):
+                continue
+            if kind == TENSORBOARD:
+                self._before = _local_logs.event_files(log_dir) if log_dir.is_dir() else {}
+            elif _local_logs.set_aside_metrics(log_dir):
                 self._kept.add(kind)
                 self._quiet.append(QuietLightning(self, log_dir_exists(log_dir)))
+
+    # -- put in by RequeueCheckpoint -----------------------------------------------------------------
+
+    def join(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Join ``trainer``'s callbacks for ``fit`` and set up, unless it has a ``LocalLoggerResume`` of its
+        own (then stand down: this one changes nothing)."""
+        callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+        if self in callbacks:
+            return  # joined for an earlier fit: Lightning sets it up
+        if any(isinstance(cb, LocalLoggerResume) for cb in callbacks):
+            for quiet in self._quiet:
+                quiet.remove()
+            self._quiet, self._kept = [], set()  # the user's own continues what was set aside
+            return
+        self.setup(trainer, pl_module, "fit")
 
     # -- hooks ----------------------------------------------------------------------------------------
 
@@ -127,26 +164,28 @@ class LocalLoggerResume(Callback):
             return
         if self._run_dir is None:
             raise missing("RunDir", "LocalLoggerResume", "the record of the log dir lives in the run dir")
-        handled: set[str] = set()
+        # First among the callbacks: a restart's cut and a save's resume point come before anything another
+        # callback logs at the same hook (LearningRateMonitor's rate at an epoch's start).
+        put_callback(trainer, self)
+        self._loggers, self._continued, self._pending = {}, {}, []
         for logger in trainer.loggers:
             kind = kind_of(logger)
-            if kind is None or kind in handled:
+            if kind is None or kind in self._loggers:
                 continue
-            handled.add(kind)
             if _is_remote(logger):
                 log.info("LocalLoggerResume leaves %s logs on %s as they are", kind, logger.save_dir)
                 continue
             recorded = self._recorded.get(kind)
             if recorded is not None and self._continue(trainer, logger, kind, recorded):
                 self._continued[kind] = logger
-            elif kind == TENSORBOARD and trainer.is_global_zero:
-                _mark_first_start(logger)
             if trainer.is_global_zero:
+                self._loggers[kind] = logger
                 self._record(trainer, logger, kind)
         if trainer.is_global_zero:
             for kind in self._kept - set(self._continued):
                 _local_logs.put_back_metrics(Path(self._recorded[kind]["id"]))
             self._kept &= set(self._continued)
+            self._cut_due = bool(self._continued)
 
     def _continue(self, trainer: pl.Trainer, logger: Any, kind: str, recorded: dict[str, Any]) -> bool:
         """Point ``logger`` at its recorded version dir; ``False`` when it is now configured elsewhere."""
@@ -180,33 +219,51 @@ class LocalLoggerResume(Callback):
         _write_sidecar(sidecar_path(self._run_dir, kind), kind, Sidecar(identity, {}, trainer.global_step))
         _link(layout.logs_link(self._run_dir, kind), Path(identity["id"]))
 
+    # -- the positions: recorded at each save's resume point, cut back to at a restart's --------------
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = dict(state_dict)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if not (trainer.is_global_zero and self._loggers and isinstance(checkpoint.get("callbacks"), dict)):
+            return
+        self._cut_if_due(trainer)
+        token = uuid.uuid4().hex
+        redone = checkpoint["callbacks"].get(_EXACT_RESUME) or {}
+        if redone.get("in_validation") and self._at_validation is not None:
+            # Saved inside a validation: the restart runs that validation again from its start.
+            state = {"token": token, "position": self._at_validation, "final": True}
+        else:
+            # Its resume point is this callback's next hook (Lightning logs the saved step's metrics
+            # after the save); until that is recorded, everything logged by then belongs before it.
+            state = {"token": token, "position": self._position(), "final": False}
+            self._pending.append(token)
+        checkpoint["callbacks"][self.state_key] = state
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_resume_point(trainer)
+
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # The first batch of a resumed attempt: the logging step is final only from here.
-        if self._continued:
-            self._trim(trainer, logging_step(trainer))
+        self._at_resume_point(trainer)
 
-    def _trim(self, trainer: pl.Trainer, step: int | None) -> None:
-        """Drop what the interrupted attempt logged at steps ``>= step`` (``None``: keep everything)."""
-        continued, self._continued = self._continued, {}
-        if not trainer.is_global_zero:
-            return
-        for kind, logger in continued.items():
-            log_dir = Path(logger.log_dir)
-            if kind == TENSORBOARD and step is not None:
-                _local_logs.write_purge_event(logger.experiment, step)
-            elif kind == CSV and kind in self._kept:
-                self._kept.discard(kind)
-                header = _local_logs.merge_kept_rows(log_dir, step if step is not None else float("inf"))
-                logger.experiment.metrics_keys = header  # later rows use the merged file's columns
-            if step is None:
-                log.info(
-                    "Restart: %s logs of the interrupted attempt kept whole (this attempt ran no batch)", kind
-                )
-            else:
-                log.info("Restart: %s logs of the interrupted attempt at steps >= %s dropped", kind, step)
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if _in_fit_validation(trainer):
+            self._at_resume_point(trainer)
+            if trainer.is_global_zero and self._loggers:
+                self._at_validation = self._position()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_resume_point(trainer)
 
     @override
     def on_exception(
@@ -220,24 +277,102 @@ class LocalLoggerResume(Callback):
             self._finish(trainer)
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        # An attempt that ran no batch logged nothing to replace: the kept rows all go back.
-        self._trim(trainer, None)
+        self._at_resume_point(trainer)  # an attempt that ran no batch: its end is where it stopped
         for quiet in self._quiet:
             quiet.remove()
         self._quiet = []
+
+    def _at_resume_point(self, trainer: pl.Trainer) -> None:
+        """A hook a restart may resume at: cut a restart's logs (once); record the pending saves' position."""
+        if not trainer.is_global_zero:
+            return
+        self._cut_if_due(trainer)
+        if self._pending:
+            _local_logs.record_cuts(self._cuts(), self._pending, self._position())
+            self._pending = []
+
+    def _cuts(self) -> Path:
+        assert self._run_dir is not None
+        return self._run_dir / layout.LOGS / _local_logs.CUTS
+
+    def _position(self) -> dict[str, Any]:
+        """Where each handled logger's files stand now (its writer flushed first)."""
+        position: dict[str, Any] = {}
+        for kind, logger in self._loggers.items():
+            logger.save()
+            log_dir = Path(identity_of(logger)["id"])
+            if kind == TENSORBOARD:
+                position[kind] = {"dir": str(log_dir), "files": _local_logs.event_files(log_dir)}
+            else:
+                rows = _local_logs.count_rows(log_dir / _local_logs.METRICS)
+                position[kind] = {"dir": str(log_dir), "rows": rows}
+        return position
+
+    def _resume_position(self) -> tuple[dict[str, Any] | None, bool]:
+        """The loaded checkpoint's position, and whether to keep all the interrupted attempt logged
+        (it stopped before that save's resume point was recorded)."""
+        state = self._loaded
+        if not state or not isinstance(state.get("position"), dict):
+            return None, False
+        if state.get("final"):
+            return state["position"], False
+        found = _local_logs.read_cuts(self._cuts()).get(str(state.get("token")))
+        return (found, False) if isinstance(found, dict) else (state["position"], True)
+
+    def _cut_if_due(self, trainer: pl.Trainer) -> None:
+        """At this attempt's first resume point: cut what the interrupted attempt logged after the loaded
+        checkpoint's, and what this attempt logged before it (its start, which the logs hold once)."""
+        if not self._cut_due:
+            return
+        self._cut_due = False
+        position, whole = self._resume_position()
+        for kind, logger in self._continued.items():
+            log_dir = Path(identity_of(logger)["id"])
+            mark = (position or {}).get(kind)
+            mark = mark if isinstance(mark, dict) else None
+            # Nothing loaded, or another run's checkpoint (its logs elsewhere): the run starts over.
+            fresh = trainer.ckpt_path is None or (mark is not None and mark.get("dir") != str(log_dir))
+            mark = None if fresh else mark
+            if mark is None and not fresh:
+                how = "kept whole (the checkpoint loaded has no record of them)"
+            elif mark is None:
+                how = "of the interrupted attempt dropped (this run starts over)"
+            elif whole:
+                how = "kept whole (the interrupted attempt stopped before its next resume point)"
+            else:
+                how = "cut back to the checkpoint loaded"
+            if kind == TENSORBOARD:
+                self._cut_events(logger, log_dir, mark, whole, fresh)
+            else:
+                self._cut_metrics(logger, log_dir, mark, whole, fresh)
+            log.info("Restart: %s logs %s", kind, how)
+
+    def _cut_events(self, logger: Any, log_dir: Path, mark: Any, whole: bool, fresh: bool) -> None:
+        if mark is not None:
+            files: dict[str, int] = mark.get("files") or {}
+            keep: dict[str, float] = {n: math.inf for n in files} if whole else dict(files)
+        elif fresh:
+            keep = _local_logs.new_event_files(log_dir, self._before)
+        else:
+            return
+        logger.experiment.close()  # this attempt's writer: a new one (a new file) at the next event
+        _local_logs.cut_events(log_dir, keep)
+        point_logger_at_version(logger, logger.version)
+
+    def _cut_metrics(self, logger: Any, log_dir: Path, mark: Any, whole: bool, fresh: bool) -> None:
+        if mark is not None:
+            rows, own = (math.inf if whole else float(mark.get("rows", 0))), False
+        else:
+            rows, own = (0.0 if fresh else math.inf), True
+        logger.save()  # rows the writer still holds are this attempt's start: in the file, and cut too
+        continue_csv_rows(logger, _local_logs.cut_metrics(log_dir, rows, own))
+        self._kept.discard(CSV)
 
 
 def _csv_hparams(logger: Any) -> dict[str, Any]:
     """The hyperparameters a ``CSVLogger``'s writer has logged so far (``{}`` for another writer)."""
     hparams = getattr(logger.experiment, "hparams", None)
     return dict(hparams) if isinstance(hparams, dict) else {}
-
-
-def _mark_first_start(logger: Any) -> None:
-    """A fresh version dir's first START (TensorBoard's server ignores the first one it sees)."""
-    writer = logger.experiment
-    if not _local_logs.has_other_events(Path(logger.log_dir)):
-        _local_logs.write_purge_event(writer, 0)
 
 
 def _link(link: Path, target: Path) -> None:

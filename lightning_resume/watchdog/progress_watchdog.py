@@ -18,9 +18,10 @@ from lightning_resume._checks import find_one, flag, whole_number
 from lightning_resume._collectives import broadcast
 from lightning_resume._scheduler.environment import ENV, expects_peers
 from lightning_resume.exceptions import CrashLoopStopped
+from lightning_resume.exit_status.exit_status import attach as attach_exit_status
 from lightning_resume.run_dir.binding import PROCESS
 from lightning_resume.run_dir.resolve import Resolution
-from lightning_resume.run_dir.run_dir import RunDir
+from lightning_resume.run_dir.run_dir import RunDir, attempts_of
 from lightning_resume.watchdog import crash_loop
 from lightning_resume.watchdog import timeouts as learned
 from lightning_resume.watchdog.action import CRASH_LOOP_EXIT_CODE, HANG_EXIT_CODE, Who, act_on_hang
@@ -86,6 +87,9 @@ class ProgressWatchdog(Callback):
         max_attempts_without_progress: Stop before training after this many attempts in a row
             ended without a new durable checkpoint; ``0`` never stops.
         requeue: Let rank 0 requeue a hung SLURM job. ``False``: exit only.
+        failure_classes: End any failed ``fit`` with its failure class's exit status, the same on every
+            rank, and record the class in ``attempts.json`` (see the failure classes page). ``False``
+            here or on ``PreemptionHandler`` turns it off.
 
     Raises:
         TypeError: for arguments of the wrong type.
@@ -109,6 +113,7 @@ class ProgressWatchdog(Callback):
         timeouts: WatchdogTimeouts | None = None,
         max_attempts_without_progress: int = 3,
         requeue: bool = True,
+        failure_classes: bool = True,
     ) -> None:
         if timeouts is not None and not isinstance(timeouts, WatchdogTimeouts):
             raise TypeError(f"timeouts must be WatchdogTimeouts(...) or None, got {timeouts!r}.")
@@ -117,6 +122,7 @@ class ProgressWatchdog(Callback):
             "max_attempts_without_progress", max_attempts_without_progress, minimum=0
         )
         self.requeue = flag("requeue", requeue)
+        self.failure_classes = flag("failure_classes", failure_classes)
         self._timeouts = Timeouts(self.timeouts)
         self._who = Who(rank=_rank_from_env(), world_size=_world_size_from_env(), run_dir=None, attempt=None)
         self._run_dir: RunDir | None = None
@@ -168,7 +174,7 @@ class ProgressWatchdog(Callback):
             spent = now - self._since
             self._observe(Section.SAVE, spent, trainer)
             if self._run_dir is not None and trainer.is_global_zero:
-                self._run_dir.attempts.saved(spent)
+                attempts_of(self._run_dir).saved(spent)
         outer, before = self._outer
         self._outer = None
         self._section, self._since = outer, now - before
@@ -210,6 +216,7 @@ class ProgressWatchdog(Callback):
             return
         why = "it records hangs and attempts in the run dir"
         self._run_dir = run_dir = find_one(trainer, RunDir, "ProgressWatchdog", why)
+        attach_exit_status(trainer)
         if self._dog.fired is None and not self._dog.alive:
             if self._dog.started:  # a second fit with this callback
                 self._dog = self._new_watchdog()
@@ -218,7 +225,7 @@ class ProgressWatchdog(Callback):
             self._first_batch = None
             self._report()
             self._dog.start()
-        number = run_dir.attempts.begin(trainer, stage)
+        number = attempts_of(run_dir).begin(trainer, stage)
         stop = self._crash_loop(run_dir) if trainer.is_global_zero else None
         number, stop = broadcast(trainer.strategy, (number, stop))
         self._who = Who(trainer.global_rank, trainer.world_size, run_dir.path, number)
@@ -239,8 +246,8 @@ class ProgressWatchdog(Callback):
         """The line to stop with, when the last attempts ended without progress (rank 0)."""
         if self.max_attempts_without_progress == 0:
             return None
-        history = run_dir.attempts.history
-        streak = crash_loop.without_progress(history, before=run_dir.attempts.number)
+        record = attempts_of(run_dir)
+        streak = crash_loop.without_progress(record.history, before=record.number)
         if len(streak) < self.max_attempts_without_progress:
             return None
         return (

@@ -25,6 +25,7 @@ from lightning_resume._compat.lightning import (
     between_epochs,
     callback_metrics,
     capture_checkpoint,
+    continue_csv_rows,
     epoch_accumulators,
     logging_step,
     mark_between_epochs,
@@ -295,6 +296,19 @@ def test_point_logger_at_version_moves_the_next_writer(tmp_path: Path, kind: typ
     assert any((tmp_path / "lightning_logs" / "again").iterdir())
 
 
+def test_continue_csv_rows_appends_under_the_rewritten_header(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.save()
+    logger.log_metrics({"dropped": 9.0}, step=1)  # held, not saved
+    metrics = Path(logger.log_dir) / "metrics.csv"
+    metrics.write_text("a,b,step\n1.0,,0\n,2.0,1\n")  # rewritten under the writer
+    continue_csv_rows(logger, ["a", "b", "step"])
+    logger.log_metrics({"b": 3.0}, step=2)
+    logger.save()
+    assert metrics.read_text() == "a,b,step\n1.0,,0\n,2.0,1\n,3.0,2\n"
+
+
 def test_mlflow_target_and_set_mlflow_run_continue_an_existing_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -377,6 +391,52 @@ def test_capture_checkpoint_returns_what_the_strategy_would_write_and_writes_not
     assert "save_checkpoint" not in trainer.strategy.__dict__  # the method is the class's again
     trainer.save_checkpoint(tmp_path / "real.ckpt")
     assert (tmp_path / "real.ckpt").is_file()
+
+
+def test_seeing_checkpoints_hands_over_the_checkpoint_after_every_hook_before_it_is_written(
+    tmp_path: Path,
+) -> None:
+    from lightning_resume._compat.lightning import seeing_checkpoints
+
+    class Adds(BoringModel):
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # the last hook to run
+            checkpoint["added"] = torch.nn.MSELoss()
+
+    trainer = trainer_for(tmp_path, max_steps=2, max_epochs=None)
+    trainer.fit(Adds())
+    seen: list[tuple[bool, bool]] = []
+    path = tmp_path / "one.ckpt"
+    with seeing_checkpoints(trainer, lambda c: seen.append(("added" in c, path.exists()))):
+        trainer.save_checkpoint(path)
+    assert seen == [(True, False)] and path.is_file()
+    assert "dump_checkpoint" not in trainer._checkpoint_connector.__dict__  # the method is the class's again
+
+
+def test_resume_even_if_none_restores_the_path_when_lightning_chose_none(tmp_path: Path) -> None:
+    from lightning_resume._compat.lightning import resume_even_if_none
+
+    tiny_fit(tmp_path, 2).save_checkpoint(tmp_path / "two.ckpt")
+
+    class Resume(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            self.undo = resume_even_if_none(trainer, str(tmp_path / "two.ckpt"))
+
+    started: list[int] = []
+
+    class First(pl.Callback):
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            started.append(trainer.global_step)
+
+    trainer = trainer_for(tmp_path, Resume(), First(), max_steps=4, max_epochs=None)
+    trainer.fit(BoringModel())  # no ckpt_path, no checkpoint callback: Lightning chose none
+    assert (started[0], trainer.global_step, trainer.ckpt_path) == (2, 4, str(tmp_path / "two.ckpt"))
+    assert "resume_start" not in trainer._checkpoint_connector.__dict__  # gone after its one call
+    # A path Lightning did choose is kept.
+    tiny_fit(tmp_path, 3).save_checkpoint(tmp_path / "three.ckpt")
+    started.clear()
+    trainer = trainer_for(tmp_path, Resume(), First(), max_steps=4, max_epochs=None)
+    trainer.fit(BoringModel(), ckpt_path=tmp_path / "three.ckpt")
+    assert started[0] == 3
 
 
 def test_lightning_loads_a_resumed_checkpoint_through_one_strategy_load_call(tmp_path: Path) -> None:
@@ -580,6 +640,23 @@ def test_an_on_exception_checkpoint_is_what_fit_resumes_from_and_no_default_chec
     assert not [c for c in again.callbacks if isinstance(c, ModelCheckpoint)]  # type: ignore[attr-defined]
     again.fit(BoringModel())  # ckpt_path=None
     assert again.ckpt_path == str(tmp_path / "mine.ckpt") and again.global_step == 5
+
+
+def test_without_checkpointing_only_last_checkpoint_callbacks_are_taken(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import Checkpoint
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from lightning_resume._compat.lightning import allow_without_checkpointing
+
+    allow_without_checkpointing()  # (done by every LastCheckpointCallback) twice: one wrapper
+    ours = _Last(tmp_path / "mine.ckpt")
+    trainer = tiny_trainer(ours, tmp_path=tmp_path, enable_checkpointing=False)
+    assert trainer.checkpoint_callbacks == [ours]  # and no default ModelCheckpoint beside it
+    # What Lightning's own check still refuses: a Checkpoint of the user's.
+    for theirs in (ModelCheckpoint(dirpath=tmp_path), Checkpoint()):
+        with pytest.raises(MisconfigurationException, match="enable_checkpointing=False"):
+            tiny_trainer(ours, theirs, tmp_path=tmp_path, enable_checkpointing=False)
+    assert isinstance(tiny_trainer(tmp_path=tmp_path).checkpoint_callback, ModelCheckpoint)
 
 
 def test_a_callback_put_into_the_list_gets_the_hooks_in_its_place(tmp_path: Path) -> None:

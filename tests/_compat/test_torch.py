@@ -100,3 +100,24 @@ def test_the_worker_loops_are_recognised_and_a_forked_process_names_its_target()
     process.start()
     assert queue.get(timeout=30) == "_report"
     process.join()
+
+
+def test_persistent_workers_count_their_batches_and_shut_down_for_new_ones() -> None:
+    from torch.utils.data import TensorDataset
+
+    from lightning_resume._compat.torch import dispatched_batches, end_persistent_workers
+
+    data = TensorDataset(torch.arange(16.0))
+    loader = DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True)
+    assert dispatched_batches(loader) is None
+    iterator = iter(loader)
+    next(iterator)
+    assert dispatched_batches(loader) == 2 * 2 + 1  # prefetch_factor per worker, one more per batch given
+    list(iterator)
+    assert dispatched_batches(loader) == 8  # the whole epoch
+    iter(loader)  # the next epoch: the same iterator, counting again
+    assert loader._iterator is iterator and dispatched_batches(loader) == 4
+    end_persistent_workers(loader)
+    assert loader._iterator is None and not any(w.is_alive() for w in iterator._workers)
+    assert next(iter(loader))[0].tolist() == [0.0, 1.0]  # new workers
+    end_persistent_workers(loader)

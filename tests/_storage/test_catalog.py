@@ -8,23 +8,19 @@ from pathlib import Path
 import pytest
 
 from lightning_resume._storage.catalog import Status, check_file, committed, newest_first, scan, verify
-from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.commit import commit_file
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, manifest_path
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
 
 
-def save(folder: Path, name: str, data: bytes, saved_at: float, step: int) -> Entry:
-    def write(out: object) -> None:
-        out.write(data)  # type: ignore[attr-defined]
-
-    return write_file(
-        folder / name,
-        write,
-        lambda size, checksum: Entry(size, checksum, global_step=step, saved_at=saved_at),
-        direct=False,
-    )
+def save(folder: Path, name: str, data: bytes, saved_at: float, step: int | None = None) -> Entry:
+    aside = Aside(folder / name, direct=False)
+    with aside as out:
+        out.write(data)
+    return commit_file(aside, {"global_step": step, "saved_at": saved_at})[0]
 
 
 @pytest.fixture
@@ -80,7 +76,7 @@ def test_a_checkpoint_removed_while_its_checksum_is_read_is_missing_not_an_error
     from lightning_resume._storage import catalog
 
     path = tmp_path / "last.ckpt"
-    write_file(path, lambda out: out.write(b"x" * 1000), lambda size, digest: Entry(size, digest, 3))
+    save(tmp_path, path.name, b"x" * 1000, saved_at=3.0)
     real = catalog.checksum_file
 
     def removed_first(target: Path) -> tuple[int, str]:

@@ -12,26 +12,21 @@ import pytest
 from lightning_resume._storage.atomic import temp_sibling
 from lightning_resume._storage.catalog import Status, check_file, scan
 from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import remove, write_file
+from lightning_resume._storage.commit import commit_file, held, remove
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE
-from lightning_resume._storage.manifest import (
-    ChecksumWriter,
-    Entry,
-    manifest_path,
-    read_entries,
-)
+from lightning_resume._storage.manifest import Entry, manifest_path, read_entries
 from lightning_resume._storage.store import LocalStore
 
 
-def make(size: int, checksum: str) -> Entry:
-    return Entry(size=size, checksum=checksum, saved_at=float(size))
-
-
-def write_bytes(data: bytes):  # type: ignore[no-untyped-def]
-    def write(out: ChecksumWriter) -> None:
+def write_file(path: Path, data: bytes, known: Entry | None = None, fail: OSError | None = None) -> Entry:
+    """The writer and commit steps of a save of ``data`` (``fail``: raised after the data is written)."""
+    aside = Aside(path)
+    with aside as out:
         out.write(data)
-
-    return write
+        if fail is not None:
+            raise fail
+    return commit_file(aside, {"saved_at": float(len(data))}, known)[0]
 
 
 def verifies(path: Path) -> bool:
@@ -40,9 +35,9 @@ def verifies(path: Path) -> bool:
 
 def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    first = write_file(path, write_bytes(b"one"), make)
+    first = write_file(path, b"one")
     assert path.read_bytes() == b"one" and verifies(path)
-    second = write_file(path, write_bytes(b"second"), make, known=first)
+    second = write_file(path, b"second", known=first)
     assert path.read_bytes() == b"second"
     assert read_entries(path) == [second, first]
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
@@ -50,14 +45,10 @@ def test_commit_writes_data_and_manifest(tmp_path: Path) -> None:
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    write_file(path, write_bytes(b"good"), make)
-
-    def fail(out: ChecksumWriter) -> None:
-        out.write(b"partial")
-        raise OSError(28, "No space left on device")
+    write_file(path, b"good")
 
     with pytest.raises(OSError, match="No space"):
-        write_file(path, fail, make)
+        write_file(path, b"partial", fail=OSError(28, "No space left on device"))
     assert path.read_bytes() == b"good" and verifies(path)
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.manifest.json"]
 
@@ -65,9 +56,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp(tmp_path: Pat
 def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
     """The window between the manifest rename and the data rename."""
     path = tmp_path / "last.ckpt"
-    write_file(path, write_bytes(b"old"), make)
+    write_file(path, b"old")
     old_manifest = manifest_path(path).read_bytes()
-    write_file(path, write_bytes(b"new!"), make)
+    write_file(path, b"new!")
     new_manifest = manifest_path(path).read_bytes()
     path.write_bytes(b"old")  # the data rename had not happened yet
     assert verifies(path)
@@ -80,9 +71,9 @@ def test_old_data_with_the_new_manifest_still_verifies(tmp_path: Path) -> None:
 
 def test_without_a_known_entry_the_current_file_is_found_by_size(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
-    first = write_file(path, write_bytes(b"aaa"), make)
-    assert FILE.held(LocalStore(tmp_path), path.name) == [first]
-    assert FILE.held(LocalStore(tmp_path), "missing.ckpt") == []
+    first = write_file(path, b"aaa")
+    assert held(path) == [first] == FILE.held(LocalStore(tmp_path), path.name)
+    assert held(tmp_path / "missing.ckpt") == [] == FILE.held(LocalStore(tmp_path), "missing.ckpt")
 
 
 def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: Path) -> None:
@@ -93,7 +84,7 @@ def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: P
     (tmp_path / f".lr-tmp-{dead_pid}-abc-last.ckpt").write_bytes(b"x")
     fd, mine = temp_sibling(tmp_path / "last.ckpt")
     os.close(fd)
-    write_file(tmp_path / "gone.ckpt", write_bytes(b"x"), make)
+    write_file(tmp_path / "gone.ckpt", b"x")
     (tmp_path / "gone.ckpt").unlink()
     (tmp_path / "user.txt").write_text("keep me")
     removed = clean_stale(tmp_path)
@@ -104,8 +95,8 @@ def test_clean_stale_removes_dead_writers_temps_and_orphan_manifests(tmp_path: P
 
 
 def test_scan_lists_checkpoints_passing_the_size_check(tmp_path: Path) -> None:
-    write_file(tmp_path / "a.ckpt", write_bytes(b"aaaa"), make)
-    write_file(tmp_path / "b.ckpt", write_bytes(b"bbbb"), make)
+    write_file(tmp_path / "a.ckpt", b"aaaa")
+    write_file(tmp_path / "b.ckpt", b"bbbb")
     (tmp_path / "b.ckpt").write_bytes(b"bb")  # torn
     (tmp_path / "plain.ckpt").write_bytes(b"no manifest")
     assert list(scan(tmp_path)) == ["a.ckpt"]

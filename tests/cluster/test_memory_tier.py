@@ -1,14 +1,16 @@
 """``DurableCheckpointIO(memory=MemoryTier(...))`` on real namespace nodes: ``last.ckpt`` in each node's
 own ``/dev/shm``, replicated over the bridge. A node lost with its memory: the relaunch restores the
-newest save from the peer that holds its replica (2 and 3 nodes), exactly; the node and its replica
-lost: from the durable tier, exactly; a node whose tmpfs is full saves to the durable tier; a sharded
-(FSDP2) 2-node job restores every shard from memory after a node loss, exactly."""
+newest save from the peer that holds its replica (2 and 3 nodes), exactly, also when the run's
+checkpoint folder is lost too; the node and its replica lost: from the durable tier, exactly; a node
+whose tmpfs is full saves to the durable tier; a sharded (FSDP2) 2-node job restores every shard from
+memory after a node loss, exactly."""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -146,6 +148,25 @@ def test_a_node_and_its_replica_lost_restore_from_the_durable_tier_exactly(
     assert "(step 2) from the durable tier" in text, text
     for rank in (0, 1):
         assert f"FIRST_STEP rank={rank} step=2" in text, text
+    assert same_weights(out, reference)
+
+
+def test_a_lost_node_and_a_lost_checkpoint_folder_restore_from_the_peers_memory_exactly(
+    cluster: Cluster, reference: Path, tmp_path: Path
+) -> None:
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    lost = lose_the_writer(cluster.nodes, "lightning", root, out, tmp_path / "first", stop_at=7, saved_at=6)
+    (survivor,) = [n for n in cluster.nodes if n is not lost]
+    (run_dir,) = layout.run_dirs(root)
+    shutil.rmtree(layout.checkpoint_dir(run_dir))  # deleted, moved, a wrong dirpath: the step-2 save is gone
+    fresh = cluster.add_node()
+    again = LAUNCHERS["lightning"]([survivor, fresh], root, out, tmp_path / "again", *MEMORY)
+    assert wait(again, 300) == [0, 0], logs(tmp_path / "again", [survivor, fresh])
+    text = logs(tmp_path / "again", [survivor, fresh])
+    line = next((ln for ln in text.splitlines() if "restored " in ln), "")
+    assert "(step 6) from the memory tier of node" in line and f"({survivor.hostname})" in line, text
+    for rank in (0, 1):
+        assert f"FIRST_STEP rank={rank} step=6" in text, text
     assert same_weights(out, reference)
 
 

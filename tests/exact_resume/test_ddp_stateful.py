@@ -93,3 +93,21 @@ def test_torchrun_restarts_resume_exactly_after_three_kills_of_rank_1(
     assert first_steps(output) - {0}, output  # every restart resumed past step 0 ...
     assert len(first_steps(output)) == len(kills) + 1, output  # ... from its own saved step
     assert same_weights(out, reference), f"kills at {kills}"
+
+
+@pytest.mark.edge
+@pytest.mark.heavy
+def test_an_epoch_end_resume_under_ddp_with_workers_draws_the_next_epochs_order(tmp_path: Path) -> None:
+    """Lightning #21938 (open since 2.5.3): after an epoch-end resume with ``num_workers>0`` the first
+    epoch may iterate the DistributedSampler's epoch-0 permutation. Plain loaders with 2 workers and
+    augmentation, saved only at epoch ends, killed at step 7 (resumed from the boundary at step 6)."""
+    args = ("--devices", "2", "--loader", "plain", "--workers", "2", "--augment", "--every", "0")
+    reference = run_job(tmp_path / "ref", tmp_path / "ref.pt", *args, timeout=600)
+    assert reference.returncode == 0, reference.output
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    killed = run_job(root, out, *args, "--kill-at", "7", timeout=600, SLURM_JOB_ID=12)
+    assert killed.returncode == -9, killed.output
+    resumed = run_job(root, out, *args, timeout=600, SLURM_JOB_ID=12, SLURM_RESTART_COUNT=1)
+    assert resumed.returncode == 0, resumed.output
+    assert first_steps(resumed.output) == {6}, resumed.output
+    assert same_weights(out, tmp_path / "ref.pt")

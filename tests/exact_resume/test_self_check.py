@@ -21,9 +21,10 @@ def verdicts(root: Path) -> list[str | None]:
 
 
 def killed_and_resumed(tmp_path: Path, *args: str) -> str:
-    """Kill at step 7 (last.ckpt of step 6), relaunch; the relaunch's output."""
+    """Kill at step 8, before its save (last.ckpt of step 6; the record of step 7 whole), relaunch; the
+    relaunch's output."""
     root, out = tmp_path / "runs", tmp_path / "out.pt"
-    killed = run_job(root, out, "--loader", "plain", "--kill-at", "7", *args, SLURM_JOB_ID="31")
+    killed = run_job(root, out, "--loader", "plain", "--kill-at", "8", *args, SLURM_JOB_ID="31")
     assert killed.returncode == -9, killed.output
     resumed = run_job(root, out, "--loader", "plain", *args, SLURM_JOB_ID="31", SLURM_RESTART_COUNT=1)
     assert resumed.returncode == 0, resumed.output
@@ -36,7 +37,7 @@ def test_a_correct_resume_says_it_is_exact(tmp_path: Path, baseline: dict[str, P
     assert "resume self-check after step 6: exact" in output
     assert verdicts(tmp_path / "runs") == [
         None,
-        "exact (checked: batch, grads, optimizers, position, rng, trainable)",
+        "exact (checked: batch, grads, modes, optimizers, outcome, position, rng, trainable)",
     ]
     assert same_weights(tmp_path / "out.pt", baseline["plain"])
 
@@ -73,3 +74,21 @@ def test_batch_digests_see_every_sample_and_not_the_device() -> None:
     same["x"][99, 99] += 1  # the last element is always sampled; shapes too
     assert self_check.batch_digest(batch) != self_check.batch_digest(same)
     assert self_check.batch_digest(torch.zeros(4, 2)) != self_check.batch_digest(torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("handler", ["preemption_handler", pytest.param("lightning", marks=pytest.mark.slow)])
+def test_after_a_sigterm_stop_the_restart_compares_its_first_batch(
+    tmp_path: Path, baseline: dict[str, Path], handler: str
+) -> None:
+    """A stop runs no step after its save: the save takes the batch the next step trains on from the
+    loader, and the restart's first step compares it (a data-position error there would be seen)."""
+    root, out = tmp_path / "runs", tmp_path / "out.pt"
+    args = ["--loader", "plain", "--key", "stopped", *(["--preemption"] if handler != "lightning" else [])]
+    stopped = run_job(root, out, *args, "--signal-at", "7")
+    assert stopped.returncode == (143 if handler != "lightning" else 0), stopped.output
+    resumed = run_job(root, out, *args)
+    assert resumed.returncode == 0, resumed.output
+    assert WARNING not in resumed.output
+    verdict = verdicts(root)[-1]
+    assert verdict is not None and verdict.startswith("exact (checked: batch,"), verdict
+    assert same_weights(out, baseline["plain"])

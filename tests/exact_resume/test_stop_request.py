@@ -35,7 +35,11 @@ def test_the_uninterrupted_run_stops_at_min_steps(reference: Path) -> None:
     assert final_step(reference) == 30  # the request was deferred, then honoured
 
 
-@pytest.mark.parametrize(("kill", "resumed_at"), [(11, 10), (14, 12)], ids=["mid-epoch", "epoch-boundary"])
+@pytest.mark.parametrize(
+    ("kill", "resumed_at"),
+    [(11, 10), pytest.param(14, 12, marks=pytest.mark.slow)],
+    ids=["mid-epoch", "epoch-boundary"],
+)
 def test_a_restart_keeps_the_stop_asked_for_before_its_checkpoint(
     tmp_path: Path, reference: Path, kill: int, resumed_at: int
 ) -> None:
@@ -50,6 +54,7 @@ def test_a_restart_keeps_the_stop_asked_for_before_its_checkpoint(
     assert same_weights(out, reference)
 
 
+@pytest.mark.slow
 def test_a_new_run_started_from_the_checkpoint_decides_afresh(tmp_path: Path) -> None:
     """``ckpt_path`` into a new run (say, to train on past the stop): the old request is not applied."""
     root, out = tmp_path / "runs", tmp_path / "out.pt"

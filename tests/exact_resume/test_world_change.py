@@ -26,7 +26,7 @@ from conftest import JOB_MODULE, job_env, run_job, same_weights
 from torch.utils.data import DistributedSampler
 
 from lightning_resume.cli import inspect
-from lightning_resume.exact_resume import global_order, rank_states
+from lightning_resume.exact_resume import global_order, world_change_rng
 from lightning_resume.exact_resume.global_order import GlobalOrder, OrderKind
 
 SEED = 1234  # train_job's seed_everything: Lightning's DistributedSampler seed
@@ -114,17 +114,18 @@ def test_the_rest_of_an_epoch_split_over_new_ranks_holds_each_remaining_index_on
 
 
 def test_ranks_that_existed_keep_their_states_and_new_ranks_derive_theirs_alike_on_every_restart() -> None:
-    saved = [rank_states.seeded_state(100 + r) for r in range(2)]
+    saved = [world_change_rng.seeded_state(100 + r) for r in range(2)]
     ranks = [{"rng": state, "draws": []} for state in saved]
-    assert rank_states.rank_state(ranks, 1, seed=SEED, step=6) is ranks[1]  # type: ignore[arg-type]
-    new = rank_states.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
-    again = rank_states.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
-    other = rank_states.rank_state(ranks, 3, seed=SEED, step=6)  # type: ignore[arg-type]
+    assert world_change_rng.rank_state(ranks, 1, seed=SEED, step=6) is ranks[1]  # type: ignore[arg-type]
+    new = world_change_rng.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
+    again = world_change_rng.rank_state(ranks, 2, seed=SEED, step=6)  # type: ignore[arg-type]
+    other = world_change_rng.rank_state(ranks, 3, seed=SEED, step=6)  # type: ignore[arg-type]
     assert torch.equal(new["rng"]["torch"], again["rng"]["torch"])
     assert not torch.equal(new["rng"]["torch"], other["rng"]["torch"])
     assert not torch.equal(new["rng"]["torch"], saved[0]["torch"])
-    no_seed = rank_states.rank_state(ranks, 2, seed=None, step=6)  # type: ignore[arg-type]
-    assert torch.equal(no_seed["rng"]["torch"], rank_states.rank_state(ranks, 2, None, 6)["rng"]["torch"])  # type: ignore[arg-type]
+    no_seed = world_change_rng.rank_state(ranks, 2, seed=None, step=6)  # type: ignore[arg-type]
+    same = world_change_rng.rank_state(ranks, 2, None, 6)  # type: ignore[arg-type]
+    assert torch.equal(no_seed["rng"]["torch"], same["rng"]["torch"])
 
 
 def test_the_order_record_survives_a_round_trip_and_old_checkpoints_have_none() -> None:

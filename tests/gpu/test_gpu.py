@@ -76,7 +76,7 @@ def test_async_save_of_device_tensors_is_a_snapshot_through_one_reused_buffer(
             assert loaded["state_dict"]["row"].untyped_storage().data_ptr() == (
                 loaded["state_dict"]["w"].untyped_storage().data_ptr()
             )
-            buffer = io._saver._buffer  # type: ignore[union-attr]
+            buffer = io._route._buffer  # type: ignore[attr-defined]
             if i == 0:
                 fd, size = buffer.fd, buffer.size
         assert (buffer.fd, buffer.size) == (fd, size)  # reused, not reallocated

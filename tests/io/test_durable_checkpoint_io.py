@@ -21,10 +21,9 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_resume import DurableCheckpointIO, RequeueCheckpoint, RunDir
+from lightning_resume import CheckpointSettings, DurableCheckpointIO, RequeueCheckpoint, RunDir
 from lightning_resume._storage.catalog import Status, check_file
 from lightning_resume._storage.manifest import manifest_path, read_entries
-from lightning_resume.io import CheckpointSettings
 from lightning_resume.io.settings import settings_of
 
 

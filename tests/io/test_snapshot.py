@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from lightning_resume._compat.torch import torch_records_supported
+from lightning_resume._storage.archive import write_archive
 from lightning_resume._storage.manifest import ChecksumWriter
-from lightning_resume._writer.zip_records import write_archive
-from lightning_resume.io._parallel_copy import ALONE_BELOW, PIECE, copy_regions
-from lightning_resume.io._snapshot import HostBuffer, Staged, stage, write_torch_archive
+from lightning_resume.io.routes import write_torch_archive
+from lightning_resume.io.snapshot import ALONE_BELOW, PIECE, HostBuffer, Staged, copy_regions, snapshot
 
 
 class Box:
@@ -61,7 +61,7 @@ def test_archive_loads_with_torch_load_and_matches_torch_save(tmp_path: Path, ho
     buffer = HostBuffer()
     path = tmp_path / "ours.ckpt"
     if how == "staged":
-        write(stage(checkpoint, buffer), buffer, path)
+        write(snapshot(checkpoint, buffer), buffer, path)
     else:
         with open(path, "wb") as raw:
             write_torch_archive(checkpoint, ChecksumWriter(raw))
@@ -104,7 +104,7 @@ def test_snapshot_is_taken_when_stage_returns(tmp_path: Path) -> None:
     meta = {"lr": [0.1]}
     checkpoint = {"w": weights, "meta": meta, "boxed": Box(torch.zeros(3))}
     buffer = HostBuffer()
-    staged = stage(checkpoint, buffer)
+    staged = snapshot(checkpoint, buffer)
     weights.add_(1)
     meta["lr"].append(0.2)
     checkpoint["boxed"].value.add_(5)
@@ -119,11 +119,11 @@ def test_snapshot_is_taken_when_stage_returns(tmp_path: Path) -> None:
 
 def test_buffer_is_reused_and_grows(tmp_path: Path) -> None:
     buffer = HostBuffer()
-    stage({"w": torch.zeros(1000)}, buffer)
+    snapshot({"w": torch.zeros(1000)}, buffer)
     size, fd = buffer.size, buffer.fd
-    stage({"w": torch.ones(1000)}, buffer)
+    snapshot({"w": torch.ones(1000)}, buffer)
     assert (buffer.size, buffer.fd) == (size, fd)
-    staged = stage({"w": torch.ones(100_000)}, buffer)
+    staged = snapshot({"w": torch.ones(100_000)}, buffer)
     assert buffer.size >= 400_000 and buffer.fd == fd
     write(staged, buffer, tmp_path / "big.ckpt")
     assert torch.equal(torch.load(tmp_path / "big.ckpt")["w"], torch.ones(100_000))
@@ -132,7 +132,7 @@ def test_buffer_is_reused_and_grows(tmp_path: Path) -> None:
 
 def test_records_are_picklable_for_the_pipe() -> None:
     buffer = HostBuffer()
-    staged = stage({"w": torch.zeros(10), "boxed": Box(torch.ones(2))}, buffer)
+    staged = snapshot({"w": torch.zeros(10), "boxed": Box(torch.ones(2))}, buffer)
     assert pickle.loads(pickle.dumps(staged.records)) == staged.records
     assert {kind for _, (kind, *_) in staged.records} == {"shm", "bytes"}
     buffer.close()
@@ -216,7 +216,7 @@ def test_a_large_checkpoint_is_staged_exactly_with_torchs_thread_count(
     monkeypatch.setattr(ctypes, "memmove", spy)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     buffer = HostBuffer()
-    staged = stage(checkpoint, buffer)
+    staged = snapshot(checkpoint, buffer)
     weights.zero_()
     write(staged, buffer, tmp_path / "big.ckpt")
     loaded = torch.load(tmp_path / "big.ckpt")
@@ -228,11 +228,11 @@ def test_a_large_checkpoint_is_staged_exactly_with_torchs_thread_count(
 
 def test_staging_phases_are_measured_only_when_debug_logging_is_on(caplog: pytest.LogCaptureFixture) -> None:
     buffer = HostBuffer()
-    with caplog.at_level(logging.INFO, logger="lightning_resume.io._snapshot"):
-        stage({"w": torch.zeros(10)}, buffer)
+    with caplog.at_level(logging.INFO, logger="lightning_resume.io.snapshot"):
+        snapshot({"w": torch.zeros(10)}, buffer)
     assert not caplog.records
-    with caplog.at_level(logging.DEBUG, logger="lightning_resume.io._snapshot"):
-        stage({"w": torch.zeros(10)}, buffer)
+    with caplog.at_level(logging.DEBUG, logger="lightning_resume.io.snapshot"):
+        snapshot({"w": torch.zeros(10)}, buffer)
     (record,) = caplog.records
     assert list(record.phases) == ["plan", "copy", "views", "pickle"]  # type: ignore[attr-defined]
     assert "copy" in record.getMessage() and "faults" in record.getMessage()

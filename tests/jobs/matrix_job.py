@@ -11,7 +11,15 @@ run's ``N``-th training batch, counted from 0 over all epochs), ``val`` (a valid
 sanity check): there the killer runs before every checkpoint callback, so a save due at that very hook
 is not written. ``epoch_end``: at the end of ``on_train_epoch_end``, after every callback's (the
 user's checkpoint saves included), before the epoch-end save ``RequeueCheckpoint`` writes as the next
-epoch starts.
+epoch starts. ``sigterm``: a SIGTERM to the job itself at ``on_train_batch_end`` of step ``N``
+(``sigterm_batch``: of the run's ``N``-th batch); the case then has a ``PreemptionHandler(requeue=False)``,
+which saves and exits with 143.
+
+``--mutate KIND`` (a relaunch only) corrupts one piece of the restored state on purpose, after
+lightning_resume put it back (:class:`Mutate`): the resume's self-check must name it.
+
+``--plain`` runs the case with none of lightning_resume's callbacks (Lightning alone, a ``CSVLogger`` in
+``--root``): what a fresh run with them must train exactly.
 
 It writes the final weights to ``FILE``; ``FILE.json`` gets the run dir, whether it resumed, the first
 and last global step of this attempt, the rows of ``metrics.csv`` and the results of any ``test``;
@@ -27,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -35,20 +44,25 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import (
     BackboneFinetuning,
+    BaseFinetuning,
+    BatchSizeFinder,
     Checkpoint,
     EarlyStopping,
+    LearningRateFinder,
     LearningRateMonitor,
     ModelCheckpoint,
     StochasticWeightAveraging,
 )
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from lightning_resume import LocalLoggerResume, RequeueCheckpoint, RunDir
+from lightning_resume import LocalLoggerResume, PreemptionHandler, RequeueCheckpoint, RunDir
+from lightning_resume.exact_resume import held_grads, rng
 
 Batch = Any
 
@@ -99,12 +113,18 @@ class Net(pl.LightningModule):
         manual: bool = False,
         schedule: str = "step",
         trainable_only: bool = False,
+        deep: bool = False,
+        lr: float = 1e-2,
     ) -> None:
         super().__init__()
         norm: nn.Module = nn.BatchNorm1d(16) if batch_norm else nn.Identity()
-        self.backbone = nn.Sequential(nn.Linear(8, 16), norm, nn.ReLU(), nn.Dropout(0.2))
+        layers = [nn.Linear(8, 16), norm, nn.ReLU(), nn.Dropout(0.2)]
+        if deep:  # two stages a fine-tuning unfreezes one after the other
+            layers[3:3] = [nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU()]
+        self.backbone = nn.Sequential(*layers)
         self.head = nn.Linear(16, 1)
         self.val_on_step, self.schedule, self.trainable_only = val_on_step, schedule, trainable_only
+        self.lr = lr  # what LearningRateFinder sets
         self.automatic_optimization = not manual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +164,7 @@ class Net(pl.LightningModule):
                 torch.optim.SGD(self.head.parameters(), lr=1e-2, momentum=0.9),
             ]
         params = [p for p in self.parameters() if p.requires_grad or not self.trainable_only]
-        opt = torch.optim.Adam(params, lr=1e-2)
+        opt = torch.optim.Adam(params, lr=self.lr)
         if self.schedule == "onecycle":
             total = int(self.trainer.estimated_stepping_batches)
             one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=total)
@@ -169,6 +189,50 @@ class Setup:
     after: list[pl.Callback] = field(default_factory=list)  # listed after it
     train: Callable[[Setup], Any] | None = None  # the train loader(s); default: shuffled Points
     test: bool = False  # after fit: test(ckpt_path="best") and test(ckpt_path="last")
+    datamodule: bool = False  # the loaders come from a LightningDataModule (its batch_size tunable)
+
+
+class EpochSampler(DistributedSampler):
+    """A ``DistributedSampler``; ``OFF`` epochs off (``--mutate sampler_epoch``: one)."""
+
+    OFF = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch + self.OFF)
+
+
+class Data(pl.LightningDataModule):
+    """The case's loaders from a datamodule whose ``batch_size`` a ``BatchSizeFinder`` may set."""
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__()
+        self.setup_, self.batch_size = setup, setup.batch_size
+
+    def train_dataloader(self) -> Any:
+        self.setup_.batch_size = self.batch_size
+        return (self.setup_.train or _shuffled)(self.setup_)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Points(16, seed=3), batch_size=8)
+
+
+class Milestones(BaseFinetuning):
+    """Lightning's ``computer_vision_fine_tuning.py`` fine-tuning: the backbone frozen with its BatchNorm
+    layers (``train_bn=False``), its last stage unfrozen at the first milestone, the rest at the second."""
+
+    def __init__(self, milestones: tuple[int, int] = (1, 2)) -> None:
+        super().__init__()
+        self.milestones = milestones
+
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        self.freeze(pl_module.backbone, train_bn=False)
+
+    def finetune_function(self, pl_module: pl.LightningModule, epoch: int, optimizer: Any) -> None:
+        backbone = pl_module.backbone
+        if epoch == self.milestones[0]:
+            self.unfreeze_and_add_param_group(backbone[3:], optimizer, train_bn=False)
+        elif epoch == self.milestones[1]:
+            self.unfreeze_and_add_param_group(backbone[:3], optimizer, train_bn=False)
 
 
 def _shuffled(setup: Setup) -> DataLoader:
@@ -192,6 +256,31 @@ def _case(name: str) -> Setup:
     elif name == "finetuning":
         s.model["trainable_only"] = True
         s.after.append(BackboneFinetuning(unfreeze_backbone_at_epoch=1))
+    elif name == "dist_sampler":  # a sampler with set_epoch (single process: Lightning keeps it)
+        s.train = lambda setup: DataLoader(
+            Points(setup.samples),
+            batch_size=setup.batch_size,
+            sampler=EpochSampler(Points(setup.samples), num_replicas=1, rank=0, seed=5),
+        )
+    elif name == "batch_norm":
+        s.model["batch_norm"] = True
+    elif name == "finetuning_bn":  # epochs 0 frozen, 1 the last stage trains, 2-3 all of it
+        s.epochs = 4
+        s.model.update(trainable_only=True, batch_norm=True, deep=True)
+        s.after.append(Milestones())
+    elif name == "lr_finder":
+        s.datamodule = True
+        s.after.append(LearningRateFinder(min_lr=1e-4, max_lr=1e-1, num_training_steps=8))
+    elif name == "batch_size_finder":  # tries 4 and 8, and takes 8
+        s.datamodule, s.batch_size = True, 4
+        s.after.append(BatchSizeFinder(init_val=4, max_trials=2, steps_per_trial=2))
+    elif name == "stateful_onecycle":  # Lightning #21765: the loader made by estimated_stepping_batches
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        s.model["schedule"] = "onecycle"
+        s.train = lambda setup: StatefulDataLoader(
+            Points(setup.samples), batch_size=setup.batch_size, shuffle=True
+        )
     elif name == "combined_loaders":
 
         def two(setup: Setup) -> dict[str, DataLoader]:
@@ -255,6 +344,12 @@ CASES = (
     "ckpt_best_default",
     "ckpt_best_user",
     "finetuning",
+    "finetuning_bn",
+    "dist_sampler",
+    "batch_norm",
+    "lr_finder",
+    "batch_size_finder",
+    "stateful_onecycle",
     "combined_loaders",
     "accumulate_steps",
     "accumulate_minutes",
@@ -290,11 +385,15 @@ class Kill(pl.Callback):
         _kill()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.place == "step" and trainer.global_step == self.step:
-            self._say(trainer, "step")
         total = trainer.fit_loop.epoch_loop.total_batch_idx
-        if self.place == "batch" and total == self.step:
-            self._say(trainer, f"batch {total}")
+        counted = {"step": trainer.global_step, "sigterm": trainer.global_step}.get(self.place, total)
+        if counted != self.step:
+            return
+        if self.place in ("sigterm", "sigterm_batch"):
+            print(f"SIGTERM step={trainer.global_step} batch={total}", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.place in ("step", "batch"):
+            self._say(trainer, "step" if self.place == "step" else f"batch {total}")
 
     def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self.place == "val" and not trainer.sanity_checking and trainer.global_step >= self.step:
@@ -327,6 +426,72 @@ def _tensors(batch: Batch) -> list[torch.Tensor]:
     if isinstance(batch, dict):
         return [t for _, part in sorted(batch.items()) for t in _tensors(part)]
     return [t for t in batch if torch.is_tensor(t)]
+
+
+class Mutate(Checkpoint):
+    """Corrupt one piece of a resumed run's restored state: what the self-check must name. Test-only
+    sabotage. A ``Checkpoint`` listed after ``RequeueCheckpoint``: Lightning calls it after it, so after
+    lightning_resume's restore in every hook (a plain callback runs before and is undone by it)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.done = kind, False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        optimizer = trainer.optimizers[0]
+        kind, fetcher = self.kind, trainer.fit_loop._data_fetcher
+        if kind == "batch":  # the data one batch further on
+            assert fetcher is not None and fetcher.iterator is not None
+            next(fetcher.iterator)
+        elif kind == "frozen":
+            next(pl_module.parameters()).requires_grad_(False)
+        elif kind == "bn_flag":
+            pl_module.backbone[1].track_running_stats = False
+        elif kind == "eval":
+            pl_module.backbone.eval()
+        elif kind == "scheduler":
+            trainer.lr_scheduler_configs[0].scheduler.step()
+        elif kind == "adam_moments":
+            for state in optimizer.state.values():
+                state["exp_avg"].zero_()
+                state["exp_avg_sq"].zero_()
+        elif kind == "param_group":  # the last group gone, with its parameters' states
+            for parameter in optimizer.param_groups.pop()["params"]:
+                optimizer.state.pop(parameter, None)
+        elif kind == "loop_counters":  # the optimizer steps counted from 0 again
+            steps = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
+            steps.total.completed = 0
+
+    def sabotage_restores(self) -> None:
+        """The random state or the held gradients not (wholly) put back: lightning_resume's own restore
+        made to miss one part (a draw right after the random state goes back; gradients kept out)."""
+        draws = {"python_rng": random.random, "numpy_rng": np.random.rand, "torch_rng": lambda: torch.rand(1)}
+        if self.kind in draws:
+            restore, draw = rng.restore, draws[self.kind]
+
+            def restore_but_draw(state: dict[str, Any]) -> None:
+                restore(state)
+                draw()
+
+            rng.restore = restore_but_draw  # type: ignore[assignment]
+        elif self.kind == "grads":
+            held_grads.restore = lambda module, grads: True  # type: ignore[assignment]
+
+
+MUTATIONS = (
+    "batch",
+    "sampler_epoch",
+    "frozen",
+    "bn_flag",
+    "eval",
+    "scheduler",
+    "adam_moments",
+    "param_group",
+    "python_rng",
+    "numpy_rng",
+    "torch_rng",
+    "grads",
+    "loop_counters",
+)
 
 
 class Trace(pl.Callback):
@@ -374,7 +539,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--case", required=True, choices=CASES)
     p.add_argument("--kill-at", type=int, default=None, help="a global step (--kill-in batch: a batch)")
-    p.add_argument("--kill-in", choices=["step", "batch", "epoch_end", "val"], default="step")
+    places = ["step", "batch", "epoch_end", "val", "sigterm", "sigterm_batch"]
+    p.add_argument("--kill-in", choices=places, default="step")
+    p.add_argument("--plain", action="store_true", help="Lightning alone, none of our callbacks")
+    p.add_argument("--mutate", choices=MUTATIONS, default=None, help="corrupt this restored state")
     args = p.parse_args(argv)
 
     handler = logging.StreamHandler()
@@ -383,15 +551,25 @@ def main(argv: list[str]) -> None:
     logging.getLogger("lightning_resume").setLevel(logging.INFO)
     pl.seed_everything(1234, workers=True)
     setup = _case(args.case)
-    run_dir = RunDir(root=args.root)
-    ours = RequeueCheckpoint(every_n_train_steps=setup.every, every_n_minutes=setup.every_minutes)
     trace = Trace(args.out + ".trace")
-    callbacks: list[pl.Callback] = [*setup.before, ours, *setup.after, run_dir, LocalLoggerResume(), trace]
+    if args.plain:
+        run_dir = None
+        callbacks: list[pl.Callback] = [*setup.before, *setup.after, trace]
+    else:
+        run_dir = RunDir(root=args.root)
+        ours = RequeueCheckpoint(every_n_train_steps=setup.every, every_n_minutes=setup.every_minutes)
+        callbacks = [*setup.before, ours, *setup.after, run_dir, LocalLoggerResume(), trace]
+    if args.kill_in.startswith("sigterm"):
+        callbacks.append(PreemptionHandler(requeue=False))
+    EpochSampler.OFF = int(args.mutate == "sampler_epoch")
+    if args.mutate:
+        callbacks.append(Mutate(args.mutate))
+        callbacks[-1].sabotage_restores()
     if args.kill_in == "epoch_end" and args.kill_at is not None:
         callbacks.append(KillAtEpochEnd(args.kill_at))
     elif args.kill_at is not None:
         callbacks.insert(0, Kill(args.kill_at, args.kill_in))
-    logger = CSVLogger(save_dir=run_dir.path, name="csv")
+    logger = CSVLogger(save_dir=run_dir.path if run_dir else args.root, name="csv")
     trainer = pl.Trainer(
         max_epochs=setup.epochs,
         accelerator="cpu",
@@ -406,9 +584,12 @@ def main(argv: list[str]) -> None:
         **setup.trainer,
     )
     model = Net(**setup.model)
-    train = (setup.train or _shuffled)(setup)
-    val = DataLoader(Points(16, seed=3), batch_size=8)
-    trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
+    if setup.datamodule:
+        trainer.fit(model, datamodule=Data(setup))
+    else:
+        train = (setup.train or _shuffled)(setup)
+        val = DataLoader(Points(16, seed=3), batch_size=8)
+        trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
     tested: dict[str, Any] = {}
     if setup.test:
         test = DataLoader(Points(16, seed=4), batch_size=8)
@@ -416,8 +597,8 @@ def main(argv: list[str]) -> None:
             tested[which] = trainer.test(model, dataloaders=test, ckpt_path=which, verbose=False)
     torch.save(model.state_dict(), args.out)
     found = {
-        "run_dir": str(run_dir.path),
-        "resumed": run_dir.is_resumed,
+        "run_dir": str(run_dir.path) if run_dir else None,
+        "resumed": run_dir.is_resumed if run_dir else False,
         "first_step": trace.first,
         "batches": trace.batches,
         "global_step": trainer.global_step,

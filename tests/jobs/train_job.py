@@ -21,6 +21,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from jobs.demo_model import Model as DemoModel
+from jobs.demo_model import Noisy
 from lightning_resume import (
     DurableCheckpointIO,
     MemoryTier,
@@ -30,8 +32,6 @@ from lightning_resume import (
     SignalDiagnostics,
 )
 from lightning_resume._scheduler.environment import is_global_zero
-from lightning_resume.cli.demo_job import Model as DemoModel
-from lightning_resume.cli.demo_job import Noisy
 
 
 class Model(DemoModel):
@@ -240,8 +240,8 @@ def add_notice_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def notice_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``PreemptionHandler`` arguments for the notice knobs (none given: its defaults)."""
-    from lightning_resume.notices import AwsSpotNotice, AzureNotice, FileNotice, GceNotice
+    """``PreemptionHandler(notices=Notices(...))`` for the notice knobs (no source given: ``"auto"``)."""
+    from lightning_resume.notices import AwsSpotNotice, AzureNotice, FileNotice, GceNotice, Notices
 
     kinds = {"aws": AwsSpotNotice, "gce": GceNotice, "azure": AzureNotice}
     sources: list[Any] = []
@@ -251,8 +251,8 @@ def notice_options(args: argparse.Namespace) -> dict[str, Any]:
             sources.append(FileNotice(where, interval=args.notice_interval))
         else:
             sources.append(kinds[kind](endpoint=where, interval=args.notice_interval, timeout=1.0))
-    options: dict[str, Any] = {"on_notice": args.on_notice, "notice_margin": args.notice_margin}
-    return {**options, "notices": sources} if sources else options
+    notices = Notices(sources or "auto", on_notice=args.on_notice, margin=args.notice_margin)
+    return {"notices": notices}
 
 
 class Announce(pl.Callback):

@@ -17,7 +17,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint
 from lightning_resume.cli import main
-from lightning_resume.last_ckpt import cadence
+from lightning_resume.last_ckpt import auto_cadence as cadence
 from lightning_resume.run_dir import attempts, layout
 from lightning_resume.run_dir.attempts import Cause
 
@@ -149,7 +149,7 @@ def test_auto_from_lightning_cli_yaml_and_hydra(tmp_path: Path) -> None:
             "expected_interruption_every": 600,
         }
     )
-    assert hydra.every_n_train_steps == "auto" and hydra._cadence.expected_seconds == 600.0
+    assert hydra.every_n_train_steps == "auto" and hydra._cadence.auto.expected_seconds == 600.0
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume.last_ckpt import cadence
-from lightning_resume.last_ckpt.cadence import Bound, Interruptions, Measurements, PriorSource
+from lightning_resume.last_ckpt import auto_cadence as cadence
+from lightning_resume.last_ckpt.auto_cadence import Bound, Interruptions, Measurements, PriorSource
 from lightning_resume.preemption.notices._policy import (
     DEFAULT_SECONDS_TO_DURABLE,
     expected_seconds_to_durable,

@@ -39,7 +39,7 @@ from lightning_resume import (
 from lightning_resume._storage.catalog import candidates
 from lightning_resume._storage.kinds import MANIFEST_NAME
 from lightning_resume._storage.manifest import manifest_path
-from lightning_resume.run_dir import layout
+from lightning_resume.run_dir import layout, save_record
 
 
 @case(
@@ -56,7 +56,7 @@ def first_async_save_killed(tmp_path: Path) -> None:
     (run_dir,) = layout.run_dirs(root)
     if layout.last_checkpoint(run_dir).exists():
         pytest.skip("the writer committed the first save before the kill; the fault did not happen")
-    assert not layout.saved_marker(run_dir).exists()
+    assert not save_record.read(run_dir).committed
     again = run_job(root, out, "--loader", "plain", "--durable", SLURM_JOB_ID=7, SLURM_RESTART_COUNT=1)
     assert again.returncode == 0, again.output
     assert again.run_dir == run_dir
@@ -75,13 +75,31 @@ def lost_last_checkpoint(tmp_path: Path) -> None:
 
 
 @case(
+    "the run's `checkpoints/` folder lost (deleted, moved, a wrong `dirpath`) after it saved",
+    "the restart resumes from a copy in a node's memory tier or on the mirror; with none, `ResumeError` "
+    "naming the missing `last.ckpt` and the tiers searched, never a silent start over",
+)
+def lost_checkpoint_folder(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    run_dir = first_run(tmp_path, plugin=DurableCheckpointIO(asynchronous=False, mirror=str(mirror)))
+    shutil.rmtree(layout.checkpoint_dir(run_dir))
+    shutil.rmtree(mirror)  # the mirror lost too: no copy anywhere
+    with pytest.raises(ResumeError) as lost:
+        restart(tmp_path, plugin=DurableCheckpointIO(asynchronous=False, mirror=str(mirror)))
+    message = str(lost.value)
+    assert f"{str(layout.last_checkpoint(run_dir))!r} does not exist although the run has saved" in message
+    assert "saves.json' says so), and no copy of it is in the mirror " in message
+    assert not layout.last_checkpoint(run_dir).exists()
+
+
+@case(
     "restart of a run stopped before its first save",
     "starts from the beginning in the same run dir",
 )
 def never_saved(tmp_path: Path) -> None:
     run_dir = first_run(tmp_path)
     layout.last_checkpoint(run_dir).unlink()
-    layout.saved_marker(run_dir).unlink()
+    layout.saves_record(run_dir).unlink()  # as before the first save: nothing committed yet
     restart(tmp_path)
     assert torch.load(layout.last_checkpoint(run_dir), weights_only=True)["global_step"] == 4
 

@@ -6,9 +6,14 @@ import random
 import shutil
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import run_job, same_weights, uninterrupted
+from conftest import run_job, same_weights, tiny_trainer, uninterrupted
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_resume import RequeueCheckpoint, RunDir
 
 TOTAL_STEPS = 36  # 96 samples, batch 8, 3 epochs
 
@@ -45,6 +50,7 @@ def test_slurm_requeue_three_kills_is_bitwise_exact(
 
 
 @pytest.mark.edge
+@pytest.mark.heavy
 def test_gradient_accumulation_resumes_exactly_after_kills(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -72,6 +78,7 @@ def test_explicit_key_resume_is_bitwise_exact(tmp_path: Path, baseline: dict[str
     assert same_weights(tmp_path / "final.pt", baseline["stateful"]), f"kills at {kills}"
 
 
+@pytest.mark.slow
 def test_epoch_end_saves_make_a_plain_dataloader_exact(tmp_path: Path, baseline: dict[str, Path]) -> None:
     kills = [14, 30]  # mid-epoch kills; only epoch-end checkpoints exist
     preempt_and_resume(
@@ -185,3 +192,19 @@ def test_lightning_hpc_checkpoint_does_not_override_a_newer_last_ckpt(
     assert third.returncode == 0, third.output
     assert "instead of" in third.output and "hpc_ckpt_1.ckpt" in third.output
     assert same_weights(out, baseline["stateful"])
+
+
+def test_its_private_callbacks_sit_first_and_just_before_the_checkpoints(tmp_path: Path) -> None:
+    """During ``fit``: ``EpochBoundary`` first of all, ``ExactResume`` just before the first checkpoint
+    callback (so before every ``ModelCheckpoint`` and ``RequeueCheckpoint`` itself)."""
+    seen: list[str] = []
+
+    class Look(Callback):
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            seen.extend(type(c).__name__ for c in trainer.callbacks)  # type: ignore[attr-defined]
+
+    checkpoints = (ModelCheckpoint(dirpath=tmp_path / "best"), RequeueCheckpoint())
+    tiny_trainer(RunDir(root=tmp_path / "runs"), *checkpoints, Look(), tmp_path=tmp_path).fit(BoringModel())
+    assert seen[0] == "EpochBoundary"
+    first = min(seen.index("ModelCheckpoint"), seen.index("RequeueCheckpoint"))
+    assert seen[first - 1] == "ExactResume" and seen.count("ExactResume") == 1, seen

@@ -32,7 +32,7 @@ def test_each_save_is_a_committed_directory_that_last_ckpt_links_to(tmp_path: Pa
     assert [f.name for f in verdict.manifest.files] == [SHARD, "meta.pt"]
     # The previous save stays as the fallback; nothing else (no save directory, no temporary link).
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [layout.LAST_CKPT, layout.SAVED_MARKER, *DIRECTORY.names(LocalStore(folder).sizes(deep=True))]
+        [layout.LAST_CKPT, *DIRECTORY.names(LocalStore(folder).sizes(deep=True))]
     )
     assert len(DIRECTORY.names(LocalStore(folder).sizes(deep=True))) == 2
     assert describe_run(run.path)["next_restart_loads"]["checkpoint"] == layout.LAST_CKPT

@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from _polls import Polls, wait_for
 from bad_inputs import (
     Case,
     case,
@@ -68,22 +68,27 @@ def uncatchable_signal(tmp_path: Path) -> None:
 
 
 @case(
-    '`PreemptionHandler(notices="aws")`, `on_notice="save"`, `notice_margin=0`, `AwsSpotNotice(endpoint="")`',
+    '`Notices("aws")`, `on_notice="save"`, `margin=0`, `PreemptionHandler(notices="auto")`, '
+    '`AwsSpotNotice(endpoint="")`',
     "`ValueError` / `TypeError` naming the value",
 )
 def bad_notice_arguments(tmp_path: Path) -> None:
-    from lightning_resume.notices import AwsSpotNotice
+    from lightning_resume.notices import AwsSpotNotice, Notices
 
     with pytest.raises(
-        ValueError, match="notices must be 'auto', None or a list of notice sources, got 'aws'"
+        ValueError, match="Notices sources must be 'auto', None or a list of notice sources, got 'aws'"
     ):
-        PreemptionHandler(notices="aws")  # type: ignore[arg-type]
+        Notices("aws")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="got \\[1\\]"):
-        PreemptionHandler(notices=[1])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="on_notice must be one of 'save_and_continue', 'stop', got 'save'"):
-        PreemptionHandler(on_notice="save")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="notice_margin must be > 0, got 0"):
-        PreemptionHandler(notice_margin=0)
+        Notices([1])  # type: ignore[list-item]
+    with pytest.raises(
+        ValueError, match="Notices on_notice must be one of 'save_and_continue', 'stop', got 'save'"
+    ):
+        Notices(on_notice="save")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Notices margin must be > 0, got 0"):
+        Notices(margin=0)
+    with pytest.raises(TypeError, match=r"notices must be Notices.* got 5"):
+        PreemptionHandler(notices=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"endpoint must be a base URL .* got ''"):
         AwsSpotNotice(endpoint="")
 
@@ -95,22 +100,19 @@ def bad_notice_arguments(tmp_path: Path) -> None:
 def stale_notice_file(tmp_path: Path) -> None:
     import warnings
 
-    from lightning_resume.notices import FileNotice
+    from lightning_resume.notices import FileNotice, Notices
 
     flag = tmp_path / "preempted"
     flag.write_text("")
     os.utime(flag, (1.0, 1.0))
     source = FileNotice(flag, interval=0.01)
-    handler = PreemptionHandler(notices=[source], on_notice="stop")
+    polls = Polls(source)
+    handler = PreemptionHandler(notices=Notices([source], on_notice="stop"))
 
     class WaitForTheWarning(pl.Callback):
         def on_train_batch_end(self, *args: object) -> None:
-            deadline = time.monotonic() + 10
-            while (
-                not [w for w in caught if "older than this process" in str(w.message)]
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.01)
+            if wait_for(lambda: [w for w in caught if "older than this process" in str(w.message)], 10):
+                polls.more(3, 10)  # polls after the warning, which must not warn again
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -123,6 +125,7 @@ def stale_notice_file(tmp_path: Path) -> None:
             steps=3,
         )
     assert handler.stop_report is None  # trained to the end
+    assert polls.count >= 4  # polled on after the warning
     assert len([w for w in caught if "older than this process" in str(w.message)]) == 1
 
 

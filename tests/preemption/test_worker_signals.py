@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from _polls import wait_for
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resume.preemption.worker_signals import block_in_workers, unblock_in_workers
@@ -31,10 +32,15 @@ class Slow(Dataset[torch.Tensor]):
         return torch.tensor(i)
 
 
-def blocked(pid: int, sig: signal.Signals) -> bool:
+def blocked(pid: int, sig: signal.Signals, field: str = "SigBlk") -> bool:
     with open(f"/proc/{pid}/status") as f:
-        mask = next(line for line in f if line.startswith("SigBlk:")).split()[1]
+        mask = next(line for line in f if line.startswith(f"{field}:")).split()[1]
     return bool(int(mask, 16) & (1 << (sig - 1)))
+
+
+def pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether ``sig`` waits in process ``pid``, not taken yet (``kill`` makes it pending as it returns)."""
+    return blocked(pid, sig, "ShdPnd") or blocked(pid, sig, "SigPnd")
 
 
 @pytest.fixture
@@ -62,7 +68,7 @@ def test_workers_ignore_a_foreign_sigterm_and_their_parent_still_stops_them() ->
     assert all(blocked(w.pid, signal.SIGTERM) for w in workers)
     # From another process, as slurmstepd sends it: torch's own worker handler would die of it.
     subprocess.run(["kill", "-s", "TERM", *(str(w.pid) for w in workers)], check=True)
-    time.sleep(0.5)
+    assert wait_for(lambda: not any(pending(w.pid, signal.SIGTERM) for w in workers))  # taken, and...
     assert all(w.is_alive() for w in workers)
     for _ in range(5):
         next(iterator)  # and they still serve batches

@@ -85,6 +85,7 @@ def log(work: Path, name: str, node: int) -> str:
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.slow
 def test_two_node_job_killed_and_relaunched_onto_empty_local_disks_resumes_exactly(tmp_path: Path) -> None:
     reference = launch(tmp_path, "reference", tmp_path / "ref-runs", tmp_path / "ref-mirror")
     assert finish(reference) == [0, 0], log(tmp_path, "reference", 0) + log(tmp_path, "reference", 1)

@@ -665,15 +665,15 @@ def run_meta_with_unknown_fields(tmp_path: Path) -> None:
 
 
 @case(
-    "`last.ckpt` without the `checkpoints/.saved` marker (copied in by hand, or an earlier version's run)",
-    "the restart resumes from it and writes the marker",
+    "`last.ckpt` in a run dir without `saves.json` (copied in by hand)",
+    "the restart resumes from it and writes `saves.json`",
 )
-def last_checkpoint_without_marker(tmp_path: Path) -> None:
+def last_checkpoint_without_record(tmp_path: Path) -> None:
     run = first_run(tmp_path)
-    layout.saved_marker(run).unlink()
+    layout.saves_record(run).unlink()
     again, started = relaunch(tmp_path, tmp_path / "root")
     assert (again.path, started) == (run, 2)
-    assert layout.saved_marker(run).exists()
+    assert layout.saves_record(run).exists()
 
 
 @case(

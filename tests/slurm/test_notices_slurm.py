@@ -65,6 +65,7 @@ def test_the_time_limit_is_read_and_a_job_with_its_own_warning_signal_gets_no_no
             assert warning == ("SIGUSR1", 50.0) and deadline is None, line  # SLURM's own warning instead
 
 
+@pytest.mark.slow
 def test_a_job_at_its_time_limit_saves_requeues_itself_before_it_and_completes_exactly(
     slurm: SlurmCluster, tmp_path: Path, reference: Path
 ) -> None:
@@ -82,7 +83,7 @@ def test_a_job_at_its_time_limit_saves_requeues_itself_before_it_and_completes_e
     ]
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\nexec srun " + shlex.join(command) + "\n")
-    # notices="auto" (PreemptionHandler's default) finds the time limit: the job is on SLURM.
+    # Notices() (PreemptionHandler's default, "auto") finds the time limit: the job is on SLURM.
     job = slurm.sbatch(
         "--requeue",
         "--open-mode=append",

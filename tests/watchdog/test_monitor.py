@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from _polls import wait_for
 from conftest import job_env
 
 from lightning_resume.run_dir import hangs, layout
@@ -61,28 +62,40 @@ def test_the_thread_fires_while_the_main_thread_is_blocked_in_c() -> None:
     dog.start()
     try:
         dog.report(Progress(Section.STEP, 3, time.monotonic(), timeout=0.3))
-        time.sleep(2.0)  # blocked in C, holding nothing: the thread still runs
-        assert fired.event.is_set()
+        assert fired.event.wait(60)  # blocked in C (a lock's wait), holding nothing: the thread still runs
         ((progress, seconds),) = fired.calls
         assert progress.section is Section.STEP and progress.step == 3 and seconds >= 0.3
     finally:
         dog.stop()
 
 
+class Looks:
+    """An ``until`` that never holds and counts the thread's looks at the progress it belongs to."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> bool:
+        self.count += 1
+        return False
+
+
 def test_progress_keeps_it_quiet_and_until_ends_the_watch() -> None:
-    fired = Fired()
+    fired, looks = Fired(), Looks()
     dog = Watchdog(fired, poll=0.05, backstop=False)
     dog.start()
     try:
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            dog.report(Progress(Section.STEP, 1, time.monotonic(), timeout=0.3))
+        # Progress every 0.05 s of a 0.3 s timeout, until the thread has looked 20 times (a second or more).
+        deadline = time.monotonic() + 60
+        while looks.count < 20 and time.monotonic() < deadline:
+            dog.report(Progress(Section.STEP, 1, time.monotonic(), timeout=0.3, until=looks))
             time.sleep(0.05)
+        assert looks.count >= 20 and not fired.calls
         done = threading.Event()
         dog.report(Progress(Section.TEARDOWN, 1, time.monotonic(), timeout=0.3, until=done.is_set))
         done.set()
-        time.sleep(0.8)
-        assert not fired.calls and not dog.alive
+        assert wait_for(lambda: not dog.alive, 60)  # the thread ends by itself: nothing left to watch
+        assert not fired.calls
     finally:
         dog.stop()
 

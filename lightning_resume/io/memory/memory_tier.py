@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_resume._checks import expand_dir, positive_number, whole_number
@@ -12,6 +13,7 @@ DEFAULT_PATH = "/dev/shm/lightning_resume"
 HELD_NAME = "last.ckpt"
 
 
+@dataclass(frozen=True)
 class MemoryTier:
     """``last.ckpt`` in node memory, copied to other nodes' memory, written to the durable tier less often.
 
@@ -52,40 +54,26 @@ class MemoryTier:
         )
     """
 
-    def __init__(
-        self,
-        path: str | Path = DEFAULT_PATH,
-        replicas: int = 1,
-        durable_every: int = 10,
-        port: int = 0,
-        timeout: float = 120.0,
-    ) -> None:
-        self.path = expand_dir(path, "MemoryTier(path=...)")
-        self.replicas = whole_number("MemoryTier replicas", replicas, minimum=0, what="whole number of nodes")
-        self.durable_every = whole_number(
-            "MemoryTier durable_every", durable_every, minimum=1, what="whole number of saves"
-        )
-        self.port = whole_number("MemoryTier port", port, minimum=0, what="TCP port number")
+    path: str | Path = DEFAULT_PATH
+    replicas: int = 1
+    durable_every: int = 10
+    port: int = 0
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        whole_number("MemoryTier replicas", self.replicas, minimum=0, what="whole number of nodes")
+        whole_number("MemoryTier durable_every", self.durable_every, minimum=1, what="whole number of saves")
+        whole_number("MemoryTier port", self.port, minimum=0, what="TCP port number")
         if self.port > 65535:
-            raise ValueError(f"MemoryTier port must be a TCP port (0-65535), got {port!r}.")
-        self.timeout = positive_number("MemoryTier timeout", timeout, what="number of seconds")
-
-    def __repr__(self) -> str:
-        return (
-            f"MemoryTier(path={str(self.path)!r}, replicas={self.replicas}, "
-            f"durable_every={self.durable_every}, port={self.port}, timeout={self.timeout})"
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MemoryTier) and repr(self) == repr(other)
-
-    def __hash__(self) -> int:
-        return hash(repr(self))
+            raise ValueError(f"MemoryTier port must be a TCP port (0-65535), got {self.port!r}.")
+        timeout = positive_number("MemoryTier timeout", self.timeout, what="number of seconds")
+        object.__setattr__(self, "path", expand_dir(self.path, "MemoryTier(path=...)"))
+        object.__setattr__(self, "timeout", timeout)
 
     def usable(self) -> str | None:
         """Why ``path`` cannot hold checkpoints here, or ``None`` when it can."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            Path(self.path).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             return f"cannot create {str(self.path)!r} ({e.strerror or e})"
         if not os.access(self.path, os.W_OK):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import secrets
 import shutil
@@ -21,25 +22,25 @@ from lightning.pytorch.strategies import Strategy
 
 from lightning_resume._collectives import any_rank, broadcast, gather_objects
 from lightning_resume._storage.atomic import exclusive
-from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.commit import commit_file
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.manifest import Entry
 from lightning_resume._warnings import warn
-from lightning_resume.io._verified_load import load_verified
 from lightning_resume.io.memory import wire
 from lightning_resume.io.memory.memory_tier import HELD_NAME, MemoryTier
 from lightning_resume.io.memory.placement import Copy, choose, copy_path, holders, origin_of, peers, run_key
 from lightning_resume.io.restore import MEMORY, Restore
+from lightning_resume.io.verified_load import load_verified
 
 log = logging.getLogger(__name__)
 
+#: Told of each copy committed on the durable tier: where, its entry, what retention removed beside it.
+Durable = Callable[[Path, Entry, list[str]], None]
+
 _FETCH_LOCK = ".lr-fetch.lock"
-_SLACK = 1.02
+_SLACK = 1.02  # a checkpoint file is a little larger than its tensors (archive records, pickles)
 #: Seconds between tries of a copy to a peer (a connection reset when a peer is busy is not a lost node).
-_RETRY_DELAYS = (
-    0.05,
-    0.25,
-    1.0,
-)  # a checkpoint file is a little larger than its tensors (archive records, pickles)
+_RETRY_DELAYS = (0.05, 0.25, 1.0)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Timings:
     step: int | None = None  # the save's global step
     replicas: dict[int, float] = field(default_factory=dict)
     durable: float | None = None
+    fetch: float | None = None  # a restart's fetch of a copy from another node, seconds
 
 
 def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
@@ -77,11 +79,14 @@ def _is_dtensor(tensor: torch.Tensor) -> bool:
 
 
 class NodeMemory:
-    """A :class:`MemoryTier` at work in one process; ``attach`` (every rank, in ``setup``) starts it."""
+    """A :class:`MemoryTier` at work in one process; ``attach`` (every rank, in ``setup``) starts it.
+    Copies to the durable tier are written past the page cache where ``direct_io`` and the filesystem
+    allow, and retention keeps the newest ``keep`` there."""
 
-    def __init__(self, config: MemoryTier, direct_io: bool = True) -> None:
+    def __init__(self, config: MemoryTier, direct_io: bool = True, keep: int | None = None) -> None:
         self.config = config
-        self.direct_io = direct_io  # durable copies past the page cache where the filesystem allows
+        self.root = Path(config.path)  # expanded by MemoryTier
+        self.direct_io, self.keep = direct_io, keep
         self.node = 0
         self.nodes = 1
         self._durable_dir: Path | None = None
@@ -120,12 +125,12 @@ class NodeMemory:
 
     def folder(self, origin: int) -> Path:
         """This node's folder for the copies written by node ``origin`` (its own, or replicas)."""
-        return self.config.path / self._key / f"node-{origin}"
+        return self.root / self._key / f"node-{origin}"
 
     @property
     def run_folder(self) -> Path:
         """This node's folder of the run (every origin's copies)."""
-        return self.config.path / self._key
+        return self.root / self._key
 
     def host_of(self, node: int) -> str | None:
         return self._hosts.get(node)
@@ -158,7 +163,7 @@ class NodeMemory:
         if serves and problem is None:
             try:
                 if self._server is None:
-                    self._server = wire.TierServer(self.config.path, self._token, self.config.port)
+                    self._server = wire.TierServer(self.root, self._token, self.config.port)
                 self._server.token = self._token
                 address = wire.local_address(os.environ.get("MASTER_ADDR"))
                 mine["address"] = (address, self._server.port)
@@ -181,7 +186,7 @@ class NodeMemory:
 
     def _held(self) -> list[Copy]:
         """The committed copies this node's tier holds for this run."""
-        folder = self.config.path / self._key
+        folder = self.root / self._key
         found = []
         for path in sorted(folder.glob(f"node-*/{HELD_NAME}")):
             entry = wire.committed_copy(path)
@@ -209,7 +214,7 @@ class NodeMemory:
             return None
         if Path(os.path.realpath(path.parent)) != self._durable_dir:
             return None
-        memory = copy_path(self.config.path, self._key, self.node, path.name)
+        memory = copy_path(self.root, self._key, self.node, path.name)
         memory.parent.mkdir(parents=True, exist_ok=True)
         needed = tensor_bytes(checkpoint) * _SLACK
         free = shutil.disk_usage(memory.parent).free
@@ -230,14 +235,11 @@ class NodeMemory:
         if not self._full_warned:
             self._full_warned = True
             warn(
-                f"MemoryTier {str(self.config.path)!r} on node {self.node} is full ({why}): writing "
+                f"MemoryTier {str(self.root)!r} on node {self.node} is full ({why}): writing "
                 "last.ckpt to the durable tier until it has room. Give the tier more memory (the tmpfs size) "
                 "or keep fewer replicas per node.",
                 all_ranks=True,
             )
-
-    def is_memory(self, path: Path) -> bool:
-        return self.attached and path.is_relative_to(self.config.path / self._key)
 
     def committed(
         self,
@@ -245,7 +247,7 @@ class NodeMemory:
         entry: Entry,
         durable: Path,
         due: bool,
-        on_durable: Callable[[Path, Entry, float], None],
+        on_durable: Durable,
     ) -> None:
         """A save committed in memory: copy it to the peers, and to ``durable`` when ``due``."""
         committed_at = time.monotonic()
@@ -325,19 +327,18 @@ class NodeMemory:
         durable: Path,
         seq: int,
         committed_at: float,
-        on_durable: Callable[[Path, Entry, float], None],
+        on_durable: Durable,
     ) -> None:
         with source:
             if seq != self._durable_seq:
                 return  # a newer save goes to the durable tier
-            started = time.monotonic()
             try:
-                copy_file(source, entry, durable, self.direct_io)
+                pruned = self._copy_durable(source, entry, durable)
             except BaseException as e:
                 self._durable_error = e
                 raise
         self.timings.durable = time.monotonic() - committed_at
-        on_durable(durable, entry, time.monotonic() - started)
+        on_durable(durable, entry, pruned)
 
     def settle(self, replicas: bool = True) -> None:
         """Wait for the copies in flight to the durable tier (and, with ``replicas``, to other nodes);
@@ -357,7 +358,7 @@ class NodeMemory:
             self._newest = None  # the newest save is that one: nothing in memory is newer
         self.settle(replicas=False)
 
-    def finish(self, on_durable: Callable[[Path, Entry, float], None], replicas: bool = True) -> None:
+    def finish(self, on_durable: Durable, replicas: bool = True) -> None:
         """Make the newest save durable if it is not yet, and wait for the copies in flight (to other
         nodes too with ``replicas``): training ends, or a preemption or notice waits for the durable tier."""
         self.settle(replicas)
@@ -366,10 +367,27 @@ class NodeMemory:
             self._newest_durable = True
         if newest is not None and not durable:
             memory, entry, target = newest
-            started = time.monotonic()
             with open(memory, "rb") as source:
-                copy_file(source, entry, target, self.direct_io)
-            on_durable(target, entry, time.monotonic() - started)
+                pruned = self._copy_durable(source, entry, target)
+            on_durable(target, entry, pruned)
+
+    def _copy_durable(self, source: BinaryIO, entry: Entry, target: Path) -> list[str]:
+        """Commit the bytes of the open committed copy ``source`` (the save ``entry``) at ``target`` on the
+        durable tier, then retention; return what it removed."""
+        started = time.monotonic()
+        aside = Aside(target, self.direct_io)
+        with aside as out:
+            if entry.size:  # straight from node memory's pages, no copy before the file's own
+                with mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+                    out.write(view)
+        pruned = commit_file(aside, entry, keep=self.keep)[1]
+        log.debug(
+            "memory copy of %s (step %s) durable in %.2f s",
+            target,
+            entry.global_step,
+            time.monotonic() - started,
+        )
+        return pruned
 
     def close(self) -> None:
         """Stop the server and the copy threads (after :meth:`finish`); a later ``attach`` starts again."""
@@ -385,6 +403,15 @@ class NodeMemory:
             self._server = None
 
     # -- restore -----------------------------------------------------------------------------------
+
+    def holder(self, path: Path) -> str | None:
+        """Which nodes hold the newest committed copy of ``path`` in memory (after :meth:`attach`), if any."""
+        if not self.attached or Path(os.path.realpath(path.parent)) != self._durable_dir:
+            return None
+        copies = choose(self._catalog, path.name, None, self.node)
+        if not copies:
+            return None
+        return f"the memory tier of {holders(copies)} (step {copies[0].entry.global_step})"
 
     def restore(
         self, path: Path, durable: Entry | None, map_location: Any, weights_only: bool | None
@@ -439,7 +466,7 @@ class NodeMemory:
 
     def _fetched(self, copy: Copy) -> Path:
         """``copy`` in this node's tier (fetched from its node, once per node, when it is elsewhere)."""
-        local = copy_path(self.config.path, self._key, copy.origin, copy.name)
+        local = copy_path(self.root, self._key, copy.origin, copy.name)
         if copy.node == self.node:
             return local
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -447,34 +474,7 @@ class NodeMemory:
             held = wire.committed_copy(local)
             if held is not None and held.same_data(copy.entry):
                 return local  # another rank of this node fetched it
-            address = self._addresses.get(copy.node)
-            if address is None:
-                raise OSError(errno.EHOSTUNREACH, "it serves no memory tier")
-            wire.get(
-                address,
-                self._token,
-                self._key,
-                copy.origin,
-                copy.name,
-                copy.entry,
-                local,
-                self.config.timeout,
-            )
+            started = time.monotonic()
+            self.fetch(copy.node, copy.origin, copy.name, copy.entry, local)
+            self.timings.fetch = time.monotonic() - started
         return local
-
-
-def copy_file(source: BinaryIO, entry: Entry, target: Path, direct: bool = True) -> None:
-    """Commit the bytes of the open committed file ``source`` (the save ``entry``) at ``target``, fsynced."""
-
-    def checked(size: int, checksum: str) -> Entry:
-        if size != entry.size or checksum != entry.checksum:
-            raise OSError(errno.EIO, f"{source.name} does not match its manifest: not copied to {target}")
-        return entry
-
-    def stream(out: Any) -> None:
-        source.seek(0)
-        while chunk := source.read(wire.CHUNK):
-            out.write(chunk)
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_file(target, stream, checked, direct=direct)

@@ -12,27 +12,21 @@ import socket
 import socketserver
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 from lightning_resume._storage.catalog import Status, verify
-from lightning_resume._storage.commit import write_file
+from lightning_resume._storage.commit import commit_file
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE
-from lightning_resume._storage.manifest import ChecksumWriter, Entry
+from lightning_resume._storage.manifest import Entry
 from lightning_resume.io.memory.placement import copy_path, safe_part
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!I")
 _MAX_HEADER = 1 << 20
-CHUNK = 4 << 20
-
-
-class Readable(Protocol):
-    """A binary stream to read from: a socket's file, or a file."""
-
-    def read(self, size: int = -1, /) -> bytes | None: ...
 
 
 class WireError(OSError):
@@ -44,51 +38,42 @@ def send_header(out: socket.socket, header: dict[str, Any]) -> None:
     out.sendall(_LENGTH.pack(len(data)) + data)
 
 
-def _read_exact(source: Readable, size: int) -> bytes:
-    data = source.read(size)
-    if data is None or len(data) != size:
-        raise WireError(f"connection closed after {0 if not data else len(data)} of {size} bytes")
-    return data
+def _recv_exact(conn: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes from the socket itself: what follows stays there for :func:`receive_copy`."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise WireError(f"connection closed after {got} of {size} bytes")
+        got += n
+    return bytes(data)
 
 
-def read_header(source: Readable) -> dict[str, Any]:
-    (size,) = _LENGTH.unpack(_read_exact(source, _LENGTH.size))
+def read_header(conn: socket.socket) -> dict[str, Any]:
+    (size,) = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))
     if size > _MAX_HEADER:
         raise WireError(f"header of {size} bytes refused")
-    header = json.loads(_read_exact(source, size))
+    header = json.loads(_recv_exact(conn, size))
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
     return header
 
 
-def stream_into(source: Readable, size: int, out: ChecksumWriter, pace: Callable[[int], None] | None) -> None:
-    """Copy exactly ``size`` bytes from ``source`` into ``out``."""
-    left = size
-    while left:
-        chunk = source.read(min(CHUNK, left))
-        if not chunk:
-            raise WireError(f"connection closed with {left} of {size} bytes still to come")
-        out.write(chunk)
-        left -= len(chunk)
-        if pace is not None:
-            pace(len(chunk))
-
-
-def receive_copy(
-    source: Readable, target: Path, entry: Entry, pace: Callable[[int], None] | None = None
-) -> Entry:
-    """Write the ``entry.size`` bytes coming from ``source`` as a committed copy at ``target``; a short or
-    different stream raises and leaves ``target`` as it was."""
-
-    def checked(size: int, checksum: str) -> Entry:
-        if size != entry.size or checksum != entry.checksum:
-            raise WireError(
-                f"received {size} bytes with checksum {checksum}, expected {entry.size} / {entry.checksum}"
-            )
-        return entry
-
+def receive_copy(conn: socket.socket, target: Path, entry: Entry) -> Entry:
+    """Write the ``entry.size`` bytes coming on ``conn`` as a committed copy at ``target``: each piece
+    received into one reused buffer, hashed there and written on (the copies of a raw TCP copy, no more);
+    a short or different stream raises and leaves ``target`` as it was."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    return write_file(target, lambda out: stream_into(source, entry.size, out, pace), checked, direct=False)
+    aside = Aside(target, direct=False)
+    try:
+        aside.receive(conn.recv_into, entry.size)
+    except EOFError as e:
+        raise WireError(f"connection closed before the copy of {target.name} was complete: {e}") from e
+    try:
+        return commit_file(aside, entry)[0]
+    except OSError as e:
+        raise WireError(str(e)) from e
 
 
 def committed_copy(path: Path) -> Entry | None:
@@ -104,8 +89,9 @@ def send_file(out: socket.socket, source: BinaryIO, entry: Entry) -> None:
         raise WireError(f"{source.name} ended after {sent} of {entry.size} bytes")
 
 
-class _Handler(socketserver.StreamRequestHandler):
+class _Handler(socketserver.BaseRequestHandler):
     server: TierServer
+    request: socket.socket
 
     def handle(self) -> None:
         try:
@@ -116,9 +102,9 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def _handle(self) -> None:
         try:
-            header = read_header(self.rfile)
+            header = read_header(self.request)
             if header.get("token") != self.server.token:
-                send_header(self.connection, {"ok": False, "error": "wrong token"})
+                send_header(self.request, {"ok": False, "error": "wrong token"})
                 return
             op = header.get("op")
             if op == "put":
@@ -126,11 +112,11 @@ class _Handler(socketserver.StreamRequestHandler):
             elif op == "get":
                 self._get(header)
             else:
-                send_header(self.connection, {"ok": False, "error": f"unknown request {op!r}"})
+                send_header(self.request, {"ok": False, "error": f"unknown request {op!r}"})
         except (OSError, ValueError, KeyError) as e:
             log.debug("memory tier request from %s failed: %s", self.client_address, e)
             with contextlib.suppress(OSError):
-                send_header(self.connection, {"ok": False, "error": str(e)})
+                send_header(self.request, {"ok": False, "error": str(e)})
 
     def _target(self, header: dict[str, Any]) -> Path:
         key, name, origin = str(header["key"]), str(header["name"]), int(header["origin"])
@@ -141,23 +127,23 @@ class _Handler(socketserver.StreamRequestHandler):
     def _put(self, header: dict[str, Any]) -> None:
         target, entry = self._target(header), Entry.from_json(header["entry"])
         with self.server.receiving:
-            receive_copy(self.rfile, target, entry)
-        send_header(self.connection, {"ok": True})
+            receive_copy(self.request, target, entry)
+        send_header(self.request, {"ok": True})
 
     def _get(self, header: dict[str, Any]) -> None:
         target = self._target(header)
         try:
             held = open(target, "rb")  # noqa: SIM115 (the version open now stays readable if a newer one commits)
         except FileNotFoundError:
-            send_header(self.connection, {"ok": False, "error": f"{target.name} is not held"})
+            send_header(self.request, {"ok": False, "error": f"{target.name} is not held"})
             return
         with held:
             entry = committed_copy(target)
             if entry is None or entry.checksum != header.get("checksum"):
-                send_header(self.connection, {"ok": False, "error": f"{target.name} is not held"})
+                send_header(self.request, {"ok": False, "error": f"{target.name} is not held"})
                 return
-            send_header(self.connection, {"ok": True, "entry": entry.to_json()})
-            send_file(self.connection, held, entry)
+            send_header(self.request, {"ok": True, "entry": entry.to_json()})
+            send_file(self.request, held, entry)
 
 
 class TierServer(socketserver.ThreadingTCPServer):
@@ -219,7 +205,7 @@ def put(
     with _connect(address, timeout) as conn:
         send_header(conn, header)
         send_file(conn, source, entry)
-        reply = read_header(conn.makefile("rb"))
+        reply = read_header(conn)
     if not reply.get("ok"):
         raise WireError(f"{address[0]}:{address[1]} refused the copy: {reply.get('error')}")
 
@@ -250,11 +236,10 @@ def get(
     }
     with _connect(address, timeout) as conn:
         send_header(conn, header)
-        source = conn.makefile("rb")
-        reply = read_header(source)
+        reply = read_header(conn)
         if not reply.get("ok"):
             raise WireError(f"{address[0]}:{address[1]}: {reply.get('error')}")
-        return receive_copy(source, target, entry)
+        return receive_copy(conn, target, entry)
 
 
 def local_address(toward: str | None) -> str:

@@ -18,7 +18,6 @@ fails, every rank loads the durable tier.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -35,16 +34,10 @@ import lightning.pytorch as pl
 from lightning_resume._collectives import any_rank, barrier, gather_objects, gather_objects_on
 from lightning_resume._storage.atomic import TEMP_PREFIX
 from lightning_resume._storage.catalog import verify
-from lightning_resume._storage.commit import commit, remove, write_file
+from lightning_resume._storage.commit import commit, commit_file, remove
+from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE, DirectoryKind, new_save_dir, resolve_pointer
-from lightning_resume._storage.manifest import (
-    MANIFEST_SUFFIX,
-    ChecksumWriter,
-    Entry,
-    FileEntry,
-    checksum_file,
-    next_entries,
-)
+from lightning_resume._storage.manifest import MANIFEST_SUFFIX, Entry, FileEntry, checksum_file, next_entries
 from lightning_resume._storage.store import LocalStore
 from lightning_resume._warnings import warn
 from lightning_resume.io.memory import wire
@@ -160,13 +153,6 @@ class ShardedMemory:
         self._saves = 0
         self._newest: _MemorySave | None = None
 
-    @classmethod
-    def of(cls, trainer: pl.Trainer, pointer: Path) -> ShardedMemory | None:
-        memory = getattr(trainer.strategy.checkpoint_io, "memory_tier", None)
-        if isinstance(memory, NodeMemory) and memory.attached:
-            return cls(memory, pointer)
-        return None
-
     # -- the training thread: every rank, at the same point -----------------------------------------
 
     def plan(self, trainer: pl.Trainer, state: dict[str, Any]) -> Path | None:
@@ -260,18 +246,12 @@ class ShardedMemory:
         sends = [(held_name(self.pointer.name, gen, n), e) for n, e in mine.items()]
         self.memory.sharded_generation = gen  # every rank's files are committed: the next plan keeps these
         if rank == 0:
-            data = json.dumps(shard_set.to_json()).encode()
-            entry = write_file(
-                folder / held_name(self.pointer.name, gen, SET_FILE),
-                functools.partial(_write_all, data),
-                lambda size, checksum: Entry(
-                    size, checksum, shard_set.step, shard_set.epoch, shard_set.saved_at
-                ),
-                direct=False,
-            )
-            sends.append(
-                (held_name(self.pointer.name, gen, SET_FILE), entry)
-            )  # last: a peer's set follows its files
+            aside = Aside(folder / held_name(self.pointer.name, gen, SET_FILE), direct=False)
+            step, set_at = shard_set.step, shard_set.saved_at
+            with aside as out:
+                out.write(json.dumps(shard_set.to_json()).encode())
+            entry = commit_file(aside, {"global_step": step, "epoch": shard_set.epoch, "saved_at": set_at})[0]
+            sends.append((held_name(self.pointer.name, gen, SET_FILE), entry))  # last: a peer's set follows
         self._newest = _MemorySave(gen, mine, fields, required)
         for peer in peers(self.memory.node, self.memory.nodes, self.memory.config.replicas):
             for name, entry in sends:
@@ -301,11 +281,10 @@ class ShardedMemory:
 # -- restore ---------------------------------------------------------------------------------------
 
 
-def restore(trainer: pl.Trainer, pointer: Path) -> tuple[ShardSet, Path, Restore] | None:
+def restore(memory: NodeMemory, trainer: pl.Trainer, pointer: Path) -> tuple[ShardSet, Path, Restore] | None:
     """At a restart (``setup``, every rank, before the durable tier is verified): the newest sharded save
     the nodes' memory holds, assembled on every node; ``None``: load the durable tier."""
-    memory = getattr(trainer.strategy.checkpoint_io, "memory_tier", None)
-    if not isinstance(memory, NodeMemory) or not memory.attached:
+    if not memory.attached:
         return None
     strategy = trainer.strategy
     started, wall = time.monotonic(), time.time()
@@ -442,10 +421,6 @@ def _copy_out(
         if (got.size, got.checksum) != (expected.size, expected.checksum):
             raise OSError(f"{save_dir / got.name} differs from its memory copy: not committed")
     parts.write_part(save_dir, rank, [FileEntry(e.name, e.size, e.checksum) for e in entries])
-
-
-def _write_all(data: bytes, out: ChecksumWriter) -> None:
-    out.write(data)
 
 
 def _attempt(action: Callable[[], Any]) -> BaseException | None:

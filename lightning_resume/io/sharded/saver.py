@@ -28,11 +28,11 @@ from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
 from lightning_resume._storage.manifest import DirectoryManifest
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._warnings import warn
-from lightning_resume._writer.duty_cycle import WriteStats
-from lightning_resume.io.durable_checkpoint_io import manifest_versions
+from lightning_resume.io.durable_checkpoint_io import manifest_versions, memory_tier_of
 from lightning_resume.io.settings import CheckpointSettings, settings_of
 from lightning_resume.io.sharded import dcp, parts
 from lightning_resume.io.sharded.in_memory import ShardedMemory
+from lightning_resume.io.write_stats import WriteStats
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ class DirectorySaver:
         saver = cls(
             pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
         )
-        saver.memory = ShardedMemory.of(trainer, pointer)
+        route = memory_tier_of(trainer.strategy.checkpoint_io)  # the plugin's memory tier drives ours
+        saver.memory = route.sharded(pointer) if route is not None else None
         return saver
 
     def save(self, trainer: pl.Trainer) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from lightning_resume.io._parallel_copy import Region, copy_regions
+from lightning_resume.io.snapshot import Region, copy_regions
 
 
 class ReusedBufferStager:

@@ -45,7 +45,7 @@ class AwsSpotNotice(MetadataServerNotice):
 
     Example::
 
-        PreemptionHandler(notices=[AwsSpotNotice()])
+        PreemptionHandler(notices=Notices([AwsSpotNotice()]))
     """
 
     name = "aws-spot"

@@ -65,7 +65,7 @@ class AzureNotice(MetadataServerNotice):
 
     Example::
 
-        PreemptionHandler(notices=[AzureNotice()])
+        PreemptionHandler(notices=Notices([AzureNotice()]))
     """
 
     name = "azure"

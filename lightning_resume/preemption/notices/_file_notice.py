@@ -40,7 +40,7 @@ class FileNotice(NoticeSource):
 
     Example::
 
-        PreemptionHandler(notices=[FileNotice("/tmp/preempted")])
+        PreemptionHandler(notices=Notices([FileNotice("/tmp/preempted")]))
     """
 
     name = "file"

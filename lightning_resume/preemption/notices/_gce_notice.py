@@ -50,7 +50,7 @@ class GceNotice(MetadataServerNotice):
 
     Example::
 
-        PreemptionHandler(notices=[GceNotice()])
+        PreemptionHandler(notices=Notices([GceNotice()]))
     """
 
     name = "gce"

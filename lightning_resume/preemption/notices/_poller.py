@@ -65,7 +65,7 @@ class NoticePoller:
             warn(
                 f"Preemption notices from {source.describe()}: {source.last_error} ({FAILURES_TO_WARN} polls "
                 "in a row). Training goes on; this source's notices are missed while this lasts (warned "
-                "once). Fix it, or leave the source out with PreemptionHandler(notices=[...]).",
+                "once). Fix it, or leave the source out with PreemptionHandler(notices=Notices([...])).",
                 all_ranks=True,
             )
         elif source.last_error is not None:

@@ -59,7 +59,7 @@ class SlurmTimeLimitNotice(NoticeSource):
 
     Example::
 
-        PreemptionHandler(notices=[SlurmTimeLimitNotice()])  # with #SBATCH --requeue --time=...
+        PreemptionHandler(notices=Notices([SlurmTimeLimitNotice()]))  # with #SBATCH --requeue --time=...
     """
 
     name = "slurm-time-limit"

@@ -6,62 +6,20 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from lightning_resume._checks import positive_number
 from lightning_resume._warnings import warn
-from lightning_resume.last_ckpt.cadence import recorded_to_durable
-from lightning_resume.preemption.notices._aws_spot_notice import AwsSpotNotice
-from lightning_resume.preemption.notices._azure_notice import AzureNotice
-from lightning_resume.preemption.notices._file_notice import FileNotice
-from lightning_resume.preemption.notices._gce_notice import GceNotice
 from lightning_resume.preemption.notices._notice import Notice, format_time
 from lightning_resume.preemption.notices._notice_source import NoticeSource
-from lightning_resume.preemption.notices._policy import (
-    ON_NOTICE,
-    Act,
-    decide,
-    expected_seconds_to_durable,
-    stop_time,
-)
+from lightning_resume.preemption.notices._notices import Notices
+from lightning_resume.preemption.notices._policy import Act, decide, expected_seconds_to_durable, stop_time
 from lightning_resume.preemption.notices._poller import NoticePoller
-from lightning_resume.preemption.notices._slurm_time_limit_notice import SlurmTimeLimitNotice
-from lightning_resume.run_dir.binding import PROCESS
 
 log = logging.getLogger(__name__)
 
 #: The recent intervals between checks whose maximum is the expected next one.
 PERIOD_WINDOW = 8
-
-
-def auto_sources() -> list[NoticeSource]:
-    """``notices="auto"``: every source, each polled where it :meth:`~NoticeSource.applies`."""
-    return [AwsSpotNotice(), GceNotice(), AzureNotice(), SlurmTimeLimitNotice(), FileNotice()]
-
-
-def resolve_sources(notices: Any) -> list[NoticeSource]:
-    """``PreemptionHandler(notices=...)`` (``"auto"``, ``None``, a source or a sequence of them) as a list."""
-    if isinstance(notices, str):
-        if notices != "auto":
-            raise ValueError(
-                f"notices must be 'auto', None or a list of notice sources, got {notices!r}: e.g. "
-                "notices=[AwsSpotNotice()] from lightning_resume.notices."
-            )
-        return auto_sources()
-    if notices is None:
-        return []
-    if isinstance(notices, NoticeSource):
-        return [notices]  # one source given alone, not in a list
-    if not isinstance(notices, Sequence) or not all(isinstance(n, NoticeSource) for n in notices):
-        # lightning_resume.notices, or its pytorch_lightning mirror: where users import the sources
-        package = __name__.rsplit(".", 1)[0].replace(".preemption.notices", ".notices")
-        raise TypeError(
-            f"notices must be 'auto', None or a list of notice sources from {package} (AwsSpotNotice(), "
-            f"GceNotice(), ...), got {notices!r}."
-        )
-    return list(notices)
 
 
 @dataclass
@@ -105,18 +63,13 @@ class NoticeRecord:
 
 
 class NoticeWatch:
-    """The notices of one ``PreemptionHandler``: sources, poller, decisions and their record; the arguments
-    are the handler's ``notices``, ``on_notice`` and ``notice_margin``, checked as it documents."""
+    """The notices of one ``PreemptionHandler`` (its :class:`Notices`, ``None``: none): sources, poller,
+    decisions and their record."""
 
-    def __init__(self, notices: Any, on_notice: str, margin: float) -> None:
-        if on_notice not in ON_NOTICE:
-            raise ValueError(
-                f"on_notice must be one of {', '.join(map(repr, ON_NOTICE))}, got {on_notice!r}."
-            )
-        self.sources = resolve_sources(notices)
-        self.auto = isinstance(notices, str)
-        self.on_notice = on_notice
-        self.margin = positive_number("notice_margin", margin, "number of seconds")
+    def __init__(self, notices: Notices | None) -> None:
+        notices = notices if notices is not None else Notices(None)
+        self.sources = notices.resolved()
+        self.auto, self.on_notice, self.margin = notices.auto, notices.on_notice, notices.margin
         self.poller: NoticePoller | None = None
         self.record: NoticeRecord | None = None
         self.measured: float | None = None  # the longest time to durable of the saves made for notices
@@ -124,12 +77,12 @@ class NoticeWatch:
         self._last_check: float | None = None
         self._periods: collections.deque[float] = collections.deque(maxlen=PERIOD_WINDOW)
 
-    def start(self, local_rank: int, global_rank: int) -> list[NoticeSource]:
+    def start(self, local_rank: int, global_rank: int, recorded: float | None) -> list[NoticeSource]:
         """Start polling the sources this process polls (node-wide ones on local rank 0, job-wide ones on
-        global rank 0, each where it applies); return them."""
+        global rank 0, each where it applies); return them. ``recorded``: the run's time to durable."""
         self.stop()
         self.record, self.measured, self._last_check = None, None, None  # a new fit
-        self.recorded = recorded_to_durable(PROCESS.current.path) if PROCESS.current is not None else None
+        self.recorded = recorded
         self._periods.clear()
         mine = [s for s in self.sources if (global_rank if s.scope == "job" else local_rank) == 0]
         polled = [source for source in mine if _applies(source)]

@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_resume import DurableCheckpointIO, LightningResumeWarning, MemoryTier
 from lightning_resume._storage.catalog import check_file
+from lightning_resume.io.durable_checkpoint_io import memory_tier_of
 
 
 @pytest.fixture
@@ -32,12 +33,13 @@ def test_a_save_that_no_longer_fits_goes_durable_and_stays_the_newest(
 ) -> None:
     durable_dir = tmp_path / "ckpt"
     io = DurableCheckpointIO(asynchronous=False, memory=MemoryTier(small_tmpfs, durable_every=1000))
-    io._attach_memory(SingleDeviceStrategy(torch.device("cpu")), durable_dir)
+    tier = memory_tier_of(io)
+    assert tier is not None
+    tier.attach(SingleDeviceStrategy(torch.device("cpu")), durable_dir)
     last = durable_dir / "last.ckpt"
     io.save_checkpoint(state(1), last)  # memory, and durable (the first save)
     io.save_checkpoint(state(2), last)  # memory only
-    assert io.memory_tier is not None
-    io.memory_tier.settle()  # the copies run in the background
+    tier.memory.settle()  # the copies run in the background
     assert check_file(last).manifest.global_step == 1  # type: ignore[union-attr]
     free = shutil.disk_usage(small_tmpfs).free
     (small_tmpfs / "filler").write_bytes(b"\0" * (free - 100_000))  # someone else fills the tmpfs
@@ -46,9 +48,11 @@ def test_a_save_that_no_longer_fits_goes_durable_and_stays_the_newest(
     assert check_file(last).manifest.global_step == 3  # type: ignore[union-attr]
     io.teardown()  # the end of training: the older step 2 in memory must not replace step 3
     assert check_file(last).manifest.global_step == 3  # type: ignore[union-attr]
-    io._close_memory()
+    tier.close()
     loaded = DurableCheckpointIO(memory=MemoryTier(small_tmpfs, durable_every=1000))
-    loaded._attach_memory(SingleDeviceStrategy(torch.device("cpu")), durable_dir)
+    again = memory_tier_of(loaded)
+    assert again is not None
+    again.attach(SingleDeviceStrategy(torch.device("cpu")), durable_dir)
     assert loaded.load_checkpoint(last)["global_step"] == 3  # the durable one: newer than memory's step 2
     assert loaded.last_restore is not None and loaded.last_restore.tier == "durable"
-    loaded._close_memory()
+    again.close()

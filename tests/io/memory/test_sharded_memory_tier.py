@@ -98,6 +98,7 @@ def test_a_sharded_restart_assembles_the_newest_save_from_node_memory_exactly(
     assert len({found[0] for found in parsed if found is not None}) <= 2, parsed
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_in_memory_falls_back_to_the_durable_tier_exactly(
     tmp_path: Path, reference: Path
 ) -> None:
@@ -123,6 +124,7 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield folder
 
 
+@pytest.mark.slow
 def test_a_node_whose_tmpfs_cannot_take_a_shard_saves_to_the_durable_tier_exactly(
     tiny_tmpfs: Path, tmp_path: Path, reference: Path
 ) -> None:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lightning_resume.io._parallel_copy import ALONE_BELOW
 from lightning_resume.io.sharded.stager import ReusedBufferStager
+from lightning_resume.io.snapshot import ALONE_BELOW
 
 
 def state() -> dict[str, object]:

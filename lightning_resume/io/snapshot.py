@@ -1,22 +1,26 @@
-"""Snapshot a checkpoint into reusable shared memory, as the records of a ``torch.save`` archive.
+"""The snapshot step of an asynchronous save: every storage of a checkpoint copied once into reusable
+shared memory, then torch's serialiser pickles the object graph against those copies, giving the records
+of its ``torch.save`` archive: the trainer may change anything once :func:`snapshot` returns.
 
-Every storage is copied once into a host buffer shared with the writer process, then torch's serialiser
-pickles the object graph against those copies: the trainer may change anything once :func:`stage`
-returns. A synchronous save streams the records from the tensors' own memory (:func:`write_torch_archive`)."""
+The copies are made by a few threads taking fixed-size pieces in turn (``memmove`` releases the GIL).
+torch's ``copy_`` runs each tensor's copy as an OpenMP region whose threads spin at its end: on 2 busy
+cores, 63 tensors of 16 MB took 3x as long as here, where no thread waits before the last piece."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import itertools
 import logging
 import mmap
 import os
 import tempfile
+import threading
 import time
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -24,14 +28,52 @@ from typing import Any
 import torch
 
 from lightning_resume._compat.torch import record_torch_save
-from lightning_resume._writer.zip_records import ArchiveWriter, Data, Sink
-from lightning_resume.io._parallel_copy import copy_regions
+from lightning_resume._storage.archive import Data
 
 log = logging.getLogger(__name__)
 
 # A region of the shared buffer ("shm", offset, nbytes) or the record's bytes ("bytes", data).
 Source = tuple[str, int, int] | tuple[str, bytes]
+Region = tuple[int, int, int]  # (destination address, source address, bytes)
 _PAGE = mmap.PAGESIZE
+PIECE = 16 << 20  #: bytes per piece: the threads end together, and taking one costs nothing (~1 ms copy)
+ALONE_BELOW = 32 << 20  #: less in all is copied by the caller alone: starting a thread costs more
+
+
+def pieces(regions: Sequence[Region], piece: int = PIECE) -> Iterator[Region]:
+    for dst, src, nbytes in regions:
+        for start in range(0, nbytes, piece):
+            yield dst + start, src + start, min(piece, nbytes - start)
+
+
+def copy_regions(regions: Sequence[Region], threads: int, piece: int = PIECE) -> None:
+    """Copy every ``(dst, src, nbytes)`` region with ``threads`` threads (the caller's included). When the
+    caller's copy is interrupted (a signal handler's exception), the helpers stop and are joined first."""
+    total = sum(nbytes for _, _, nbytes in regions)
+    helpers = min(threads, -(-total // piece)) - 1 if total >= ALONE_BELOW else 0
+    todo = pieces(regions, piece)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                region = next(todo, None)
+            if region is None:
+                return
+            ctypes.memmove(*region)
+
+    name = "lightning-resume-copy"
+    started = [threading.Thread(target=work, name=name, daemon=True) for _ in range(helpers)]
+    try:
+        for thread in started:
+            thread.start()
+        work()
+    finally:
+        stop.set()
+        for thread in started:
+            if thread.ident is not None:
+                thread.join()
 
 
 @cache
@@ -44,7 +86,7 @@ def torch_archive_version() -> bytes:
         return archive.read(name)
 
 
-def _record_data(data: Any) -> Data:
+def record_data(data: Any) -> Data:
     """A record's content as bytes or a zero-copy view of a CPU storage."""
     if isinstance(data, str):
         return data.encode()
@@ -53,33 +95,6 @@ def _record_data(data: Any) -> Data:
     if isinstance(data, torch.UntypedStorage):
         return torch.empty(0, dtype=torch.uint8).set_(data).numpy().data
     raise TypeError(f"unexpected record of type {type(data).__name__}")
-
-
-def write_torch_archive(obj: Any, out: Sink) -> None:
-    """Write ``obj`` to ``out`` as a ``torch.save`` archive, CPU storages written from where they live."""
-    writer: ArchiveWriter | None = None
-    early: list[tuple[str, Data]] = []  # records before the alignment is known (data.pkl, ...)
-
-    def start(alignment: int = 64) -> ArchiveWriter:
-        started = ArchiveWriter(out, alignment)
-        for name, content in early:
-            started.add(name, content)
-        return started
-
-    def write_record(name: str, data: Any, nbytes: int) -> None:
-        nonlocal writer
-        content = _record_data(data)
-        if writer is None and name == ".storage_alignment":
-            writer = start(int(bytes(content)))
-        elif writer is None and name.startswith("data/"):
-            writer = start()
-        elif writer is None:
-            early.append((name, content))
-            return
-        writer.add(name, content)
-
-    record_torch_save(obj, write_record)
-    (writer or start()).close(torch_archive_version())
 
 
 class HostBuffer:
@@ -246,8 +261,9 @@ def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) 
         stream.synchronize()
 
 
-def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
-    """Copy ``checkpoint`` into ``buffer``; return the records of its ``torch.save`` archive."""
+def snapshot(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
+    """The snapshot step: copy ``checkpoint`` into ``buffer``; return the records of its ``torch.save``
+    archive (pointing into ``buffer`` where they can)."""
     phases = _Phases()
     layout: dict[tuple[str, int], int] = {}
     storages: list[torch.Tensor] = []
@@ -301,7 +317,7 @@ def stage(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
         if storage and nbytes and base <= ptr and ptr + nbytes <= end:
             source: Source = ("shm", ptr - base, nbytes)
         else:  # bytes, or a tensor outside plain containers (torch handed us a CPU storage): copied now
-            source = ("bytes", bytes(_record_data(data)))
+            source = ("bytes", bytes(record_data(data)))
             staged.nbytes += nbytes if storage else 0
         if name == ".storage_alignment":
             staged.alignment = int(source[1])

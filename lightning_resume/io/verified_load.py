@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lightning_resume._storage.archive import intact_zip
 from lightning_resume._storage.catalog import Status, Verdict, verify
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry
@@ -54,12 +54,3 @@ def load_verified(path: Path, map_location: Any, weights_only: bool | None) -> L
     if error is not None:
         raise error
     return Loaded(checkpoint, verdict)
-
-
-def intact_zip(path: Path) -> bool:
-    """Whether ``path`` is a complete zip archive whose records all pass their CRC check."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return False

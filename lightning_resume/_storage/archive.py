@@ -1,6 +1,9 @@
-"""Write the records of a ``torch.save`` archive as a zip file, without importing torch: torch's layout,
-each record aligned (``torch.load(mmap=True)`` relies on it), streamed as ``zipfile`` streams. Ours so that
-the CRC-32 can be ISA-L's (several times faster than zlib's) and records go out as torch hands them over."""
+"""The checkpoint format: the records of a ``torch.save`` archive written as its zip file, without torch.
+
+torch's layout, each record aligned (``torch.load(mmap=True)`` relies on it), streamed as ``zipfile``
+streams. Ours so that the CRC-32 is ISA-L's (several times faster than zlib's and than the one in
+``torch.save``'s writer) and records go out as torch hands them over (``benchmarks/checkpoint_io.py
+--only format``)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Protocol
 
 Data = bytes | bytearray | memoryview
@@ -133,3 +137,12 @@ def write_archive(
     for name, data in records:
         writer.add(name, data)
     writer.close(version)
+
+
+def intact_zip(path: Path) -> bool:
+    """Whether ``path`` is a complete zip archive whose records all pass their CRC check."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False

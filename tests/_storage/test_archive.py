@@ -1,4 +1,5 @@
-"""The streaming zip writer: what Python's ``zipfile`` writes, ZIP64 where needed, read back by torch."""
+"""The checkpoint format, our streaming zip writer: what ``zipfile`` writes, ZIP64 where needed, read back
+by torch."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_resume._storage.archive import ArchiveWriter, fast_crc32, write_archive
 from lightning_resume._storage.manifest import ChecksumWriter
-from lightning_resume._writer.zip_records import ArchiveWriter, fast_crc32, write_archive
-from lightning_resume.io._snapshot import write_torch_archive
+from lightning_resume.io.routes import write_torch_archive
 
 RECORDS = [
     ("data.pkl", b"\x80\x02pickle"),

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from lightning_resume._writer.duty_cycle import DutyCycle, WriteStats, hurry
+from lightning_resume._writer.process import DutyCycle, hurry
+from lightning_resume.io.write_stats import WriteStats
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_a_gentle_write_rests_after_each_work_period(pipe: tuple[int, int]) -> N
     for _ in range(3):
         pace.after_block(100, disk.drain)
     assert disk.rests == 3 and pace.gentle
-    stats = pace.stats(300)
+    stats = WriteStats(**pace.stats(300))
     assert (stats.share, stats.hurried_after, stats.nbytes) == (0.99, None, 300)
 
 
@@ -50,7 +51,7 @@ def test_full_speed_never_rests(pipe: tuple[int, int]) -> None:
     pace, disk = DutyCycle(1.0, pipe[0], seq=1, quantum=0.0), Disk()
     for _ in range(3):
         pace.after_block(100, disk.drain)
-    assert disk.rests == 0 and not pace.gentle and pace.stats(300).hurried_after is None
+    assert disk.rests == 0 and not pace.gentle and pace.stats(300)["hurried_after"] is None
 
 
 def test_a_hurry_message_for_this_write_lifts_the_pacing(pipe: tuple[int, int]) -> None:
@@ -64,7 +65,7 @@ def test_a_hurry_message_for_this_write_lifts_the_pacing(pipe: tuple[int, int]) 
     pace.after_block(100, disk.drain)
     pace.after_block(100, disk.drain)
     assert not pace.gentle and disk.rests == 2
-    assert pace.stats(400).hurried_after == 300
+    assert pace.stats(400)["hurried_after"] == 300
 
 
 def test_a_hurry_ends_a_rest_at_once(pipe: tuple[int, int]) -> None:
@@ -83,7 +84,7 @@ def test_a_hurry_ends_a_rest_at_once(pipe: tuple[int, int]) -> None:
     hurry(write, 1)
     resting.join(timeout=60)  # about 20000 s of rest otherwise
     assert not resting.is_alive() and not pace.gentle
-    assert pace.stats(100).hurried_after == 100
+    assert pace.stats(100)["hurried_after"] == 100
 
 
 def test_the_trainer_gone_means_full_speed(pipe: tuple[int, int]) -> None:
@@ -109,7 +110,7 @@ def test_share_must_be_a_fraction(share: float) -> None:
         DutyCycle(share)
 
 
-def test_stats_round_trip_and_speed() -> None:
-    stats = WriteStats(nbytes=1000, seconds=2.0, share=0.5, hurried_after=300)
-    assert WriteStats.from_json(stats.to_json()) == stats
-    assert stats.bytes_per_second == 500.0
+def test_stats_cross_the_pipe_as_fields_and_give_the_speed() -> None:
+    stats = WriteStats(**DutyCycle(0.5).stats(1000, fsync_seconds=0.25))
+    assert (stats.nbytes, stats.share, stats.fsync_seconds, stats.hurried_after) == (1000, 0.5, 0.25, None)
+    assert WriteStats(nbytes=1000, seconds=2.0).bytes_per_second == 500.0

@@ -1,0 +1,1 @@
+"""``StragglerDetector``: the rank that slows every step named, with the part of its step that is slow."""
