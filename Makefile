@@ -46,6 +46,8 @@ EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 
 # What the exactness core needs besides torch (make test-edge, make test-pythons), and how it runs.
 EDGE_DEPS := -e ".[data,tensorboard,standalone]" "pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
 EDGE_PYTEST = -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
+# On the other Pythons: the same core less the `heavy` cases (multi-rank and multi-kill variants).
+PYTHONS_PYTEST = -q -m "edge and not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
 
 WHEEL_VENV := .venv-wheel
 # Declared Pythons test-pythons leaves out (CI: the .venv's, which make test ran the whole suite on).
@@ -126,7 +128,7 @@ endif
 test-pythons: venv
 	$(BIN)/python tests/packaging/pythons.py --skip "$(SKIP_PYTHONS)" --torch "$(TORCH_SPEC)" \
 		--skip-reason "left out by SKIP_PYTHONS (in CI: the .venv's Python, which make test ran)" \
-		--torch-pip-args "$(TORCH_PIP_ARGS)" --deps '$(EDGE_DEPS)' -- $(EDGE_PYTEST)
+		--torch-pip-args "$(TORCH_PIP_ARGS)" --deps '$(EDGE_DEPS)' -- $(PYTHONS_PYTEST)
 
 clean:
 	rm -rf $(VENV) $(EDGE_VENV) $(WHEEL_VENV) .venv-py3.* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -141,10 +141,7 @@ FEATURES = {name for name, layer in LAYERS.items() if 4 <= layer <= 9 and (PACKA
 PROTOCOLS = {f"{NAME}.io._protocol"}
 #: Underscore names a feature still uses of another's, each a contract written nowhere yet; remove each
 #: entry with its last use (a stale entry fails too).
-KNOWN = {
-    # `lightning-resume check` reads the file names its hooks write inside fit (issue 44)
-    ("cli", f"{NAME}.last_ckpt._check_hooks"),
-}
+KNOWN: set[tuple[str, str]] = set()  # (folder, what it reaches): none today
 
 
 def _private(name: str) -> bool:

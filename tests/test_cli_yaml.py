@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import job_env, same_weights
 
@@ -64,6 +65,7 @@ def run(
     return subprocess.run(cmd, env=job_env(OUT=str(out), **env), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_stock_cli_resumes_exactly_with_its_config_in_the_run_dir(tmp_path: Path) -> None:
     ref = run(tmp_path, tmp_path / "ref", tmp_path / "ref.pt")
     assert ref.returncode == 0, ref.stderr

@@ -7,9 +7,11 @@ needs a core dependency; one inside a function (run when a feature is used) may 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning_resume
@@ -55,9 +57,14 @@ def imported() -> dict[str, bool]:
     return found
 
 
+@functools.cache
+def _packages_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # reads every installed distribution: once
+
+
 def distributions(module: str) -> set[str]:
     """The distributions that provide ``module`` (several for ``mlflow``: ``mlflow``, ``mlflow-skinny``)."""
-    names = importlib.metadata.packages_distributions().get(module) or [module]
+    names = _packages_distributions().get(module) or [module]
     return {name.lower().replace("_", "-") for name in names}
 
 

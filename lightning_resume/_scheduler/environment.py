@@ -7,6 +7,7 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from lightning_resume.exceptions import RunDirError
 
@@ -196,3 +197,13 @@ def check_settings(environ: Mapping[str, str]) -> CheckSettings | None:
         raise ValueError(
             f"${ENV['check']}={text!r} is not what `lightning-resume check` sets ({e}); unset it."
         ) from e
+
+
+def timeline_path(folder: Path, rank: int) -> Path:
+    """Where a rank of an attempt under ``lightning-resume check`` writes its timeline."""
+    return folder / f"timeline.rank-{rank}.jsonl"
+
+
+def final_path(folder: Path, rank: int) -> Path:
+    """Where a rank of an attempt under ``lightning-resume check`` writes its final state."""
+    return folder / f"final.rank-{rank}.pt"

@@ -27,10 +27,9 @@ from typing import Any
 
 from rich.console import Console
 
-from lightning_resume._scheduler.environment import ENV
+from lightning_resume._scheduler.environment import ENV, timeline_path
 from lightning_resume.cli import check_compare as compare
 from lightning_resume.cli import render
-from lightning_resume.last_ckpt._check_hooks import timeline_path
 
 #: The points, in the order they run, and how the summary names them.
 POINTS = {

@@ -12,12 +12,13 @@ import sqlite3
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from lightning_resume.last_ckpt._check_hooks import final_path
+from lightning_resume._scheduler.environment import final_path
 from lightning_resume.run_dir import attempts, layout
+
+if TYPE_CHECKING:
+    import torch
 
 Records = list[dict[str, Any]]
 Logged = dict[tuple[str, int], list[str]]
@@ -120,11 +121,14 @@ def step_difference(reference: list[Records], run: list[Records]) -> Difference 
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    import torch  # torch only when states are compared: the check's bad input answers at once
+
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def unequal(a: Any, b: Any, where: str = "") -> str | None:
     """Where two (nested) states first differ, bit for bit (``None``: equal)."""
+    import torch
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         same = same and a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
@@ -148,6 +152,7 @@ _FINAL = (("state_dict", "weights"), ("optimizers", "optimizer"), ("schedulers",
 
 def final_difference(reference: Path, folder: Path, ranks: int) -> Difference | None:
     """The first difference of the final states (every rank's dump at the end of ``fit``)."""
+    import torch
     for rank in range(ranks):
         try:
             want = torch.load(final_path(reference, rank), map_location="cpu", weights_only=False)

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_resume._checks import the_one
-from lightning_resume._scheduler.environment import CheckSettings, check_settings
+from lightning_resume._scheduler.environment import CheckSettings, check_settings, final_path, timeline_path
 from lightning_resume._storage.atomic import atomic_open
 from lightning_resume.exact_resume.self_check import batch_digest
 
@@ -44,14 +44,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         pass
     return True
-
-
-def timeline_path(folder: Path, rank: int) -> Path:
-    return folder / f"timeline.rank-{rank}.jsonl"
-
-
-def final_path(folder: Path, rank: int) -> Path:
-    return folder / f"final.rank-{rank}.pt"
 
 
 class CheckHooks(Callback):

@@ -20,10 +20,9 @@ from conftest import built_once, job_env, tiny_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_resume import RequeueCheckpoint, RunDir, cli
-from lightning_resume._scheduler.environment import check_settings
+from lightning_resume._scheduler.environment import check_settings, final_path
 from lightning_resume.cli import check, check_compare
 from lightning_resume.cli.check_compare import Difference
-from lightning_resume.last_ckpt import _check_hooks as check_hooks
 
 PROJECTS = Path(__file__).resolve().parents[1] / "projects" / "check"
 SCRIPT = str(Path(sys.executable).parent / "lightning-resume")
@@ -141,7 +140,7 @@ def test_under_the_check_fit_stops_at_its_step_limit_and_records_every_step(
     saves = [(r["s"], r["epoch_end"]) for r in attempt if r["e"] == "save"]
     assert saves == [(2, False), (4, True), (5, True)]  # every 2 steps (the check's), epoch ends, the end
     assert [r["i"] for r in attempt if r["e"] == "batch"] == [0, 1, 2, 3, 0]
-    final = torch.load(check_hooks.final_path(folder, 0), weights_only=False)
+    final = torch.load(final_path(folder, 0), weights_only=False)
     assert final["global_step"] == 5
     assert check_compare.unequal(final["state_dict"], BoringModel().state_dict()) is not None  # trained
 

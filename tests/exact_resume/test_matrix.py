@@ -36,6 +36,7 @@ class Row:
     warns: str | None = None  # cannot be exact: the self-check warning must name this field instead
     xfail: str | None = None  # why it is not exact today
     edge: bool = False  # also on the lowest Lightning and torch declared (make test-edge)
+    heavy: bool = False  # with edge: out of make test for time, in make test-edge
 
 
 #: What cannot be exact (docs: exact_resume.md, "Where exactness is impossible"): said, not silent.
@@ -79,7 +80,7 @@ ROWS = [
     Row("batch_size_finder-step9", "batch_size_finder", 9),
     Row("batch_size_finder-epoch_end", "batch_size_finder", 6, "epoch_end"),
     # 3d. Lightning #21765: a StatefulDataLoader and OneCycleLR sized by estimated_stepping_batches.
-    Row("stateful_onecycle-step9", "stateful_onecycle", 9, fast=True, edge=True),
+    Row("stateful_onecycle-step9", "stateful_onecycle", 9, edge=True, heavy=True),
     Row("stateful_onecycle-epoch_end", "stateful_onecycle", 6, "epoch_end"),
     # 4. Two training loaders (3 and 8 batches, max_size_cycle).
     Row("combined_loaders-step3", "combined_loaders", 3),
@@ -96,7 +97,7 @@ ROWS = [
     Row("iterable_global-step13", "iterable_global", 13),
     Row("iterable_generator-step13", "iterable_generator", 13),
     # 7. persistent_workers=True with random augmentation drawn in the two workers.
-    Row("persistent_workers-step9", "persistent_workers", 9, fast=True, edge=True),
+    Row("persistent_workers-step9", "persistent_workers", 9, edge=True, heavy=True),
     Row("persistent_workers-epoch_end", "persistent_workers", 12, "epoch_end"),
     Row("persistent_workers-step13", "persistent_workers", 13),
     Row("persistent_workers-step8", "persistent_workers", 8),
@@ -113,7 +114,7 @@ ROWS = [
 
 
 def _param(row: Row) -> Any:
-    marks: list[Any] = [] if row.fast else [pytest.mark.slow]
+    marks: list[Any] = [] if row.fast else [pytest.mark.heavy if row.heavy else pytest.mark.slow]
     if row.edge:
         marks.append(pytest.mark.edge)
     if row.xfail:

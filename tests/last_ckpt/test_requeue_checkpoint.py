@@ -39,7 +39,8 @@ def preempt_and_resume(tmp_path: Path, kills: list[int], env_for_attempt, *extra
 
 
 @pytest.mark.parametrize(
-    "seed", [pytest.param(0, marks=pytest.mark.edge), pytest.param(1, marks=pytest.mark.slow)]
+    "seed",
+    [pytest.param(0, marks=[pytest.mark.edge, pytest.mark.heavy]), pytest.param(1, marks=pytest.mark.slow)],
 )
 def test_slurm_requeue_three_kills_is_bitwise_exact(
     tmp_path: Path, baseline: dict[str, Path], seed: int
@@ -166,6 +167,7 @@ def test_restart_ignores_a_fine_tune_ckpt_path_with_one_warning(
     assert same_weights(out, baseline["stateful"])
 
 
+@pytest.mark.slow
 def test_lightning_hpc_checkpoint_does_not_override_a_newer_last_ckpt(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:

@@ -94,6 +94,7 @@ def test_ddp_sigterm_to_one_rank_during_the_sanity_check_stops_every_rank(tmp_pa
     assert first.returncode == PREEMPTED, first.output  # Lightning's own handling hangs here
 
 
+@pytest.mark.slow
 def test_a_long_user_epoch_end_is_acted_on_at_the_next_hook_after_it(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:
@@ -126,7 +127,7 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_stops_cleanly(
     assert same_weights(out, tmp_path / "ref.pt")
 
 
-@pytest.mark.parametrize("loader", [pytest.param("plain", marks=pytest.mark.slow), "stateful"])
+@pytest.mark.parametrize("loader", [pytest.param(n, marks=pytest.mark.slow) for n in ("plain", "stateful")])
 def test_a_kill_after_a_save_that_a_validation_followed_resumes_exactly(tmp_path: Path, loader: str) -> None:
     # last.ckpt is saved at step 6; the validation after step 6 draws random numbers; the kill at 7
     # comes after it. The restart redoes that validation (Lightning alone would skip it).

@@ -46,6 +46,7 @@ def wait_for(predicate: object, what: str, timeout: float, proc: subprocess.Pope
     raise AssertionError(f"no {what} within {timeout}s:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.slow
 def test_hydra_submitit_job_is_requeued_once_and_resumes_exactly(slurm: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     env = {**job_env(), **slurm.env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -73,6 +73,7 @@ def every_step_once(pairs: list[tuple[int, float]]) -> bool:
     return pairs == [(step, float(step)) for step in range(STEPS)]
 
 
+@pytest.mark.slow
 def test_default_tensorboard_logger_continues_one_version(tmp_path: Path) -> None:
     chosen = interrupt_twice(tmp_path, "default")
     assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"], chosen

@@ -110,6 +110,7 @@ def test_without_wandb_resume_a_restart_starts_a_new_run(tmp_path: Path) -> None
     assert first.run_id != second.run_id
 
 
+@pytest.mark.slow
 def test_sidecar_from_another_project_is_refused_and_a_new_run_starts(tmp_path: Path) -> None:
     # --project "" leaves the project to WANDB_PROJECT, which changes between the attempts.
     first = run_tracker_job(

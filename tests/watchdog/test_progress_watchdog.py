@@ -134,6 +134,7 @@ def test_torchrun_restarts_the_group_when_a_rank_hangs_and_the_run_ends_exact(
     assert shown["crash_loop"]["attempts_without_progress"] == 0
 
 
+@pytest.mark.slow
 def test_lightning_launcher_hang_requeues_once_and_the_relaunch_ends_exact(
     tmp_path: Path, reference: Path
 ) -> None:
@@ -174,6 +175,7 @@ def test_a_hang_is_caught_by_its_own_sections_timeout(
     assert read_status(run_dir)["status"] == "hung"
 
 
+@pytest.mark.slow
 def test_a_job_that_fails_at_the_same_step_stops_after_n_attempts_until_reset(tmp_path: Path) -> None:
     root, out = tmp_path / "runs", tmp_path / "out.pt"
     slurm, log = fake_scontrol(tmp_path)

@@ -71,6 +71,7 @@ def test_a_restart_loads_the_newest_save_from_node_memory_and_ends_exact(
     assert restore["bytes"] > 0
 
 
+@pytest.mark.slow
 def test_without_a_memory_copy_the_restart_loads_the_durable_tier_and_ends_exact(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:
@@ -95,6 +96,7 @@ def test_a_damaged_memory_copy_is_never_loaded(tmp_path: Path, baseline: dict[st
     assert "(step 2) from the durable tier" in output
 
 
+@pytest.mark.slow
 def test_a_preemptions_save_goes_to_the_durable_tier(tmp_path: Path, baseline: dict[str, Path]) -> None:
     tier, root = tmp_path / "shm", tmp_path / "runs"
     args = (*memory_args(tier), "--preemption")

@@ -81,6 +81,7 @@ def killed(tmp_path: Path, tier: Path) -> tuple[Path, ShardSet]:
     return root, held
 
 
+@pytest.mark.slow
 def test_a_sharded_restart_assembles_the_newest_save_from_node_memory_exactly(
     tmp_path: Path, reference: Path
 ) -> None:

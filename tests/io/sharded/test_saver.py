@@ -348,6 +348,7 @@ def test_the_job_compares_weights_bitwise(tmp_path: Path, reference: Reference) 
     assert not same_weights(reference.final, tmp_path / "changed.pt")
 
 
+@pytest.mark.slow
 def test_auto_cadence_times_background_sharded_saves_until_their_commit(tmp_path: Path) -> None:
     """The sharded saver, not the plugin, says when an asynchronous save is durable: ``"auto"`` learns
     the time to durable from its commits and chooses an interval (it waited for the plugin forever)."""
