@@ -377,9 +377,9 @@ def tuner_result(callback: Callback, module: pl.LightningModule) -> dict[str, An
     if attribute is not None:
         found["value"] = lightning_getattr(module, attribute)
     if isinstance(callback, BatchSizeFinder):
-        found["optimal"] = callback.optimal_batch_size
+        found["optimal"] = getattr(callback, "optimal_batch_size", None)
     else:
-        finder = callback.optimal_lr  # type: ignore[attr-defined]
+        finder = getattr(callback, "optimal_lr", None)  # Lightning 2.5.0 sets it once the search ends
         found["optimal"] = None if finder is None else {"results": finder.results, **_lr_finder_args(finder)}
     return found
 

@@ -263,6 +263,7 @@ def test_an_interrupted_upload_is_never_counted(tmp_path: Path, s3_endpoint: str
     assert interrupted, "no kill landed during an upload: the test proves nothing"
 
 
+@pytest.mark.slow
 def test_processes_of_one_node_restore_a_node_local_dir_once(tmp_path: Path) -> None:
     remote, local = tmp_path / "remote", tmp_path / "node-local"
     io = DurableCheckpointIO(asynchronous=False, mirror=f"file://{remote}", dirpath=tmp_path / "first")

@@ -49,7 +49,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "count", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["one-kill", "three-kills"]
+    "count", [pytest.param(n, marks=pytest.mark.slow) for n in (1, 3)], ids=["one-kill", "three-kills"]
 )
 def test_lightning_launcher_with_workers_resumes_exactly_after_kills(
     tmp_path: Path, reference: Path, count: int

@@ -109,6 +109,7 @@ def test_without_requeue_checkpoint_the_restart_is_not_exact(
     assert not same_weights(out, baseline["stateful"])
 
 
+@pytest.mark.slow
 def test_interactive_rerun_in_one_allocation_gets_a_new_dir(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     first = run_job(root, tmp_path / "a.pt", "--epochs", "1", SLURM_JOB_ID="31")

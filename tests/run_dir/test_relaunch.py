@@ -104,9 +104,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    "launcher", [pytest.param(n, marks=pytest.mark.slow) if n == "torchrun" else n for n in sorted(LAUNCHERS)]
-)
+@pytest.mark.parametrize("launcher", [pytest.param(n, marks=pytest.mark.slow) for n in sorted(LAUNCHERS)])
 def test_a_two_node_command_relaunched_at_once_after_a_node_loss_resumes_exactly(
     tmp_path: Path, launcher: str, reference: Path
 ) -> None:
