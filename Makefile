@@ -5,6 +5,7 @@
 #   make lint       ruff check
 #   make typecheck  mypy (config in pyproject.toml)
 #   make test       lint + typecheck + pytest   (what CI runs, via .ci/run)
+#   make test-long  the end-to-end cases make test leaves out for time (CI runs them too)
 #   make test-edge  the exactness core again, on the lowest Lightning, pytorch_lightning and torch declared
 #                   (a second venv, .venv-edge; .ci/run runs it after make test)
 #   make test-gpu   the GPU checks (tests/gpu; skipped without a CUDA device)
@@ -53,7 +54,7 @@ WHEEL_VENV := .venv-wheel
 # Declared Pythons test-pythons leaves out (CI: the .venv's, which make test ran the whole suite on).
 SKIP_PYTHONS ?=
 
-.PHONY: venv demo lint typecheck test test-edge test-gpu test-multinode test-wheel test-pythons clean
+.PHONY: venv demo lint typecheck test test-long test-edge test-gpu test-multinode test-wheel test-pythons clean
 
 venv: $(STAMP)
 
@@ -81,7 +82,13 @@ test: venv lint typecheck
 # (needs root and apt; idempotent, ~2 s when already installed). Stop it with
 # `bash tests/slurm/cluster.sh stop`.
 	bash tests/slurm/cluster.sh start
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow and not heavy and not long" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The end-to-end cases marked `long`: left out of `make test` to keep it within 15 minutes on 2 cores,
+# run by CI right after it (.ci/run). Each is a variant or a second path of something make test covers.
+test-long: venv
+	bash tests/slurm/cluster.sh start
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "long and not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tests marked `edge` (the internals pins, random kills with plain and stateful loaders, a kill right
 # after an epoch-end save, accumulation, DDP, the standalone package) on the lowest versions declared.

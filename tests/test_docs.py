@@ -207,6 +207,7 @@ def test_every_cli_command_is_documented() -> None:
 # -- the recipes ------------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_kubernetes_job_runs_train_py_which_resumes_bitwise_after_sigterm(
     tmp_path: Path, reference: Reference, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -254,6 +255,7 @@ def test_compare_recipe_reports_a_single_changed_bit(
     assert "1 of " in capsys.readouterr().out
 
 
+@pytest.mark.long
 def test_lightning_cli_recipe_resumes_bitwise_after_sigterm(
     tmp_path: Path, reference: Reference, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -340,6 +342,7 @@ def worker_pids(parent: int) -> list[int]:
     return children
 
 
+@pytest.mark.long
 def test_torchrun_recipe_restarts_workers_that_resume(tmp_path: Path) -> None:
     work = copy_recipes(tmp_path)
     root = work / "runs"

@@ -1,19 +1,26 @@
-"""The commit step: commit, remove and prune the checkpoints of a local folder (both kinds). A commit
-puts the manifest of a version written aside (and fsynced) in place and swaps it in with one rename: a
-kill at any instant leaves the old version or the new one, each matching its manifest."""
+"""The commit step: commit, remove and prune the checkpoints of a local folder (both kinds), and clean the
+leftovers of interrupted saves. A commit puts the manifest of a version written aside (and fsynced) in
+place and swaps it in with one rename: a kill at any instant leaves the old version or the new one, each
+matching its manifest. Leftovers carry the pid of their writer in their name (``.lr-tmp-<pid>-...``,
+``.lr-save-<pid>-<hex>``) and are removed once that process is gone (by a restart, all: the earlier
+attempt may have run on another host)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._storage.atomic import replace_durably, write_text_atomic
+from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, replace_durably, write_text_atomic
 from lightning_resume._storage.catalog import retention
 from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE, Kind, Step, unobserved
 from lightning_resume._storage.manifest import (
+    MANIFEST_SUFFIX,
     Entry,
     R,
     encode,
@@ -22,7 +29,7 @@ from lightning_resume._storage.manifest import (
     read_entries,
     sized,
 )
-from lightning_resume._storage.store import LocalStore, Store
+from lightning_resume._storage.store import SAVE_PREFIX, LocalStore, Store
 
 #: The steps of a commit, in order, as passed to its ``on_step`` observer (``mid_delete``: pruning).
 COMMIT_STEPS = ("before_manifest", "before_rename", "before_swap", "after_swap", "mid_delete")
@@ -123,3 +130,48 @@ def prune(
     for name in doomed:
         remove(store, kind, name, on_step)
     return doomed
+
+
+_LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})(\d+)-")
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def stale(folder: Path, restart: bool = False) -> list[str]:
+    """Names written aside by processes that are gone (by any process, when ``restart``), sorted."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    matches = [(name, _LEFTOVER.match(name)) for name in names]
+    return sorted(n for n, m in matches if m and (restart or not process_alive(int(m.group(1)))))
+
+
+def clean_stale(folder: str | Path, restart: bool = False) -> list[str]:
+    """Delete the :func:`stale` leftovers, then manifests whose data file is gone (a removal cut short;
+    not while a live process writes here: a commit puts the new manifest first); return the names."""
+    folder = Path(folder)
+    removed = stale(folder, restart)
+    for name in removed:
+        LocalStore(folder).remove(name, tree=(folder / name).is_dir() and not (folder / name).is_symlink())
+    try:
+        names = set(os.listdir(folder))
+    except FileNotFoundError:
+        return removed
+    if not any(_LEFTOVER.match(n) for n in names):
+        for name in sorted(names):
+            if name.endswith(MANIFEST_SUFFIX) and name[: -len(MANIFEST_SUFFIX)] not in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(folder / name)
+                    removed.append(name)
+    if removed:
+        fsync_dir(folder)
+    return removed

@@ -129,6 +129,7 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 def unequal(a: Any, b: Any, where: str = "") -> str | None:
     """Where two (nested) states first differ, bit for bit (``None``: equal)."""
     import torch
+
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         same = same and a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
@@ -153,6 +154,7 @@ _FINAL = (("state_dict", "weights"), ("optimizers", "optimizer"), ("schedulers",
 def final_difference(reference: Path, folder: Path, ranks: int) -> Difference | None:
     """The first difference of the final states (every rank's dump at the end of ``fit``)."""
     import torch
+
     for rank in range(ranks):
         try:
             want = torch.load(final_path(reference, rank), map_location="cpu", weights_only=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
 from lightning_resume._storage.catalog import verify as check
-from lightning_resume._storage.cleanup import stale
+from lightning_resume._storage.commit import stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.store import LocalStore
 from lightning_resume.failure_classes import ending

@@ -20,8 +20,7 @@ from lightning_resume._checks import expand_dir, flag, is_number, whole_number
 from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
 from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan, verify
-from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import remove
+from lightning_resume._storage.commit import clean_stale, remove
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, check_metadata, describe, manifest_path
 from lightning_resume._storage.mirror import Mirroring

@@ -20,8 +20,7 @@ import torch
 
 from lightning_resume._compat.torch import record_torch_save, torch_records_supported
 from lightning_resume._storage.archive import ArchiveWriter, Data, Sink
-from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import commit_file, save_error
+from lightning_resume._storage.commit import clean_stale, commit_file, save_error
 from lightning_resume._storage.direct_file import Aside, new_buffer
 from lightning_resume._storage.manifest import Entry
 from lightning_resume._writer.process import WriterDied, WriterProcess, carried_error

@@ -239,6 +239,7 @@ trainer.fit(Model())
 """
 
 
+@pytest.mark.long
 def test_an_interrupted_upload_is_never_counted(tmp_path: Path, s3_endpoint: str) -> None:
     script = tmp_path / "job.py"
     script.write_text(KILLED_UPLOAD)

@@ -18,6 +18,7 @@ def demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1200)  # four launches of a real training job
 def test_demo_checks_the_bundled_example_and_finds_it_exact(tmp_path: Path) -> None:
     # Right after an epoch-end save: the restart logs the next epoch's learning rate (LearningRateMonitor,

@@ -22,6 +22,7 @@ from lightning_resume.run_dir.attempts import Attempt, Cause, End, History
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.long
 def test_report_reads_back_a_run_with_every_kind_of_ending(
     tmp_path: Path,
     baseline: dict[str, Path],

@@ -65,6 +65,7 @@ def tools_until(job: subprocess.Popen[str], root: Path) -> int:
     return rounds
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "case",

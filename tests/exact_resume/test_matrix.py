@@ -37,6 +37,7 @@ class Row:
     xfail: str | None = None  # why it is not exact today
     edge: bool = False  # also on the lowest Lightning and torch declared (make test-edge)
     heavy: bool = False  # with edge: out of make test for time, in make test-edge
+    long: bool = False  # out of make test for time, in make test-long
 
 
 #: What cannot be exact (docs: exact_resume.md, "Where exactness is impossible"): said, not silent.
@@ -49,7 +50,7 @@ ROWS = [
     Row("grad_clip-step7", "grad_clip", 7),
     Row("user_ckpt_every_n-step7", "user_ckpt_every_n", 7),
     Row("val_check_int-step9", "val_check_int", 9),
-    Row("early_stopping-step5", "early_stopping", 5, fast=True),
+    Row("early_stopping-step5", "early_stopping", 5, long=True),
     Row("early_stopping-val9", "early_stopping", 9, "val"),
     Row("manual_two_opt-step14", "manual_two_opt", 14),
     Row("onecycle-step9", "onecycle", 9),
@@ -70,7 +71,7 @@ ROWS = [
     # 3b. Lightning's fine-tuning example (BatchNorm in the backbone, train_bn=False): milestones at epochs
     # 1 and 2 (steps 6 and 12), each stage's BatchNorm layers tracking no statistics while frozen.
     Row("finetuning_bn-step3", "finetuning_bn", 3),
-    Row("finetuning_bn-step9", "finetuning_bn", 9, fast=True, edge=True),
+    Row("finetuning_bn-step9", "finetuning_bn", 9, edge=True, heavy=True),
     Row("finetuning_bn-epoch_end", "finetuning_bn", 12, "epoch_end"),
     Row("finetuning_bn-step15", "finetuning_bn", 15),
     Row("finetuning_bn-sigterm9", "finetuning_bn", 9, "sigterm"),
@@ -114,7 +115,8 @@ ROWS = [
 
 
 def _param(row: Row) -> Any:
-    marks: list[Any] = [] if row.fast else [pytest.mark.heavy if row.heavy else pytest.mark.slow]
+    later = pytest.mark.heavy if row.heavy else pytest.mark.long if row.long else pytest.mark.slow
+    marks: list[Any] = [] if row.fast else [later]
     if row.edge:
         marks.append(pytest.mark.edge)
     if row.xfail:

@@ -43,6 +43,7 @@ def test_held_gradients_come_back_and_the_next_backward_adds_to_them() -> None:
     assert not held_grads.restore(nn.Linear(3, 4), grads)  # other parameters: nothing changed
 
 
+@pytest.mark.long
 def test_a_preemption_inside_an_accumulation_window_keeps_its_gradients(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

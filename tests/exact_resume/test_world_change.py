@@ -165,6 +165,7 @@ def two_attempts(
     return batches(tmp_path / "a"), batches(tmp_path / "b"), first_step(second.output), second.output
 
 
+@pytest.mark.long
 def test_two_ranks_killed_mid_epoch_resume_on_one_rank_seeing_every_sample_once(tmp_path: Path) -> None:
     first, second, resumed_at, output = two_attempts(tmp_path, 2, 1, "--loader", "plain")
     assert resumed_at == 1

@@ -33,7 +33,10 @@ def test_checkpointing_off_takes_the_callbacks_and_adds_no_checkpoint_of_its_own
 
 @pytest.mark.parametrize(
     "args",
-    [("--durable",), pytest.param(("--standalone",), marks=pytest.mark.slow)],
+    [
+        pytest.param(("--durable",), marks=pytest.mark.long),
+        pytest.param(("--standalone",), marks=pytest.mark.slow),
+    ],
     ids=["lightning", "pytorch_lightning"],
 )
 def test_a_trainer_built_from_kwargs_without_checkpointing_killed_mid_epoch_resumes_exactly(

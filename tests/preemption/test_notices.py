@@ -304,6 +304,7 @@ def test_azure_preempt_event_with_on_notice_stop_stops_at_once_and_resumes_exact
     assert same_weights(out, baseline["stateful"])
 
 
+@pytest.mark.long
 def test_file_notice_with_a_deadline_trains_on_and_stops_before_it_then_resumes_exactly(
     tmp_path: Path, baseline: dict[str, Path]
 ) -> None:

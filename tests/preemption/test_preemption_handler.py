@@ -39,6 +39,7 @@ def test_without_preemption_handler_lightning_exits_zero(tmp_path: Path) -> None
     assert first.returncode == 0
 
 
+@pytest.mark.long
 def test_ddp_signal_to_one_rank_stops_every_rank_and_resumes_exactly(tmp_path: Path) -> None:
     args = ("--devices", "2", "--loader", "plain", "--every", "0", "--preemption")
     ref = run_job(tmp_path / "ref", tmp_path / "ref.pt", *args)

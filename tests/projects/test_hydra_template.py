@@ -188,6 +188,7 @@ def assert_resumed_exactly(run: Run, reference: Run, epoch_metrics: bool, saved:
     assert rows == expected_rows
 
 
+@pytest.mark.long
 @pytest.mark.usefixtures("project_on_path")
 def test_mid_epoch_kill_resumes_exactly_in_one_run_dir_and_one_output_dir(
     mid_epoch: Run, reference: Run
@@ -199,6 +200,7 @@ def test_mid_epoch_kill_resumes_exactly_in_one_run_dir_and_one_output_dir(
     assert "test/acc" in restart
 
 
+@pytest.mark.long
 @pytest.mark.usefixtures("project_on_path")
 def test_mid_epoch_kill_logs_the_training_epoch_metrics_of_an_uninterrupted_run(
     mid_epoch: Run, reference: Run

@@ -23,7 +23,7 @@ from conftest import job_env
 
 from .conftest import SlurmCluster
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.long]
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "src" / "recipes"
 BIN = Path(sys.executable).parent

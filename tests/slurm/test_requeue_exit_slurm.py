@@ -73,6 +73,7 @@ def test_the_emitted_lines_are_what_slurm_reads(emitted: str, slurm: SlurmCluste
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_retryable_class_is_requeued_and_the_next_attempt_finishes(
     emitted: str, slurm: SlurmCluster, tmp_path: Path

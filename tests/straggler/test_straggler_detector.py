@@ -43,6 +43,7 @@ def windows_to(step: int, change: int, window: int, resumed_at: int = 0) -> int:
     return sum(1 for end in range(first, step + 1, window) if end > change)
 
 
+@pytest.mark.long
 def test_a_slow_backward_a_slow_loader_and_a_midway_slowdown_are_named_with_their_part(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -56,6 +56,7 @@ def fit_trackio(root: Path, project: str, resume: TrackioResume | None, steps: i
     return str(logger.experiment.id)
 
 
+@pytest.mark.long
 def test_preempted_job_continues_one_trackio_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(6).sample(range(2, STEPS - 1), 2))
     preempt(tmp_path, "trackio", 95, kills, "--every", 5, "--steps", STEPS)

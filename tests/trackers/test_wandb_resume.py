@@ -76,6 +76,7 @@ def logged_steps(save_dir: Path) -> list[list[int]]:
 # -- end to end: a real job preempted and restarted ----------------------------------------------
 
 
+@pytest.mark.long
 def test_preempted_job_continues_one_wandb_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(4).sample(range(2, STEPS - 1), 2))
     preempt(tmp_path, "wandb", 77, kills, "--every", 5, "--steps", STEPS)

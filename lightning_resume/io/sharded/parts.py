@@ -13,8 +13,7 @@ from typing import Any
 
 from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, fsync_file, temp_sibling
 from lightning_resume._storage.catalog import verify
-from lightning_resume._storage.cleanup import clean_stale
-from lightning_resume._storage.commit import commit, prune
+from lightning_resume._storage.commit import clean_stale, commit, prune
 from lightning_resume._storage.kinds import MANIFEST_NAME, DirectoryKind, Step, resolve_pointer, unobserved
 from lightning_resume._storage.manifest import DirectoryManifest, FileEntry, check_metadata, checksum_file
 from lightning_resume._storage.store import LocalStore, walk_files
