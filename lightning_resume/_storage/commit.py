@@ -33,6 +33,8 @@ from lightning_resume._storage.store import SAVE_PREFIX, LocalStore, Store
 
 #: The steps of a commit, in order, as passed to its ``on_step`` observer (``mid_delete``: pruning).
 COMMIT_STEPS = ("before_manifest", "before_rename", "before_swap", "after_swap", "mid_delete")
+#: A leftover of an interrupted save, with the pid of the process that wrote it.
+_LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})(\d+)-")
 
 _HINTS = {
     errno.ENOSPC: "free space on that filesystem, or keep fewer checkpoints (keep=..., save_top_k=...)",
@@ -130,9 +132,6 @@ def prune(
     for name in doomed:
         remove(store, kind, name, on_step)
     return doomed
-
-
-_LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})(\d+)-")
 
 
 def process_alive(pid: int) -> bool:

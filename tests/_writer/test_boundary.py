@@ -32,7 +32,7 @@ print(len(names), heavy)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     count, heavy = out.split(" ", 1)
     # _writer: process; _storage: archive, atomic, background, catalog,
-    # cleanup, commit, direct_file, kinds, manifest, mirror, store
+    # commit, direct_file, kinds, manifest, mirror, store
     assert int(count) >= 9, out
     assert heavy.strip() == "[]", out
 
