@@ -44,7 +44,8 @@ def stop(step: int) -> tuple[str, ...]:
 
 
 #: PreemptionHandler's line (rank 0): the step all ranks stopped and saved at.
-PREEMPTED = re.compile(r"^0: .*Preempted by SIGTERM at step (\d+):", re.M)
+#: Rank 0's stop line: its own SIGTERM, or rank 1's when that reached the agreement first (a busy node).
+PREEMPTED = re.compile(r"^0: .*Preempted by (?:SIGTERM|a signal on another rank) at step (\d+):", re.M)
 
 
 def _in_ci() -> bool:
