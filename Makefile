@@ -48,7 +48,7 @@ EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 
 EDGE_DEPS := -e ".[data,tensorboard,standalone]" "pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
 EDGE_PYTEST = -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
 # On the other Pythons: the same core less the `heavy` cases (multi-rank and multi-kill variants).
-PYTHONS_PYTEST = -q -m "edge and not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
+PYTHONS_PYTEST = -q -m "edge and not slow and not heavy and not long" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
 
 WHEEL_VENV := .venv-wheel
 # Declared Pythons test-pythons leaves out (CI: the .venv's, which make test ran the whole suite on).

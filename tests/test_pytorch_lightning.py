@@ -23,7 +23,7 @@ def run(root: Path, out: Path, *args: str | int, **env: str | int) -> subprocess
     return subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.heavy
+@pytest.mark.long
 def test_a_pytorch_lightning_job_resumes_exactly_after_sigkill(tmp_path: Path) -> None:
     ref = run(tmp_path / "ref", tmp_path / "ref.pt", LIGHTNING_RESUME_KEY="ref")
     assert ref.returncode == 0, ref.stderr

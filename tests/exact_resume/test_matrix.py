@@ -71,7 +71,7 @@ ROWS = [
     # 3b. Lightning's fine-tuning example (BatchNorm in the backbone, train_bn=False): milestones at epochs
     # 1 and 2 (steps 6 and 12), each stage's BatchNorm layers tracking no statistics while frozen.
     Row("finetuning_bn-step3", "finetuning_bn", 3),
-    Row("finetuning_bn-step9", "finetuning_bn", 9, edge=True, heavy=True),
+    Row("finetuning_bn-step9", "finetuning_bn", 9, edge=True, long=True),
     Row("finetuning_bn-epoch_end", "finetuning_bn", 12, "epoch_end"),
     Row("finetuning_bn-step15", "finetuning_bn", 15),
     Row("finetuning_bn-sigterm9", "finetuning_bn", 9, "sigterm"),

@@ -10,7 +10,7 @@ import pytest
 from conftest import JOB_MODULE, job_env, run_job, same_weights
 
 
-@pytest.mark.heavy
+@pytest.mark.long
 @pytest.mark.edge
 def test_lightning_launcher_ranks_share_one_run_dir_and_resume_exactly(tmp_path: Path) -> None:
     args = ("--devices", "2", "--loader", "plain", "--every", "0")
