@@ -26,7 +26,6 @@ LAYERS = {
     "_collectives": 1,
     "_storage": 2,
     "_scheduler": 2,
-    "_writer": 3,
     "_compat": 3,
     "run_dir": 4,
     "exact_resume": 4,
@@ -209,9 +208,9 @@ package = types.ModuleType({NAME!r})
 package.__path__ = [{str(PACKAGE)!r}]
 sys.modules[{NAME!r}] = package
 names = []
-for part in ("_storage", "_writer", "_scheduler"):
+for part in ("_storage", "_scheduler"):
     found = importlib.import_module({NAME!r} + "." + part)
-    names += [part + "." + m.name for m in pkgutil.iter_modules(found.__path__) if m.name != "main"]
+    names += [part + "." + m.name for m in pkgutil.iter_modules(found.__path__)]
 names += ["cli", "cli.gc", "cli.inspect", "cli.doctor", "cli.emit", "cli.report", "cli.render"]
 for name in names:
     importlib.import_module({NAME!r} + "." + name)

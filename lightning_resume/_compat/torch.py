@@ -8,7 +8,7 @@ import pickle
 import random
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -32,12 +32,8 @@ def torch_records_supported() -> bool:
 def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
     """Run torch's serialiser (``torch.serialization._save``) on ``obj``, handing each archive record to
     ``write_record(name, data, nbytes)``."""
-
-    class _Sink:
-        def write_record(self, name: str, data: Any, nbytes: int) -> None:
-            write_record(name, data, nbytes)
-
-    torch.serialization._save(obj, _Sink(), pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    sink = SimpleNamespace(write_record=write_record)  # all torch calls on its zip writer
+    torch.serialization._save(obj, sink, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
 
 
 def iterator_factory(loader: DataLoader) -> Callable[[], Any]:
@@ -121,9 +117,8 @@ DATA_MODULES = ("torch.utils.data.", "torchdata.")
 
 
 def failure_in_torch_terms(exception: BaseException) -> FailureClass | None:
-    """The failure class torch tells ``exception`` is of, by its type (``torch.OutOfMemoryError``,
-    ``torch.distributed.DistError``), its message (CPU and CUDA allocators, anomaly mode, gloo, NCCL, a
-    DataLoader worker's re-raise) or a data-loading frame it was raised through; ``None`` when none."""
+    """The failure class torch tells ``exception`` is of, by its type, its message (allocators, anomaly
+    mode, gloo, NCCL, a DataLoader worker's re-raise) or a data-loading frame it passed; ``None`` if none."""
     if isinstance(exception, torch.OutOfMemoryError):
         return FailureClass.OUT_OF_MEMORY
     if isinstance(exception, getattr(torch.distributed, "DistError", ())):

@@ -1,9 +1,6 @@
-"""The checkpoint format: the records of a ``torch.save`` archive written as its zip file, without torch.
-
-torch's layout, each record aligned (``torch.load(mmap=True)`` relies on it), streamed as ``zipfile``
-streams. Ours so that the CRC-32 is ISA-L's (several times faster than zlib's and than the one in
-``torch.save``'s writer) and records go out as torch hands them over (``benchmarks/checkpoint_io.py
---only format``)."""
+"""The checkpoint format: the records of a ``torch.save`` archive written as its zip file, without torch,
+each record aligned (``torch.load(mmap=True)`` relies on it). Ours for ISA-L's CRC-32 and records written
+as torch hands them over (``benchmarks/checkpoint_io.py --only format``)."""
 
 from __future__ import annotations
 
@@ -47,11 +44,6 @@ def fast_crc32() -> Callable[[Data, int], int]:
     except ImportError:
         return zlib.crc32
     return isal_zlib.crc32
-
-
-def serialization_id() -> bytes:
-    """A random 40-digit id, the form ``torch.save`` writes to ``.data/serialization_id``."""
-    return f"{secrets.randbits(128):040d}".encode()
 
 
 @dataclass
@@ -103,7 +95,9 @@ class ArchiveWriter:
     def close(self, version: bytes = b"3\n", identity: bytes | None = None) -> None:
         """Write the ``version`` and serialization id (``identity``) records, then the central directory."""
         self.add("version", version)
-        self.add(".data/serialization_id", identity if identity is not None else serialization_id())
+        if identity is None:  # a random 40-digit id, as ``torch.save`` writes
+            identity = f"{secrets.randbits(128):040d}".encode()
+        self.add(".data/serialization_id", identity)
         start = self.out.tell()
         for member in self._members:
             self._central_entry(member)

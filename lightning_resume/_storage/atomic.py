@@ -73,15 +73,21 @@ def replace_durably(temporary: str | Path, path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX) -> Iterator[IO[Any]]:
-    """A temporary sibling of ``path``, fsynced and renamed onto it on a clean exit, else removed."""
+def atomic_open(
+    path: str | Path, mode: str = "wb", prefix: str = TEMP_PREFIX, durable: bool = True
+) -> Iterator[IO[Any]]:
+    """A temporary sibling of ``path``: renamed onto it (fsynced if ``durable``) if the block ends cleanly."""
     fd, temporary = temp_sibling(path, prefix)
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        replace_durably(temporary, path)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        if durable:
+            replace_durably(temporary, path)
+        else:
+            os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -106,18 +112,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_text_replacing(path: str | Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling and rename it onto ``path``, without fsync: whole or absent
-    after a kill (the page cache outlives the process), not after a power loss. For small records
-    that may be lost, written where an fsync would cost a step (milliseconds on network storage)."""
-    fd, temporary = temp_sibling(path)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    """:func:`write_text_atomic` without fsync: whole or absent after a kill (the page cache outlives the
+    process), not after a power loss; for small records written where an fsync would cost a step."""
+    with atomic_open(path, "w", durable=False) as handle:
+        handle.write(text)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:

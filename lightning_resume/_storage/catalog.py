@@ -1,22 +1,20 @@
-"""Which checkpoints of a folder count, and in what order: one rule for every caller, both kinds, any
-``Store``. **Committed**: a readable manifest and the files of one version with their sizes;
-**verified**: their checksums match too; fallback: **newest save first**; **retention**: the newest
-``keep`` of each family, and what the pointer names."""
+"""Which checkpoints of a folder load: one rule for every caller, both kinds, any ``Store``. **Verified**:
+committed (``commit.committed``) and their checksums match too; the fallback order is **newest save
+first** (``commit.newest_first``), after what the pointer names."""
 
 from __future__ import annotations
 
 import enum
 import os
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import Any, Generic
 
-from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, read_versions, resolve_pointer
-from lightning_resume._storage.manifest import DirectoryManifest, Entry, NewerManifest, R, checksum_file
-from lightning_resume._storage.store import LocalStore, Store
+from lightning_resume._storage.commit import committed, newest_first
+from lightning_resume._storage.kinds import FILE, DirectoryKind, Kind, resolve_pointer
+from lightning_resume._storage.manifest import Entry, NewerManifest, R, checksum_file
+from lightning_resume._storage.store import LocalStore
 from lightning_resume._version import __version__
 
 #: The fallback rule as the docs state it (``docs/src/how_resume_works.md``; a test compares them).
@@ -25,30 +23,10 @@ FALLBACK_RULE = (
     "newest save first; the first that verifies is loaded."
 )
 
-Checkpoints = Mapping[str, Entry | DirectoryManifest]  # name -> the version a checkpoint holds
-
-
-def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
-    """Committed checkpoints, each with its newest version whose files are all there with their sizes."""
-    sizes = store.sizes(kind.directory) if sizes is None else sizes
-    found: dict[str, R] = {}
-    for name in kind.names(sizes):
-        for record in read_versions(store, kind, name):
-            if all(sizes.get(f.name) == f.size for f in kind.files(name, record)):
-                found[name] = record
-                break
-    return found
-
 
 def scan(folder: str | Path) -> dict[str, Entry]:
     """:func:`committed` checkpoint files of a local folder."""
     return committed(LocalStore(Path(folder)), FILE)
-
-
-def newest_first(checkpoints: Checkpoints, exclude: Iterable[str] = ()) -> list[str]:
-    """Checkpoint names (files or directories) but ``exclude`` in fallback order: newest save first."""
-    skipped = set(exclude)
-    return sorted((n for n in checkpoints if n not in skipped), key=lambda n: (-checkpoints[n].saved_at, n))
 
 
 def candidates(pointer: Path) -> list[Path]:
@@ -57,27 +35,6 @@ def candidates(pointer: Path) -> list[Path]:
     found = committed(LocalStore(pointer.parent), DirectoryKind(pointer.name))
     others = newest_first(found, exclude=[target.name] if target is not None else [])
     return ([] if target is None else [target]) + [pointer.parent / name for name in others]
-
-
-def beyond_keep(checkpoints: Checkpoints, keep: int, family: Callable[[str], str]) -> list[str]:
-    """Names beyond the newest ``keep`` of each family, in fallback order (raises ``ValueError`` below 1)."""
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1, got {keep!r}.")
-    families: dict[str, list[str]] = defaultdict(list)
-    for name in newest_first(checkpoints):
-        families[family(name)].append(name)
-    return sorted(n for members in families.values() for n in members[keep:])
-
-
-def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None = None) -> list[str]:
-    """What retention deletes: committed checkpoints :func:`beyond_keep` and directories that no longer
-    count, never ``current`` (an uncommitted file stays: the next save of its name replaces it)."""
-    sizes = store.sizes(kind.directory)
-    found = committed(store, kind, sizes)
-    doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
-    if kind.directory:
-        doomed += [n for n in kind.names(sizes) if n not in found]
-    return sorted(n for n in doomed if n != current)
 
 
 class Status(enum.Enum):

@@ -1,9 +1,6 @@
-"""The commit step: commit, remove and prune the checkpoints of a local folder (both kinds), and clean the
-leftovers of interrupted saves. A commit puts the manifest of a version written aside (and fsynced) in
-place and swaps it in with one rename: a kill at any instant leaves the old version or the new one, each
-matching its manifest. Leftovers carry the pid of their writer in their name (``.lr-tmp-<pid>-...``,
-``.lr-save-<pid>-<hex>``) and are removed once that process is gone (by a restart, all: the earlier
-attempt may have run on another host)."""
+"""The commit step: what a committed checkpoint is, and how one is committed (its manifest, then one rename:
+a kill leaves the old version or the new one), removed and pruned, both kinds; the leftovers of
+interrupted saves, named with their writer's pid, removed once it is gone (by a restart, all)."""
 
 from __future__ import annotations
 
@@ -11,28 +8,22 @@ import contextlib
 import errno
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, replace_durably, write_text_atomic
-from lightning_resume._storage.catalog import retention
-from lightning_resume._storage.direct_file import Aside
-from lightning_resume._storage.kinds import FILE, Kind, Step, unobserved
-from lightning_resume._storage.manifest import (
-    MANIFEST_SUFFIX,
-    Entry,
-    R,
-    encode,
-    manifest_path,
-    next_entries,
-    read_entries,
-    sized,
-)
+from lightning_resume._storage.atomic import TEMP_PREFIX, fsync_dir, write_text_atomic
+from lightning_resume._storage.kinds import FILE, Kind, Step, read_versions, unobserved
+from lightning_resume._storage.manifest import MANIFEST_SUFFIX, DirectoryManifest, Entry, R, next_entries
 from lightning_resume._storage.store import SAVE_PREFIX, LocalStore, Store
+
+if TYPE_CHECKING:
+    from lightning_resume._storage.writer import Aside
 
 #: The steps of a commit, in order, as passed to its ``on_step`` observer (``mid_delete``: pruning).
 COMMIT_STEPS = ("before_manifest", "before_rename", "before_swap", "after_swap", "mid_delete")
+Checkpoints = Mapping[str, Entry | DirectoryManifest]  # name -> the version a checkpoint holds
 #: A leftover of an interrupted save, with the pid of the process that wrote it.
 _LEFTOVER = re.compile(rf"^(?:{re.escape(TEMP_PREFIX)}|{re.escape(SAVE_PREFIX)})(\d+)-")
 
@@ -78,11 +69,9 @@ def commit(
 def commit_file(
     aside: Aside, record: Entry | Mapping[str, Any], known: Entry | None = None, keep: int | None = None
 ) -> tuple[Entry, list[str]]:
-    """The commit step of a file save: put the version ``aside`` wrote in place as its target, with the
-    manifest entry ``record`` (the fields of a new one; or a copy's ``Entry``, which its bytes must match:
-    ``OSError`` otherwise), keeping the previous entry (``known``: the caller committed it, so the
-    manifest is not read); then, with ``keep``, retention. Return the entry and the names retention
-    removed; on an ``OSError`` the target is as it was."""
+    """:func:`commit` of the version ``aside`` wrote with the manifest entry ``record`` (a new one's fields,
+    or a copy's ``Entry``, which its bytes must match) before the previous entries (``known``: the
+    caller's, the manifest not read); then retention with ``keep``. Return the entry and what it removed."""
     target = aside.target
     assert aside.path is not None, "commit_file after the with block of the Aside"
     try:
@@ -98,22 +87,16 @@ def commit_file(
             else Entry.from_json({**record, "size": aside.size, "checksum": aside.checksum})
         )
         current = [known] if known is not None else held(target)
-        # The manifest first: whichever data file a kill leaves matches one of its entries.
-        write_text_atomic(manifest_path(target), encode(next_entries(entry, current)))
-        replace_durably(aside.path, target)
     except BaseException:
         aside.discard()
         raise
+    commit(FILE, aside.path, target, next_entries(entry, current))
     return entry, prune(LocalStore(target.parent), FILE, keep) if keep is not None else []
 
 
 def held(path: Path) -> list[Entry]:
     """The versions the manifest of the file ``path`` lists that its size matches (none without it)."""
-    try:
-        size = path.stat().st_size
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sized(read_entries(path) or [], size)
+    return FILE.held(LocalStore(path.parent), path.name)
 
 
 def remove(store: Store, kind: Kind[R], name: str, on_step: Step = unobserved) -> None:
@@ -127,11 +110,50 @@ def remove(store: Store, kind: Kind[R], name: str, on_step: Step = unobserved) -
 def prune(
     store: Store, kind: Kind[R], keep: int | None, current: str | None = None, on_step: Step = unobserved
 ) -> list[str]:
-    """Remove what ``catalog.retention`` names (never ``current``); return the names."""
+    """Remove what :func:`retention` names (never ``current``); return the names."""
     doomed = retention(store, kind, keep, current)
     for name in doomed:
         remove(store, kind, name, on_step)
     return doomed
+
+
+def committed(store: Store, kind: Kind[R], sizes: Mapping[str, int] | None = None) -> dict[str, R]:
+    """Committed checkpoints, each with its newest version whose files are all there with their sizes."""
+    sizes = store.sizes(kind.directory) if sizes is None else sizes
+    found: dict[str, R] = {}
+    for name in kind.names(sizes):
+        for record in read_versions(store, kind, name):
+            if all(sizes.get(f.name) == f.size for f in kind.files(name, record)):
+                found[name] = record
+                break
+    return found
+
+
+def newest_first(checkpoints: Checkpoints, exclude: Iterable[str] = ()) -> list[str]:
+    """Checkpoint names (files or directories) but ``exclude`` in fallback order: newest save first."""
+    skipped = set(exclude)
+    return sorted((n for n in checkpoints if n not in skipped), key=lambda n: (-checkpoints[n].saved_at, n))
+
+
+def beyond_keep(checkpoints: Checkpoints, keep: int, family: Callable[[str], str]) -> list[str]:
+    """Names beyond the newest ``keep`` of each family, in fallback order (raises ``ValueError`` below 1)."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep!r}.")
+    families: dict[str, list[str]] = defaultdict(list)
+    for name in newest_first(checkpoints):
+        families[family(name)].append(name)
+    return sorted(n for members in families.values() for n in members[keep:])
+
+
+def retention(store: Store, kind: Kind[R], keep: int | None, current: str | None = None) -> list[str]:
+    """What retention deletes: committed checkpoints :func:`beyond_keep` and directories that no longer
+    count, never ``current`` (an uncommitted file stays: the next save of its name replaces it)."""
+    sizes = store.sizes(kind.directory)
+    found = committed(store, kind, sizes)
+    doomed = beyond_keep(found, keep, kind.family) if keep is not None else []
+    if kind.directory:
+        doomed += [n for n in kind.names(sizes) if n not in found]
+    return sorted(n for n in doomed if n != current)
 
 
 def process_alive(pid: int) -> bool:

@@ -1,7 +1,6 @@
-"""What differs between the two kinds of checkpoint: a **file** (``last.ckpt``, up to three versions in
-``last.ckpt.manifest.json``) and a **directory** (``.lr-ckpt-<step>-<hex>/`` with its ``.lr-manifest.json``,
-named by the link ``last.ckpt``; remotely by the object ``last.ckpt.pointer.json``). The rest of
-``_storage`` is written once for both."""
+"""What differs between a checkpoint **file** (``last.ckpt``, its versions in ``last.ckpt.manifest.json``)
+and a **directory** (``.lr-ckpt-<step>-<hex>/`` with its ``.lr-manifest.json``, named by the link
+``last.ckpt``, remotely by ``last.ckpt.pointer.json``); the rest of ``_storage`` is written once for both."""
 
 from __future__ import annotations
 

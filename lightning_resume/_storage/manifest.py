@@ -1,7 +1,6 @@
-"""Checkpoint manifests. A file's ``<name>.manifest.json`` lists up to three :class:`Entry`, newest first
-(it is replaced *before* the data file, so whichever data file a kill leaves matches an entry); a
-directory's ``.lr-manifest.json``, written last, is a :class:`DirectoryManifest`. Checksums are XXH3
-(about 10 GB/s here; CRC-32 manages 3)."""
+"""Checkpoint manifests: a file's ``<name>.manifest.json`` lists up to three :class:`Entry`, newest first;
+a directory's ``.lr-manifest.json`` is a :class:`DirectoryManifest`. Checksums are XXH3 (about 10 GB/s
+here; CRC-32 manages 3)."""
 
 from __future__ import annotations
 
@@ -252,14 +251,8 @@ class ChecksumWriter:
     def seekable(self) -> bool:
         return False
 
-    def seek(self, *args: Any) -> int:
-        raise OSError("ChecksumWriter is not seekable")
-
     def flush(self) -> None:
         self.raw.flush()
-
-    def close(self) -> None:
-        """Leave the underlying file open: its owner fsyncs and closes it."""
 
 
 def manifest_path(path: str | Path) -> Path:

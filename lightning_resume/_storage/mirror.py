@@ -12,9 +12,8 @@ from typing import IO, Any
 
 from lightning_resume._storage.atomic import fsync_dir
 from lightning_resume._storage.background import Background
-from lightning_resume._storage.catalog import Status, committed, newest_first, scan, verify
-from lightning_resume._storage.commit import commit, prune, remove
-from lightning_resume._storage.direct_file import Aside
+from lightning_resume._storage.catalog import Status, scan, verify
+from lightning_resume._storage.commit import commit, committed, newest_first, prune, remove
 from lightning_resume._storage.kinds import (
     DIRECTORY,
     FILE,
@@ -26,6 +25,7 @@ from lightning_resume._storage.kinds import (
 )
 from lightning_resume._storage.manifest import ChecksumWriter, R, Writable, next_entries, read_entries
 from lightning_resume._storage.store import LocalStore, RemoteStore, put
+from lightning_resume._storage.writer import Aside
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ _CHUNK = 16 << 20
 
 class ReadError(OSError):
     """Reading a copy failed, and not for lack of it (say, the remote object was replaced meanwhile)."""
-
-    def __init__(self, cause: OSError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 class _NotCommitted(Exception):
@@ -52,7 +48,7 @@ def copy(source: IO[bytes], out: Writable) -> None:
         except FileNotFoundError:
             raise
         except OSError as e:  # e.g. the object was replaced between two ranged reads
-            raise ReadError(e) from e
+            raise ReadError(str(e)) from e
         if not chunk:
             return
         out.write(chunk)
@@ -165,8 +161,8 @@ class Mirroring:
                     return None
                 raise OSError(
                     f"Could not download {self.store.key(name)!r} from the mirror ({attempts} attempts): "
-                    f"{e.cause}. Check that the mirror is reachable and that no other job writes to it."
-                ) from e.cause
+                    f"{e}. Check that the mirror is reachable and that no other job writes to it."
+                ) from e.__cause__
             local = kind.held(LocalStore(folder), name)
             final = commit(kind, staged, target, next_entries(record, local), name)
             self._known[(kind.directory, name)] = record

@@ -19,7 +19,7 @@ from lightning_resume._compat import versions
 from lightning_resume._compat.versions import TESTED, installed, untested
 from lightning_resume._scheduler.environment import ENV, KeySource, on_slurm, read_session, under_submitit
 from lightning_resume._scheduler.slurm import slurm_output
-from lightning_resume._storage.direct_file import DEFAULT_BYTES, measure_write_speed
+from lightning_resume._storage.writer import DEFAULT_BYTES, measure_write_speed
 from lightning_resume._version import __version__
 from lightning_resume.exceptions import RunDirError
 from lightning_resume.last_ckpt import auto_cadence

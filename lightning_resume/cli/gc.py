@@ -9,8 +9,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from lightning_resume._storage.catalog import retention
-from lightning_resume._storage.commit import stale
+from lightning_resume._storage.commit import retention, stale
 from lightning_resume._storage.kinds import DIRECTORY, resolve_pointer
 from lightning_resume._storage.store import LocalStore
 from lightning_resume.run_dir import handoff, layout

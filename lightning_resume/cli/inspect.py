@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_resume._storage.catalog import Status, candidates, check_file, newest_first, scan
+from lightning_resume._storage.catalog import Status, candidates, check_file, scan
 from lightning_resume._storage.catalog import verify as check
-from lightning_resume._storage.commit import stale
+from lightning_resume._storage.commit import newest_first, stale
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, resolve_pointer
 from lightning_resume._storage.store import LocalStore
 from lightning_resume.failure_classes import ending

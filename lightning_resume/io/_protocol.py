@@ -10,10 +10,8 @@ from lightning_resume.io.write_stats import WriteStats
 
 @runtime_checkable
 class AtomicCheckpointIO(Protocol):
-    """A checkpoint plugin that writes every file atomically and can wait for its writes in flight.
-
-    ``RequeueCheckpoint`` lets such a plugin write ``last.ckpt`` itself, and waits on
-    :meth:`wait_until_durable` when a preemption needs it on disk. ``DurableCheckpointIO`` is one."""
+    """A checkpoint plugin that writes every file atomically and can wait for its writes in flight:
+    ``RequeueCheckpoint`` lets it write ``last.ckpt`` itself (``DurableCheckpointIO`` is one)."""
 
     #: ``True``: a kill at any instant leaves the previous file or the new one at the target path.
     writes_atomically: bool

@@ -19,8 +19,8 @@ from typing_extensions import override
 from lightning_resume._checks import expand_dir, flag, is_number, whole_number
 from lightning_resume._compat.torch import torch_records_supported
 from lightning_resume._storage.atomic import exclusive, write_text_atomic
-from lightning_resume._storage.catalog import Status, check_file, newest_first, remedy, scan, verify
-from lightning_resume._storage.commit import clean_stale, remove
+from lightning_resume._storage.catalog import Status, check_file, remedy, scan, verify
+from lightning_resume._storage.commit import clean_stale, newest_first, remove
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, check_metadata, describe, manifest_path
 from lightning_resume._storage.mirror import Mirroring
@@ -143,8 +143,7 @@ class DurableCheckpointIO(CheckpointIO):
             self.restore_from_mirror()  # nothing to restore without dirpath
 
     def _tune(self, direct_io: bool | None = None, background_share: float | None = None) -> None:
-        """Tuning, not arguments: ``direct_io`` (past the page cache where allowed) and ``background_share``
-        (of the time a background write may spend writing; ``TypeError``, ``ValueError`` outside (0, 1])."""
+        """Set the tuning of :class:`CheckpointSettings` (not arguments) and choose the routes again."""
         if background_share is not None:
             if not is_number(background_share):
                 raise TypeError(f"background_share must be a {_FRACTION}, got {background_share!r}.")
@@ -171,13 +170,18 @@ class DurableCheckpointIO(CheckpointIO):
         self._choose_routes()
 
     def _choose_routes(self) -> None:
-        """The route of every save, chosen once: asynchronous or synchronous, in node memory or not; and
-        the synchronous one, which the urgent path takes."""
+        """The route of every save, chosen once, and the synchronous one the urgent path takes."""
         settings = self.settings
         self._now = WriteNow(settings.direct_io, settings.keep)
         route: Route = self._now
-        if settings.asynchronous and self._async_supported():
+        if settings.asynchronous and os.name == "posix" and torch_records_supported():
             route = WriteBehind(settings.direct_io, settings.keep, settings.background_share)
+        elif settings.asynchronous:
+            self._warn_once(
+                "async",
+                "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
+                f"knows (torch {torch.__version__}); saving synchronously instead.",
+            )
         self._memory: MemoryRoute | None = None
         if settings.memory is not None:
             memory = NodeMemory(settings.memory, settings.direct_io, settings.keep)
@@ -209,10 +213,10 @@ class DurableCheckpointIO(CheckpointIO):
             TypeError: for unsupported ``storage_options``.
             ValueError: ``path`` is a remote URL (use ``mirror=`` for remote copies).
         """
-        metadata = {**self.settings.metadata, **self._metadata_option(storage_options)}
+        fields = self._entry_fields(checkpoint, storage_options)
         target = self._local(path)
         self._prepare(target.parent)
-        fields = self._entry_fields(checkpoint, metadata)
+        known = self._committed.get(str(target))
         if self._urgent or self._saving:
             # The one exception to the route: the last save of a preemption (after _hurry) or a save from a
             # signal handler that interrupted another, written before returning, after the write in
@@ -221,27 +225,16 @@ class DurableCheckpointIO(CheckpointIO):
             self._route.wait()
             if self._memory is not None:
                 self._memory.urgent()
-            self._now.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
+            self._now.save(checkpoint, target, fields, known, self._on_commit)
             return
         self._saving = True
         try:
-            self._route.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
+            self._route.save(checkpoint, target, fields, known, self._on_commit)
         finally:
             self._saving = False
 
-    def _async_supported(self) -> bool:
-        if os.name != "posix" or not torch_records_supported():
-            self._warn_once(
-                "async",
-                "DurableCheckpointIO(asynchronous=True) needs a POSIX system and a torch whose serialiser it "
-                f"knows (torch {torch.__version__}); saving synchronously instead.",
-            )
-            return False
-        return True
-
     def _on_commit(self, path: Path, entry: Entry, stats: WriteStats | None, pruned: list[str]) -> None:
-        """A commit on the durable tier (``stats``: how it was written; ``None``: copied from node memory),
-        recorded and queued for the mirror (in the writer thread when asynchronous)."""
+        """Record a commit on the durable tier and queue it for the mirror (``OnCommit``)."""
         if stats is not None:
             self._last_write = stats
         with self._lock:
@@ -261,8 +254,7 @@ class DurableCheckpointIO(CheckpointIO):
         log.info("%s", record.line())
 
     def _hurry(self) -> None:
-        """Switch the write in flight to full speed; the next ``save_checkpoint`` writes its file before it
-        returns, streamed from the tensors' own memory (``PreemptionHandler``'s last save)."""
+        """The write in flight at full speed, the next save on the urgent path (``HurryingCheckpointIO``)."""
         self._urgent = True
         self._route.hurry()
 
@@ -283,9 +275,8 @@ class DurableCheckpointIO(CheckpointIO):
         else:
             self._route.wait()
         mirror = self.settings.mirror
-        if mirrored is None:
-            mirrored = mirror is not None and mirror.wait
-        if self._mirror is not None and mirror is not None and mirrored:
+        wait = mirror is not None and (mirror.wait if mirrored is None else mirrored)
+        if self._mirror is not None and mirror is not None and wait:
             self._mirror.wait(mirror.timeout if timeout is None else timeout)
 
     @property
@@ -326,7 +317,10 @@ class DurableCheckpointIO(CheckpointIO):
         self._route.wait()
         location = map_location if map_location is not None else "cpu"
         if "://" in str(path) and not str(path).startswith("file://"):
-            return self._load_remote(str(path), location, weights_only)
+            import fsspec
+
+            with fsspec.open(str(path), "rb") as handle:
+                return torch.load(handle, map_location=location, weights_only=weights_only)
         requested = self._local(path)
         target = Path(os.path.realpath(requested))
         started, wall = time.monotonic(), time.time()
@@ -389,13 +383,6 @@ class DurableCheckpointIO(CheckpointIO):
             (target, True) if name == _MIRROR_COPY else (target.parent / name, False)
             for name in newest_first(candidates)
         ]
-
-    @staticmethod
-    def _load_remote(url: str, location: Any, weights_only: bool | None) -> dict[str, Any]:
-        import fsspec
-
-        with fsspec.open(url, "rb") as handle:
-            return torch.load(handle, map_location=location, weights_only=weights_only)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -550,26 +537,23 @@ class DurableCheckpointIO(CheckpointIO):
             log.info("removed %d leftover file(s) of interrupted saves in %s", len(removed), directory)
         self._prepared.add(directory)
 
-    @staticmethod
-    def _metadata_option(storage_options: Any | None) -> dict[str, Any]:
-        if storage_options is None:
-            return {}
-        if not isinstance(storage_options, dict) or set(storage_options) - {"metadata"}:
+    def _entry_fields(self, checkpoint: dict[str, Any], storage_options: Any | None) -> dict[str, Any]:
+        """The manifest entry of a save but its size and checksum."""
+        if storage_options is not None and (
+            not isinstance(storage_options, dict) or set(storage_options) - {"metadata"}
+        ):
             raise TypeError(
                 "DurableCheckpointIO accepts storage_options=None or {'metadata': {...}} "
                 f"(user metadata for the manifest), got {storage_options!r}."
             )
-        return dict(check_metadata(storage_options.get("metadata") or {}))
-
-    @staticmethod
-    def _entry_fields(checkpoint: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+        extra = check_metadata((storage_options or {}).get("metadata") or {})
         step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
         return {
             "global_step": int(step) if isinstance(step, int) else None,
             "epoch": int(epoch) if isinstance(epoch, int) else None,
             "saved_at": time.time(),
             "versions": manifest_versions(),
-            "metadata": metadata,
+            "metadata": {**self.settings.metadata, **extra},
         }
 
     def _warn_once(self, key: str, message: str) -> None:

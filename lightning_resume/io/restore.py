@@ -27,11 +27,9 @@ class Restore:
 
     def line(self) -> str:
         """The one log line: which tier, from which node, how many bytes, how long."""
-        where = (
-            f"the memory tier of node {self.node} ({self.host})"
-            if self.tier == MEMORY
-            else "the durable tier"
-        )
+        where = "the durable tier"
+        if self.tier == MEMORY:
+            where = f"the memory tier of node {self.node} ({self.host})"
         step = "" if self.step is None else f" (step {self.step})"
         return (
             f"restored {self.path}{step} from {where}: {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s "

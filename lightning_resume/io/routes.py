@@ -1,10 +1,6 @@
-"""The routes a ``DurableCheckpointIO`` save takes to the disk, one object each, chosen once by the plugin.
-
-Each runs the steps of a save in the order the bytes travel: snapshot (``io/snapshot``), format
-(``_storage/archive``), writer (``_storage/direct_file`` here, or the writer process, ``_writer/process``),
-commit (``_storage/commit``: manifest, rename, retention). :class:`WriteNow` runs format, writer and commit
-in the caller; :class:`WriteBehind` snapshots in the caller and hands the rest to the writer process. The
-memory tier's route (``io/memory/memory_route``) wraps one of them."""
+"""The routes of a ``DurableCheckpointIO`` save, chosen once by the plugin: :class:`WriteNow` runs format,
+writer and commit in the caller; :class:`WriteBehind` snapshots in the caller and hands the rest to the
+writer process. The memory tier's route (``io/memory/memory_route``) wraps one of them."""
 
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ import torch
 from lightning_resume._compat.torch import record_torch_save, torch_records_supported
 from lightning_resume._storage.archive import ArchiveWriter, Data, Sink
 from lightning_resume._storage.commit import clean_stale, commit_file, save_error
-from lightning_resume._storage.direct_file import Aside, new_buffer
 from lightning_resume._storage.manifest import Entry
-from lightning_resume._writer.process import WriterDied, WriterProcess, carried_error
+from lightning_resume._storage.writer import Aside, WriterDied, WriterProcess, carried_error, new_buffer
 from lightning_resume.io.snapshot import HostBuffer, Staged, record_data, snapshot, torch_archive_version
 from lightning_resume.io.write_stats import WriteStats
 
@@ -35,8 +30,8 @@ OnCommit = Callable[[Path, Entry, WriteStats | None, list[str]], None]
 
 
 class Route(Protocol):
-    """How a save reaches the disk. ``fields``: the manifest entry's fields but size and checksum;
-    ``known``: the entry of the file at ``target``, when the plugin committed it."""
+    """How a save reaches the disk. ``fields``: the manifest entry but size and checksum; ``known``: the
+    plugin's entry of the file at ``target``; ``full_speed``: a write into memory, which other nodes await."""
 
     def save(
         self,
@@ -60,8 +55,7 @@ class Route(Protocol):
 
 
 def write_torch_archive(obj: Any, out: Sink) -> None:
-    """The format step in the caller: ``obj`` as a ``torch.save`` archive, each record written as torch's
-    serialiser hands it over (CPU storages from where they live: no copy of the state)."""
+    """The format step in the caller: ``obj`` as a ``torch.save`` archive, record by record (no copy)."""
     writer: ArchiveWriter | None = None
     early: list[tuple[str, Data]] = []  # records before the alignment is known (data.pkl, ...)
 
@@ -88,9 +82,8 @@ def write_torch_archive(obj: Any, out: Sink) -> None:
 
 
 class WriteNow:
-    """The synchronous route: format, writer and commit before :meth:`save` returns (``direct``: past the
-    page cache where allowed; ``keep``: retention). Also the urgent path of every plugin: the last save of
-    a preemption, or a save from a signal handler that interrupted another."""
+    """The synchronous route: format, writer and commit before :meth:`save` returns; also the urgent path
+    of every plugin (a preemption's last save, a save from a signal handler that interrupted another)."""
 
     busy = False
 
@@ -144,10 +137,9 @@ class WriteNow:
 
 
 class WriteBehind:
-    """The asynchronous route: the snapshot in the caller, then format, writer and commit in the writer
-    process (restarted, and the write retried once from the same snapshot, if it dies); ``on_commit``
-    runs in the background thread. Writes go at ``share`` of full speed until something waits for them;
-    one that is waited for goes at full speed, and so does the next."""
+    """The asynchronous route: the snapshot in the caller, the rest in the writer process (restarted and
+    the write retried once if it dies), at ``share`` of full speed until something waits for it (then that
+    write and the next at full speed); ``on_commit`` runs in the background thread."""
 
     def __init__(self, direct: bool, keep: int | None, share: float) -> None:
         self.direct, self.keep, self.share = direct, keep, share
@@ -172,8 +164,7 @@ class WriteBehind:
         on_commit: OnCommit,
         full_speed: bool = False,
     ) -> None:
-        """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it (at
-        full speed with ``full_speed``: a write into memory, which other nodes wait for)."""
+        """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it."""
         self.wait()
         staged = snapshot(checkpoint, self._buffer)
         self._seq += 1

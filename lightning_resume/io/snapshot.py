@@ -1,10 +1,6 @@
-"""The snapshot step of an asynchronous save: every storage of a checkpoint copied once into reusable
-shared memory, then torch's serialiser pickles the object graph against those copies, giving the records
-of its ``torch.save`` archive: the trainer may change anything once :func:`snapshot` returns.
-
-The copies are made by a few threads taking fixed-size pieces in turn (``memmove`` releases the GIL).
-torch's ``copy_`` runs each tensor's copy as an OpenMP region whose threads spin at its end: on 2 busy
-cores, 63 tensors of 16 MB took 3x as long as here, where no thread waits before the last piece."""
+"""The snapshot step of an asynchronous save: every storage copied once into reusable shared memory, then
+pickled by torch's serialiser against those copies, giving the records of its ``torch.save`` archive; the
+trainer may change anything once :func:`snapshot` returns."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import threading
 import time
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -40,18 +36,17 @@ PIECE = 16 << 20  #: bytes per piece: the threads end together, and taking one c
 ALONE_BELOW = 32 << 20  #: less in all is copied by the caller alone: starting a thread costs more
 
 
-def pieces(regions: Sequence[Region], piece: int = PIECE) -> Iterator[Region]:
-    for dst, src, nbytes in regions:
-        for start in range(0, nbytes, piece):
-            yield dst + start, src + start, min(piece, nbytes - start)
-
-
 def copy_regions(regions: Sequence[Region], threads: int, piece: int = PIECE) -> None:
-    """Copy every ``(dst, src, nbytes)`` region with ``threads`` threads (the caller's included). When the
-    caller's copy is interrupted (a signal handler's exception), the helpers stop and are joined first."""
+    """Copy every ``(dst, src, nbytes)`` region with ``threads`` threads (the caller's included) taking
+    pieces in turn (torch's ``copy_`` spins its OpenMP threads: 3x as long on 2 busy cores). If the caller's
+    copy is interrupted (a signal handler's exception), the helpers stop and are joined first."""
     total = sum(nbytes for _, _, nbytes in regions)
     helpers = min(threads, -(-total // piece)) - 1 if total >= ALONE_BELOW else 0
-    todo = pieces(regions, piece)
+    todo = (
+        (dst + start, src + start, min(piece, nbytes - start))
+        for dst, src, nbytes in regions
+        for start in range(0, nbytes, piece)
+    )
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -177,13 +172,12 @@ class Staged:
     nbytes: int = 0
 
 
-def _stageable(t: torch.Tensor) -> bool:
+def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    """Where ``t``'s storage lives; ``None``: the snapshot leaves ``t`` to torch's serialiser."""
     if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
-        return False
-    return t.device.type != "meta" and not t.is_conj() and not t.is_neg() and t.untyped_storage().nbytes() > 0
-
-
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+        return None
+    if t.device.type == "meta" or t.is_conj() or t.is_neg() or t.untyped_storage().nbytes() == 0:
+        return None
     return str(t.device), t.untyped_storage().data_ptr()
 
 
@@ -236,15 +230,11 @@ class _Phases:
         )
 
 
-def _align(n: int, alignment: int) -> int:
-    return -(-n // alignment) * alignment
-
-
-def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) -> None:
+def _copy(placed: list[tuple[torch.Tensor, int]], buffer: HostBuffer) -> None:
     """Copy each tensor's storage to its offset: device ones asynchronously while threads copy CPU ones."""
     streams = {}
     regions = []
-    for t, offset in zip(storages, offsets, strict=True):
+    for t, offset in placed:
         storage = t.untyped_storage()
         if t.device.type == "cpu":
             regions.append((buffer.base + offset, storage.data_ptr(), storage.nbytes()))
@@ -262,28 +252,26 @@ def _copy(storages: list[torch.Tensor], offsets: list[int], buffer: HostBuffer) 
 
 
 def snapshot(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged:
-    """The snapshot step: copy ``checkpoint`` into ``buffer``; return the records of its ``torch.save``
-    archive (pointing into ``buffer`` where they can)."""
+    """The snapshot step: copy ``checkpoint`` into ``buffer``; return its ``torch.save`` records."""
     phases = _Phases()
-    layout: dict[tuple[str, int], int] = {}
-    storages: list[torch.Tensor] = []
+    storages: dict[tuple[str, int], torch.Tensor] = {}  # by storage: the first tensor seen on it
 
     def plan(t: torch.Tensor) -> torch.Tensor:
-        if _stageable(t) and _storage_key(t) not in layout:
-            layout[_storage_key(t)] = -1
-            storages.append(t)
+        if (key := _storage_key(t)) is not None:
+            storages.setdefault(key, t)
         return t
 
     _walk(checkpoint, plan)
+    layout: dict[tuple[str, int], int] = {}
     offset = 0
-    for t in storages:
-        layout[_storage_key(t)] = offset
-        offset += _align(t.untyped_storage().nbytes(), alignment)
+    for key, t in storages.items():
+        layout[key] = offset
+        offset += -(-t.untyped_storage().nbytes() // alignment) * alignment
     buffer.ensure(offset)
-    if any(t.is_cuda for t in storages):
+    if any(t.is_cuda for t in storages.values()):
         buffer.pin()
     phases.end("plan")
-    _copy(storages, [layout[_storage_key(t)] for t in storages], buffer)
+    _copy([(t, layout[key]) for key, t in storages.items()], buffer)
     phases.end("copy")
 
     views: dict[int, torch.Tensor] = {}
@@ -292,7 +280,7 @@ def snapshot(checkpoint: Any, buffer: HostBuffer, alignment: int = 64) -> Staged
     def swap(t: torch.Tensor) -> torch.Tensor:
         if id(t) in views:
             return views[id(t)]
-        key = _storage_key(t) if _stageable(t) else None
+        key = _storage_key(t)
         if key is None or key not in layout:
             return t
         if key not in regions:

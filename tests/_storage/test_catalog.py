@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._storage.catalog import Status, check_file, committed, newest_first, scan, verify
-from lightning_resume._storage.commit import commit_file
-from lightning_resume._storage.direct_file import Aside
+from lightning_resume._storage.catalog import Status, check_file, scan, verify
+from lightning_resume._storage.commit import commit_file, committed, newest_first
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, manifest_path
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._storage.store import LocalStore
+from lightning_resume._storage.writer import Aside
 
 
 def save(folder: Path, name: str, data: bytes, saved_at: float, step: int | None = None) -> Entry:

@@ -12,10 +12,10 @@ import pytest
 from lightning_resume._storage.atomic import temp_sibling
 from lightning_resume._storage.catalog import Status, check_file, scan
 from lightning_resume._storage.commit import clean_stale, commit_file, held, remove
-from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry, manifest_path, read_entries
 from lightning_resume._storage.store import LocalStore
+from lightning_resume._storage.writer import Aside
 
 
 def write_file(path: Path, data: bytes, known: Entry | None = None, fail: OSError | None = None) -> Entry:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import lightning_resume
-from lightning_resume._storage.catalog import Status, candidates, committed, verify
-from lightning_resume._storage.commit import COMMIT_STEPS
+from lightning_resume._storage.catalog import Status, candidates, verify
+from lightning_resume._storage.commit import COMMIT_STEPS, committed
 from lightning_resume._storage.kinds import DIRECTORY, MANIFEST_NAME, new_save_dir, resolve_pointer
 from lightning_resume._storage.manifest import DirectoryManifest
 from lightning_resume._storage.store import LocalStore

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from lightning_resume._storage.catalog import Status, beyond_keep, verify
+from lightning_resume._storage.catalog import Status, verify
+from lightning_resume._storage.commit import beyond_keep
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import (
     ChecksumWriter,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resume._storage.direct_file import measure_write_speed
+from lightning_resume._storage.writer import measure_write_speed
 
 
 def test_measures_bytes_per_second_and_leaves_the_directory_as_it_was(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from lightning.pytorch.strategies import Strategy
 from lightning_resume._collectives import any_rank, broadcast, gather_objects
 from lightning_resume._storage.atomic import exclusive
 from lightning_resume._storage.commit import commit_file
-from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.manifest import Entry
+from lightning_resume._storage.writer import Aside
 from lightning_resume._warnings import warn
 from lightning_resume.io.memory import wire
 from lightning_resume.io.memory.memory_tier import HELD_NAME, MemoryTier

@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 from lightning_resume._storage.catalog import Status, verify
 from lightning_resume._storage.commit import commit_file
-from lightning_resume._storage.direct_file import Aside
 from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry
+from lightning_resume._storage.writer import Aside
 from lightning_resume.io.memory.placement import copy_path, safe_part
 
 log = logging.getLogger(__name__)

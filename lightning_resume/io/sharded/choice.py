@@ -32,8 +32,7 @@ class Choice:
 
 
 def choose(trainer: pl.Trainer, pointer: Path) -> Choice:
-    """Verify the candidates on every rank together (each its share of the files, one all-reduce per
-    candidate); return the first that verifies everywhere, else raise ``CheckpointVerificationError``."""
+    """The first candidate that verifies on every rank (each hashing its share), else raise."""
     strategy = trainer.strategy
     rank, world = trainer.global_rank, trainer.world_size
     kind = DirectoryKind(pointer.name)

@@ -50,9 +50,8 @@ def _planner_factory() -> Callable[[], Any]:
 
 @contextlib.contextmanager
 def without_torch_crc32() -> Iterator[None]:
-    """``torch.save`` without its CRC32 of each record while the block runs: a fifth of DCP's write, never
-    checked by ``torch.load`` (our manifest's checksums are). Per thread in torch 2.13; where process-wide,
-    other threads' saves lack it too, and load the same."""
+    """``torch.save`` without its CRC32 of each record in the block (a fifth of DCP's write; our manifest
+    checks the bytes). Per thread in torch 2.13; where process-wide, other threads' saves lack it too."""
     serialization: Any = torch.serialization
     if not hasattr(serialization, "set_crc32_options"):
         yield

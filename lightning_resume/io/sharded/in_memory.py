@@ -1,19 +1,6 @@
-"""Sharded checkpoints in the memory tier (``DurableCheckpointIO(memory=MemoryTier(...))`` under a DCP
-strategy).
-
-A save: every rank's DCP files are written into its node's memory and committed there one by one as
-``last.ckpt.<file>`` (global rank 0's ``.metadata`` and ``meta.pt`` too); once every rank has, global rank 0
-commits the *set*, ``last.ckpt.lr-set.json``, which names every file of the save with its checksum; each rank
-then sends its files (and rank 0 the set) to its node's peers. The durable tier gets every
-``durable_every``-th save as before and, when something waits for durability, the newest memory save,
-copied from memory by the ranks that wrote it.
-
-A restart (``setup``, every rank): the nodes report the sets and files they hold; all pick the newest set
-whose every file some node holds with the set's checksum, never older than the durable ``last.ckpt``; one
-process per node assembles it as a directory in its memory (links to the node's own copies, each hashed;
-the rest fetched from a holder, checked as it arrives); Lightning then loads that directory. If any node
-fails, every rank loads the durable tier.
-"""
+"""Sharded saves in the memory tier (DCP strategies): each rank's files committed in its node's memory, then
+a set naming them all (global rank 0), copied to the peers; a restart assembles the newest set the nodes
+hold in full, never older than the durable ``last.ckpt``, or every rank loads the durable tier."""
 
 from __future__ import annotations
 
@@ -25,7 +12,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +20,11 @@ import lightning.pytorch as pl
 
 from lightning_resume._collectives import any_rank, barrier, gather_objects, gather_objects_on
 from lightning_resume._storage.atomic import TEMP_PREFIX
-from lightning_resume._storage.catalog import verify
 from lightning_resume._storage.commit import commit, commit_file, remove
-from lightning_resume._storage.direct_file import Aside
-from lightning_resume._storage.kinds import FILE, DirectoryKind, new_save_dir, resolve_pointer
-from lightning_resume._storage.manifest import MANIFEST_SUFFIX, Entry, FileEntry, checksum_file, next_entries
+from lightning_resume._storage.kinds import FILE, new_save_dir
+from lightning_resume._storage.manifest import MANIFEST_SUFFIX, Entry, checksum_file, next_entries
 from lightning_resume._storage.store import LocalStore
+from lightning_resume._storage.writer import Aside
 from lightning_resume._warnings import warn
 from lightning_resume.io.memory import wire
 from lightning_resume.io.memory.node_memory import NodeMemory, tensor_bytes
@@ -83,14 +69,7 @@ class ShardSet:
         return sum(e.size for e in self.files.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "gen": self.gen,
-            "step": self.step,
-            "epoch": self.epoch,
-            "saved_at": self.saved_at,
-            "world_size": self.world_size,
-            "files": {n: e.to_json() for n, e in sorted(self.files.items())},
-        }
+        return {**asdict(self), "files": {n: e.to_json() for n, e in sorted(self.files.items())}}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShardSet:
@@ -108,9 +87,7 @@ class ShardSet:
 def pick(
     sets: Sequence[ShardSet], copies: Sequence[Copy], pointer: str, durable_step: int | None, node: int
 ) -> tuple[ShardSet, dict[str, list[Copy]]] | None:
-    """The newest set whose every file some node holds with its checksum, not older than the durable
-    save (step ``durable_step``), with the copies of each file (this ``node``'s first); ``None``: load
-    the durable tier."""
+    """The newest set not older than the durable save whose every file some node holds, with each's copies."""
     floor = -1 if durable_step is None else durable_step
     unique = {_identity(s): s for s in sets}  # nodes holding the same set report it each
     for candidate in sorted(unique.values(), key=lambda s: (s.step, s.saved_at), reverse=True):
@@ -144,8 +121,7 @@ class _MemorySave:
 
 
 class ShardedMemory:
-    """The memory tier of one sharded ``last.ckpt`` (``pointer``) in one process: its saves, their replicas
-    and their copies to the durable tier."""
+    """One process's saves of a sharded ``pointer`` into the memory tier, their replicas, durable copies."""
 
     def __init__(self, memory: NodeMemory, pointer: Path) -> None:
         self.memory = memory
@@ -156,25 +132,23 @@ class ShardedMemory:
     # -- the training thread: every rank, at the same point -----------------------------------------
 
     def plan(self, trainer: pl.Trainer, state: dict[str, Any]) -> Path | None:
-        """Where this save's DCP files go: a scratch folder of this node's memory, or ``None``: the durable
-        tier (every ``durable_every``-th save, or some node's tier cannot take it)."""
+        """A scratch folder of this node's memory for this save, or ``None``: it goes to the durable tier."""
         count, self._saves = self._saves, self._saves + 1
-        due = count % self.memory.config.durable_every == 0
         usable = self.memory.serves(self.pointer.parent)
         folder = self.memory.folder(self.memory.node)
         if usable and int(getattr(trainer.strategy, "local_rank", 0)) == 0:
             # No save or copy is in flight on any node (the saver agreed on that): one process per node
             # keeps the newest save's files and drops the rest.
             prune(self.memory, self.pointer.name, self.memory.sharded_generation)
+        if count % self.memory.config.durable_every == 0:
+            self._newest = None
+            return None
         room = None
-        if usable and not due:
+        if usable:
             folder.mkdir(parents=True, exist_ok=True)
             needed, free = tensor_bytes(state) * _SLACK, shutil.disk_usage(folder).free
             if free < needed:
                 room = f"{free / 1e6:.2f} MB free, this rank's shard needs about {needed / 1e6:.2f} MB"
-        if due:
-            self._newest = None
-            return None
         ready = gather_objects(trainer.strategy, (usable and room is None, secrets.token_hex(4)))
         if not all(ok for ok, _ in ready):
             if room is not None:
@@ -189,8 +163,7 @@ class ShardedMemory:
     def to_durable(
         self, trainer: pl.Trainer, agree: Callable[..., str | None], commit_durable: Callable[..., None]
     ) -> None:
-        """Copy the newest save durable if only memory holds it (every rank; each its own files):
-        ``agree`` and ``commit_durable`` are the saver's gather and global rank 0's commit."""
+        """Copy the newest save durable if only memory holds it (every rank), through the saver's steps."""
         newest, self._newest = self._newest, None
         if newest is None:
             return
@@ -199,11 +172,11 @@ class ShardedMemory:
         save_dir = Path(agree(trainer, None, None, chosen) or "")
         folder = self.memory.folder(self.memory.node)
         names = {n: held_name(self.pointer.name, newest.gen, n) for n in newest.mine}
-        error = _attempt(lambda: _copy_out(folder, names, newest.mine, save_dir, trainer.global_rank))
+        error = parts.attempt(lambda: _copy_out(folder, names, newest.mine, save_dir, trainer.global_rank))
         agree(trainer, error, save_dir)
         if trainer.is_global_zero:
             fields = newest.fields
-            error = _attempt(
+            error = parts.attempt(
                 lambda: commit_durable(save_dir, trainer.world_size, newest.required, fields, started)
             )
         agree(trainer, error, save_dir)
@@ -221,8 +194,7 @@ class ShardedMemory:
         required: tuple[str, ...],
         failed: BaseException | None,
     ) -> int:
-        """After DCP wrote into ``scratch`` (or ``failed``): commit this rank's files in memory, agree with
-        every rank, commit the set (global rank 0) and send the copies to the peers; return the bytes."""
+        """Commit what DCP wrote into ``scratch`` with every rank, send it to the peers; return its bytes."""
         mine: dict[str, Entry] = {}
         gen = scratch.name.removeprefix(_SCRATCH)
         error = None if failed is None else f"rank {rank}: {type(failed).__name__}: {failed}"
@@ -240,8 +212,7 @@ class ShardedMemory:
                 f"{self.pointer.name} still names the previous save."
             )
         files = {name: entry for _, held in everyone for name, entry in held.items()}
-        world = len(everyone)
-        shard_set = ShardSet(gen, fields["global_step"], fields["epoch"], time.time(), world, files)
+        shard_set = ShardSet(gen, fields["global_step"], fields["epoch"], time.time(), len(everyone), files)
         folder = self.memory.folder(self.memory.node)
         sends = [(held_name(self.pointer.name, gen, n), e) for n, e in mine.items()]
         self.memory.sharded_generation = gen  # every rank's files are committed: the next plan keeps these
@@ -282,8 +253,7 @@ class ShardedMemory:
 
 
 def restore(memory: NodeMemory, trainer: pl.Trainer, pointer: Path) -> tuple[ShardSet, Path, Restore] | None:
-    """At a restart (``setup``, every rank, before the durable tier is verified): the newest sharded save
-    the nodes' memory holds, assembled on every node; ``None``: load the durable tier."""
+    """At a restart (every rank): the newest save the nodes hold, assembled; ``None``: the durable tier."""
     if not memory.attached:
         return None
     strategy = trainer.strategy
@@ -291,8 +261,8 @@ def restore(memory: NodeMemory, trainer: pl.Trainer, pointer: Path) -> tuple[Sha
     local_zero = int(getattr(strategy, "local_rank", 0)) == 0
     usable = memory.serves(pointer.parent)
     held = _held(memory, pointer.name) if usable and local_zero else ([], [])
-    durable = _durable_step(pointer) if trainer.is_global_zero else None
-    everyone = gather_objects(strategy, (usable, held, durable))
+    durable = parts.read_manifest(pointer) if trainer.is_global_zero else None
+    everyone = gather_objects(strategy, (usable, held, None if durable is None else durable.global_step))
     if not all(ok for ok, _, _ in everyone):
         return None
     sets = [ShardSet.from_json(s) for _, (_, found), _ in everyone for s in found]
@@ -334,8 +304,7 @@ def restore(memory: NodeMemory, trainer: pl.Trainer, pointer: Path) -> tuple[Sha
 
 
 def prune(memory: NodeMemory, pointer: str, keep: str | None) -> None:
-    """Drop from this node's tier every sharded file but those of the save ``keep``, and what interrupted
-    saves and restores left (one process per node, while no save or copy is in flight)."""
+    """Drop this node's sharded files but those of the save ``keep``, and leftovers (one process per node)."""
     own = memory.folder(memory.node)
     for leftover in (
         *own.glob(f"{_SCRATCH}*"),
@@ -360,21 +329,11 @@ def _held(memory: NodeMemory, pointer: str) -> tuple[list[dict[str, Any]], list[
         entry = wire.committed_copy(path) if parsed is not None else None
         if parsed is None or entry is None:
             continue
-        copy = Copy(memory.node, wire.host_name(), origin_of(path), path.name, entry)
         if parsed[1] == SET_FILE:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 sets.append(json.loads(path.read_bytes()))
-        copies.append(copy.to_json())
+        copies.append(Copy(memory.node, wire.host_name(), origin_of(path), path.name, entry).to_json())
     return copies, sets
-
-
-def _durable_step(pointer: Path) -> int | None:
-    """The step of the durable save ``pointer`` names, from its manifest alone (no checkpoint bytes read)."""
-    target = resolve_pointer(pointer)
-    if target is None:
-        return None
-    manifest = verify(target, DirectoryKind(pointer.name), checksums=False).manifest
-    return None if manifest is None else manifest.global_step
 
 
 def _assemble(
@@ -405,14 +364,10 @@ def _assemble(
     return taken
 
 
-# -- helpers ---------------------------------------------------------------------------------------
-
-
 def _copy_out(
     folder: Path, names: Mapping[str, str], mine: Mapping[str, Entry], save_dir: Path, rank: int
 ) -> None:
-    """This rank's files of a memory save (``names``: DCP's name to the held one) into the durable
-    ``save_dir``, hashed there, and its part file."""
+    """This rank's files of a memory save (``names``: DCP's to held) into ``save_dir``, checked, recorded."""
     for name, held in names.items():
         shutil.copyfile(folder / held, save_dir / name)
     entries = parts.hash_files(save_dir, mine)
@@ -420,12 +375,4 @@ def _copy_out(
         expected = mine[got.name]
         if (got.size, got.checksum) != (expected.size, expected.checksum):
             raise OSError(f"{save_dir / got.name} differs from its memory copy: not committed")
-    parts.write_part(save_dir, rank, [FileEntry(e.name, e.size, e.checksum) for e in entries])
-
-
-def _attempt(action: Callable[[], Any]) -> BaseException | None:
-    try:
-        action()
-    except Exception as e:
-        return e
-    return None
+    parts.write_part(save_dir, rank, entries)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,17 @@ def commit_directory(
     final = commit(kind, save_dir, pointer, [manifest], on_step=on_step)
     prune(LocalStore(pointer.parent), kind, keep, final.name, on_step)
     return final
+
+
+def attempt(action: Callable[[], Any]) -> BaseException | None:
+    """Run ``action``; return what it raised (DCP's errors are ``BaseException``s), or ``None``."""
+    try:
+        action()
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return e
+    return None
 
 
 def clean_up(pointer: Path, keep: int, restart: bool = False) -> list[str]:

@@ -1,9 +1,6 @@
 """``DirectorySaver``: sharded checkpoints written into a fresh directory and committed atomically.
 
-Asynchronous saves (DCP strategies) copy the state into reused host buffers, then a thread of ours runs
-``dcp.save`` on a gloo group of its own (on the default group its collectives would interleave with
-training's), fsyncs, hashes and, on rank 0, commits; ranks report through part files, so no collective
-of the training group runs off the main thread. A failed save is raised on every rank by the next call."""
+Asynchronous saves run ``dcp.save`` in a thread on a gloo group of its own; ranks meet in part files."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ from lightning_resume._collectives import broadcast, cpu_group, gather_objects
 from lightning_resume._compat.lightning import capture_checkpoint, saves_directory
 from lightning_resume._storage.atomic import fsync_file, replace_durably, write_bytes_durably
 from lightning_resume._storage.kinds import DirectoryKind, new_save_dir
-from lightning_resume._storage.manifest import DirectoryManifest
 from lightning_resume._storage.mirror import Mirroring
 from lightning_resume._warnings import warn
 from lightning_resume.io.durable_checkpoint_io import manifest_versions, memory_tier_of
@@ -47,17 +43,17 @@ class DirectorySaver:
     def __init__(
         self,
         pointer: Path,
-        settings: CheckpointSettings | None = None,
-        mirror: Mirroring | None = None,
-        on_commit: Callable[[], None] | None = None,
-        part_timeout: float = PART_TIMEOUT,
+        settings: CheckpointSettings,
+        mirror: Mirroring | None,
+        on_commit: _Action,
+        memory: ShardedMemory | None,
     ) -> None:
         self.pointer = pointer
-        self.settings = settings if settings is not None else CheckpointSettings()
-        self.keep = self.settings.directories_kept
-        self.mirror = mirror
+        self.settings = settings
+        self.keep = settings.directories_kept
+        self.mirror = mirror  # global rank 0's
         self.on_commit = on_commit
-        self.part_timeout = part_timeout
+        self.memory = memory  # the plugin's MemoryTier: saves into node memory
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._pending_dir: Path | None = None
@@ -67,7 +63,6 @@ class DirectorySaver:
         self._cleaned = False
         self._told_sync = False
         self._last_write: WriteStats | None = None
-        self.memory: ShardedMemory | None = None  # a MemoryTier of the plugin: saves into node memory
 
     @property
     def last_write(self) -> WriteStats | None:
@@ -75,14 +70,12 @@ class DirectorySaver:
         return self._last_write
 
     @classmethod
-    def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: Callable[[], None]) -> DirectorySaver:
+    def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: _Action) -> DirectorySaver:
         settings = settings_of(trainer.strategy.checkpoint_io)
-        saver = cls(
-            pointer, settings, _mirror(settings, pointer) if trainer.is_global_zero else None, on_commit
-        )
+        mirror = _mirror(settings, pointer) if trainer.is_global_zero else None
         route = memory_tier_of(trainer.strategy.checkpoint_io)  # the plugin's memory tier drives ours
-        saver.memory = route.sharded(pointer) if route is not None else None
-        return saver
+        memory = route.sharded(pointer) if route is not None else None
+        return cls(pointer, settings, mirror, on_commit, memory)
 
     def save(self, trainer: pl.Trainer) -> None:
         """Save the trainer's state as a new checkpoint directory and commit it (every rank); raise
@@ -129,12 +122,12 @@ class DirectorySaver:
                 fsync_file(save_dir)
                 replace_durably(save_dir, self.pointer)
             return
-        self._agree(trainer, _attempt(lambda: self._record_part(save_dir, rank)), save_dir)
+        self._agree(trainer, parts.attempt(lambda: self._record_part(save_dir, rank)), save_dir)
         error = None
         if trainer.is_global_zero:
             fields = self._fields(trainer, f"{type(strategy).__name__}.save_checkpoint")
             required = dcp.required_files(strategy)
-            error = _attempt(partial(self._commit, save_dir, world, required, fields, time.monotonic()))
+            error = parts.attempt(partial(self._commit, save_dir, world, required, fields, time.monotonic()))
         self._agree(trainer, error, save_dir)
 
     def _save_async(self, trainer: pl.Trainer, save_dir: Path) -> None:
@@ -154,15 +147,13 @@ class DirectorySaver:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lightning-resume-sharded")
         self._async_used = True
         required, rank = dcp.required_files(strategy), trainer.global_rank
+        self._pending_dir = scratch or save_dir
+        write = partial(self._write, staged, self._pending_dir)
         if scratch is not None:
-            self._pending_dir = scratch
-            write = partial(self._write, staged, scratch)
             self._pending = self._pool.submit(
                 self._finish_in_memory, write, scratch, meta, rank, fields, required
             )
             return
-        self._pending_dir = save_dir
-        write = partial(self._write, staged, save_dir)
         commit = partial(self._commit, save_dir, trainer.world_size, required, fields, time.monotonic())
         self._pending = self._pool.submit(self._finish, write, save_dir, meta, rank, commit)
 
@@ -219,7 +210,7 @@ class DirectorySaver:
         """The writer thread, for a save into node memory: DCP's files, then the memory tier's commit."""
         assert self.memory is not None
         started = time.monotonic()
-        failed = _attempt(write)
+        failed = parts.attempt(write)
         size = self.memory.commit(self._group, scratch, rank, meta, fields, required, failed)
         if rank == 0:
             self._last_write = WriteStats(size, time.monotonic() - started)
@@ -232,23 +223,21 @@ class DirectorySaver:
         self, save_dir: Path, world: int, required: tuple[str, ...], fields: dict[str, Any], started: float
     ) -> None:
         """Global rank 0, once every rank recorded its files: commit, then tell the callback and mirror."""
-        deadline = time.monotonic() + self.part_timeout
+        deadline = time.monotonic() + PART_TIMEOUT
         while not parts.parts_complete(save_dir, world):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"Not every rank recorded its files in {str(save_dir)!r} within "
-                    f"{self.part_timeout} s: the save is not committed."
+                    f"{PART_TIMEOUT} s: the save is not committed."
                 )
             time.sleep(_POLL)
         manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
         final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
         self._last_write = WriteStats(sum(f.size for f in manifest.files), time.monotonic() - started)
         log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
-        if self.on_commit is not None:
-            self.on_commit()
+        self.on_commit()
         if self.mirror is not None:
-            committed: DirectoryManifest = manifest
-            self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: committed)
+            self.mirror.submit(DirectoryKind(self.pointer.name), final, lambda: manifest)
 
     def _agree(
         self, trainer: pl.Trainer, error: BaseException | None, target: Path | None, new: Path | None = None
@@ -277,28 +266,24 @@ class DirectorySaver:
         """Wait for this rank's save in flight (if any); return what it raised and its directory."""
         pending, self._pending = self._pending, None
         save_dir, self._pending_dir = self._pending_dir, None
-        return (_attempt(pending.result) if pending is not None else None), save_dir
+        return (parts.attempt(pending.result) if pending is not None else None), save_dir
 
     def wait_until_durable(self, trainer: pl.Trainer) -> None:
         """Wait until the newest save is committed (and uploaded, with ``wait_for_mirror``); every rank."""
         self.wait(trainer)
-        self._memory_to_durable(trainer)
-        mirror = self.settings.mirror
-        if self.mirror is not None and mirror is not None and mirror.wait:
-            self.mirror.wait(mirror.timeout)
-
-    def _memory_to_durable(self, trainer: pl.Trainer) -> None:
-        """The newest save on the durable tier too, when only node memory holds it (every rank)."""
-        if self.memory is not None:
+        if self.memory is not None:  # the newest save durable too, if only node memory holds it
             self.memory.to_durable(trainer, self._agree, self._commit)
+        if self.mirror is not None and self.settings.mirror is not None and self.settings.mirror.wait:
+            self.mirror.wait(self.settings.mirror.timeout)
 
     def close(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Finish the save in flight and stop; ``collective=False``: this rank only, warning on failure."""
         try:
             if collective:
                 self.wait(trainer)
-                self._memory_to_durable(trainer)
-            elif self._pending is not None and (error := _attempt(self._pending.result)) is not None:
+                if self.memory is not None:
+                    self.memory.to_durable(trainer, self._agree, self._commit)
+            elif self._pending is not None and (error := parts.attempt(self._pending.result)) is not None:
                 warn(
                     f"The sharded checkpoint save in flight failed ({error}); "
                     f"{self.pointer.name} keeps the one before."
@@ -311,9 +296,8 @@ class DirectorySaver:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
-            mirror = self.settings.mirror
-            if self.mirror is not None and mirror is not None and mirror.wait:
-                self.mirror.close(mirror.timeout)
+            if self.mirror is not None and self.settings.mirror is not None and self.settings.mirror.wait:
+                self.mirror.close(self.settings.mirror.timeout)
 
 
 def _mirror(settings: CheckpointSettings, pointer: Path) -> Mirroring | None:
@@ -333,14 +317,3 @@ def _serialised(checkpoint: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     return buffer.getvalue()
-
-
-def _attempt(action: Callable[[], Any]) -> BaseException | None:
-    """Run ``action``; return what it raised (DCP's errors are ``BaseException``s), or ``None``."""
-    try:
-        action()
-    except BaseException as e:
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        return e
-    return None

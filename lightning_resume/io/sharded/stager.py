@@ -12,9 +12,8 @@ from lightning_resume.io.snapshot import Region, copy_regions
 
 
 class ReusedBufferStager:
-    """Copies of a state dict (Lightning's sharded CPU state shares storage with the live parameters), each
-    tensor in a buffer of its own, reused at every save. Only for all-CPU states (:meth:`supports`):
-    re-wrapping would move a GPU DTensor back."""
+    """Copies of an all-CPU state dict (:meth:`supports`; Lightning's shares storage with the live
+    parameters), each tensor in a buffer of its own, reused at every save."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -45,15 +44,11 @@ class ReusedBufferStager:
     def _threads(self) -> int:
         return min(torch.get_num_threads(), 4)
 
-    def _buffer(self, key: tuple[Any, ...], like: torch.Tensor) -> torch.Tensor:
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != like.shape or buffer.dtype != like.dtype:
-            self._buffers[key] = buffer = torch.empty(like.shape, dtype=like.dtype, device="cpu")
-        return buffer
-
     def _copy(self, key: tuple[Any, ...], tensor: torch.Tensor, regions: list[Region]) -> torch.Tensor:
-        """The buffer of ``key``, filled from ``tensor`` now or by ``regions``."""
-        buffer = self._buffer(key, tensor)
+        """``key``'s buffer (made anew for a new shape or dtype), filled from ``tensor`` or by ``regions``."""
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            self._buffers[key] = buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
         # On 2 busy cores: with one torch thread copy_ beats memmove by ~20%; with two it spins, 7x slower.
         if self._threads > 1 and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
             regions.append((buffer.data_ptr(), tensor.data_ptr(), tensor.numel() * tensor.element_size()))

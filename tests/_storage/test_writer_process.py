@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lightning_resume._writer.process import DutyCycle, hurry
+from lightning_resume._storage.writer import DutyCycle, hurry
 from lightning_resume.io.write_stats import WriteStats
 
 

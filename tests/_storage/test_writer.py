@@ -24,8 +24,8 @@ import torch
 from _system import can_unshare_mounts
 
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._storage import direct_file
-from lightning_resume._storage.direct_file import ALIGN, BLOCK, DEPTH, DirectFile, new_buffer
+from lightning_resume._storage import writer
+from lightning_resume._storage.writer import ALIGN, BLOCK, DEPTH, DirectFile, new_buffer
 
 
 def write_direct(path: Path, pieces: list[bytes], depth: int = DEPTH, direct: bool = True) -> DirectFile:
@@ -110,7 +110,7 @@ def test_the_pace_hears_of_every_full_block_and_can_wait_for_the_disk(tmp_path: 
 
 
 def test_buffered_writes_are_written_back_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = direct_file._sync_file_range()
+    real = writer._sync_file_range()
     if real is None:
         pytest.skip("no sync_file_range here")
     calls: list[tuple[int, int, int]] = []
@@ -119,7 +119,7 @@ def test_buffered_writes_are_written_back_as_they_go(tmp_path: Path, monkeypatch
         calls.append((offset, nbytes, flags))
         return real(fd, offset, nbytes, flags)
 
-    monkeypatch.setattr(direct_file, "_sync_file_range", lambda: spy)
+    monkeypatch.setattr(writer, "_sync_file_range", lambda: spy)
     data = os.urandom(3 * BLOCK + 5)
     write_direct(tmp_path / "file", [data], direct=False)
     start, wait = 2, 1 | 2 | 4
@@ -170,7 +170,7 @@ RAMFS_JOB = r"""
 import os, sys, zipfile
 import torch
 from lightning_resume import DurableCheckpointIO
-from lightning_resume._storage.direct_file import DirectFile, new_buffer
+from lightning_resume._storage.writer import DirectFile, new_buffer
 
 folder = sys.argv[1]
 fd = os.open(os.path.join(folder, "probe"), os.O_WRONLY | os.O_CREAT)

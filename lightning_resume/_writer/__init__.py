@@ -1,1 +1,0 @@
-"""The writer process of asynchronous saves (no torch, no Lightning: it starts in tens of milliseconds)."""
