@@ -1,9 +1,8 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
-Every public name is importable from here (the notice sources from ``lightning_resume.notices``, the
-loggers from ``lightning_resume.loggers``). Importing it has no side effects and imports no tracker,
-nor Lightning or torch until a name needs them, so the command line starts in well under a second.
-"""
+Every public name is importable from here (notice sources from ``lightning_resume.notices``, loggers from
+``lightning_resume.loggers``). Importing it has no side effects and imports no tracker, nor Lightning or
+torch until a name needs them, so the command line starts in well under a second."""
 
 from __future__ import annotations
 
@@ -73,25 +72,19 @@ _LAZY = {
 }
 
 
-#: Subpackages reachable as attributes, imported on first use.
-_SUBPACKAGES = ("notices",)
-
-
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
-        subpackage = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = subpackage
-        return subpackage
-    module = _LAZY.get(name)
-    if module is None:
+    if name == "notices":  # the subpackage, imported on first use too
+        value: Any = importlib.import_module(f"{__name__}.notices")
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once imported, an ordinary attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBPACKAGES})
+    return sorted({*globals(), *_LAZY, "notices"})
 
 
 __all__ = [

@@ -17,11 +17,6 @@ T = TypeVar("T")
 _VARIABLE = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
 
 
-def is_whole_number(value: Any) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool``."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def is_number(value: Any) -> bool:
     """Whether ``value`` is an ``int`` or a ``float`` and not a ``bool``."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -29,7 +24,7 @@ def is_number(value: Any) -> bool:
 
 def whole_number(name: str, value: Any, minimum: int | None = None, what: str = "whole number") -> int:
     """``value`` if it is a whole number (at least ``minimum``), else ``TypeError`` or ``ValueError``."""
-    if not is_whole_number(value):
+    if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be a {what}, got {value!r}.")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}.")
@@ -53,8 +48,7 @@ def flag(name: str, value: Any) -> bool:
 
 
 def expand_dir(value: str | os.PathLike[str], what: str) -> Path:
-    """``value`` with ``$VAR``/``${VAR}`` and ``~`` expanded, made absolute; an unset variable raises
-    ``ValueError`` (``"$TMPDIR/ckpt"`` would put checkpoints where no restart looks)."""
+    """``value`` with ``$VAR``/``${VAR}`` and ``~`` expanded, made absolute (``ValueError``: one is unset)."""
     text = os.fspath(value)
     expanded = os.path.expandvars(text)
     unset = sorted({a or b for a, b in _VARIABLE.findall(expanded)})

@@ -53,8 +53,8 @@ def gather_numbers(strategy: Strategy, values: list[float]) -> list[list[float]]
 
 
 def gather_objects(strategy: Strategy, obj: T) -> list[T]:
-    """``obj`` of every rank, by global rank: pickled with its length in front, in one all-gather of a
-    fixed-size buffer when every payload fits (``_inline_bytes``), else a second one padded to the longest."""
+    """``obj`` of every rank, by global rank: pickled, length first, in a fixed-size all-gather when every
+    payload fits (``_inline_bytes``), else a second one padded to the longest."""
     if not _distributed(strategy) or not isinstance(strategy, ParallelStrategy):
         return [obj]
     device, world = strategy.root_device, strategy.world_size
@@ -87,8 +87,7 @@ def _inline_bytes(world_size: int) -> int:
 
 
 class _Pickler(pickle.Pickler):
-    """``pickle`` with plain CPU tensors as (raw bytes, dtype, shape): torch's own goes through
-    ``torch.save``'s format, ~0.1 ms per tensor to load, on every rank at every save."""
+    """``pickle`` with plain CPU tensors as raw bytes: torch's own takes ~0.1 ms per tensor to load."""
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor and _raw_copyable(obj):
@@ -124,8 +123,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def gather_objects_on(group: Any, obj: T) -> list[T]:
-    """``obj`` of every rank of ``group`` (a :func:`cpu_group`, ``None`` when not distributed): for threads
-    off the training loop, which must not run collectives on the training's group."""
+    """``obj`` of every rank of ``group`` (a :func:`cpu_group`), for threads off the training loop."""
     if group is None or not torch.distributed.is_initialized():
         return [obj]
     found: list[Any] = [None] * torch.distributed.get_world_size(group)

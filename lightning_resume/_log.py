@@ -1,7 +1,5 @@
-"""Our log lines where Lightning's own appear: a handler on the ``lightning_resume`` logger that
-prints (INFO and up, as Lightning's does) only while nothing else would, i.e. while neither the root
-logger nor ours has a handler of the user's (LightningCLI, a plain script). Once the user configures
-logging, the records propagate to their handlers as usual and this one stays silent."""
+"""Our INFO lines where Lightning's appear: a handler on our logger that prints only while neither the root
+logger nor ours has a handler of the user's; once they configure logging, it stays silent."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``lightning_resume`` again, built on the standalone ``pytorch_lightning``: one source, two Lightnings.
-
-That Trainer recognises callbacks and plugins by ``isinstance`` with its own classes, so a finder on
-``sys.meta_path`` serves ``lightning_resume.pytorch_lightning.<module>`` from the source of
-``lightning_resume.<module>`` with the imports renamed (as Lightning builds ``pytorch_lightning``).
-``exceptions`` is one module for both, so one ``except`` or warnings filter serves both.
-"""
+"""``lightning_resume`` again on the standalone ``pytorch_lightning`` (whose Trainer checks its own classes):
+a finder serves ``lightning_resume.pytorch_lightning.<module>`` from ``lightning_resume/<module>.py`` with the
+imports renamed; ``exceptions`` is one module for both, so one ``except`` or warnings filter serves both."""
 
 from __future__ import annotations
 

@@ -9,13 +9,8 @@ from lightning_resume.exceptions import LightningResumeWarning
 
 
 def warn(message: str, *, all_ranks: bool = False, stacklevel: int = 2) -> None:
-    """Warn the user with a :class:`LightningResumeWarning`.
-
-    Args:
-        message: What happened and what to do.
-        all_ranks: Warn on every rank (the message is about this process), not only on global rank 0.
-        stacklevel: As for ``warnings.warn``, counted from the caller of this function.
-    """
+    """Warn with a :class:`LightningResumeWarning` on global rank 0, on every rank with ``all_ranks`` (a
+    message about this process); ``stacklevel`` as for ``warnings.warn``, counted from the caller."""
     if all_ranks:
         warnings.warn(message, LightningResumeWarning, stacklevel=stacklevel + 1)
     else:

@@ -92,8 +92,10 @@ def test_a_failed_test_is_not_reported_as_a_stopped_fit(
 
 
 def test_a_restart_given_another_ckpt_path_is_reported_as_restored_from_its_last_ckpt(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Lightning's logger keeps its lines to itself (propagate=False) until something changes that.
+    monkeypatch.setattr(logging.getLogger("lightning.pytorch"), "propagate", True)
     first = attempt(tmp_path, 2)
     last = Path(first.checkpoint_callbacks[0].ckpt_path)  # RequeueCheckpoint's
     users = tmp_path / "pretrained.ckpt"

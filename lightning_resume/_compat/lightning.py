@@ -37,9 +37,8 @@ class LastCheckpointCallback(OnExceptionCheckpoint):
 
 
 def allow_without_checkpointing() -> None:
-    """Let ``Trainer(enable_checkpointing=False)`` take callbacks whose only ``Checkpoint``s are
-    :class:`LastCheckpointCallback`s (checkpoints to resume from, none of the user's): Lightning's
-    ``_CallbackConnector._configure_checkpoint_callbacks`` raises for any ``Checkpoint``. Once per process."""
+    """Let ``Trainer(enable_checkpointing=False)`` take :class:`LastCheckpointCallback`s, which Lightning's
+    ``_configure_checkpoint_callbacks`` refuses as it refuses any ``Checkpoint`` (once per process)."""
     from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 
     original = _CallbackConnector._configure_checkpoint_callbacks
@@ -58,13 +57,22 @@ def allow_without_checkpointing() -> None:
 # -- methods of Lightning's objects, stood in for ---------------------------------------------------------
 
 
-#: What a :class:`NextLoad` runs instead: ``handler(original, path, args, kwargs)``.
+def _stand_in(owner: Any, name: str, stand_in: Callable[..., Any]) -> Callable[[], None]:
+    """Set ``owner.<name>`` to ``stand_in`` (an instance attribute); returns what takes it away again."""
+    setattr(owner, name, stand_in)
+
+    def undo() -> None:
+        if owner.__dict__.get(name) is stand_in:
+            delattr(owner, name)
+
+    return undo
+
+
 LoadHandler = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 class NextLoad:
-    """Stands in for ``strategy.load_checkpoint`` (which every strategy loads through) until its first
-    call, which removes it and runs ``handler(original, path, args, kwargs)``."""
+    """Stands in for ``strategy.load_checkpoint`` once: ``handler(original, path, args, kwargs)`` runs."""
 
     def __init__(self, strategy: Strategy, handler: LoadHandler) -> None:
         self.strategy = strategy
@@ -86,8 +94,7 @@ class NextLoad:
 def put_callback(
     trainer: pl.Trainer, callback: Callback, before: Callback | None = None, after: Callback | None = None
 ) -> None:
-    """Put ``callback`` into the Trainer's callbacks: just before ``before``, just after ``after``, or
-    first; a new list (Lightning may be iterating the old one)."""
+    """Put ``callback`` before ``before``, after ``after``, or first (a new list: Lightning may iterate)."""
     callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
     at = callbacks.index(before) if before is not None and before in callbacks else 0
     if after is not None and after in callbacks:
@@ -96,7 +103,6 @@ def put_callback(
 
 
 def take_callback(trainer: pl.Trainer, callback: Callback) -> None:
-    """Take ``callback`` out of the Trainer's callbacks again."""
     trainer.callbacks = [c for c in trainer.callbacks if c is not callback]  # type: ignore[attr-defined]
 
 
@@ -109,8 +115,7 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
 
 
 def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
-    """Make the restored epoch count ``batches`` as done, after a restart on another number of ranks
-    (issue 25): every counter moves alike, so Lightning's restart stage holds. From ``on_train_start``."""
+    """Count ``batches`` of the restored epoch as done, every counter alike (issue 25; ``on_train_start``)."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     trackers: list[Any] = [progress.current, progress.total]  # _ProcessedTracker at runtime
     delta = batches - trackers[0].processed
@@ -121,31 +126,17 @@ def set_epoch_position(trainer: pl.Trainer, batches: int) -> None:
         tracker.completed += delta
 
 
-class _TrainLoaderHook:
-    """Stands in for ``strategy.process_dataloader`` (an instance attribute) during ``fit``."""
+def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> Callable[[], None]:
+    """Call ``hook`` on each fit loader ``process_dataloader`` prepares, before any iterator; returns undo."""
+    original = trainer.strategy.process_dataloader
 
-    def __init__(self, trainer: pl.Trainer, hook: Callable[[Any], object]) -> None:
-        self.trainer, self.hook = trainer, hook
-        self.strategy = trainer.strategy
-        self.original = trainer.strategy.process_dataloader
-
-    def __call__(self, dataloader: Any) -> Any:
-        dataloader = self.original(dataloader)
-        if self.trainer.training and not self.trainer.sanity_checking:
-            self.hook(dataloader)
+    def process_dataloader(dataloader: Any) -> Any:
+        dataloader = original(dataloader)
+        if trainer.training and not trainer.sanity_checking:
+            hook(dataloader)
         return dataloader
 
-    def remove(self) -> None:
-        if self.strategy.__dict__.get("process_dataloader") is self:
-            del self.strategy.process_dataloader
-
-
-def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> Callable[[], None]:
-    """Call ``hook`` on every training loader as ``Strategy.process_dataloader`` prepares it (before its
-    first iterator and any callback hook). Returns the function that stops it."""
-    watcher = _TrainLoaderHook(trainer, hook)
-    trainer.strategy.process_dataloader = watcher  # type: ignore[method-assign]
-    return watcher.remove
+    return _stand_in(trainer.strategy, "process_dataloader", process_dataloader)
 
 
 # The training loaders' states (``CombinedLoader._state_dicts()``, saving rank only), loaded in
@@ -170,8 +161,7 @@ def train_loader_states(checkpoint: dict[str, Any]) -> list[Any] | None:
 
 
 def replace_train_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> bool:
-    """Make Lightning load ``states`` into the training loaders; call from ``Callback.on_load_checkpoint``
-    (``restore_loops`` reads the dict after it). Returns whether the entry was there."""
+    """Have Lightning load ``states`` into the train loaders (``on_load_checkpoint``); False: no entry."""
     parent = _walk(checkpoint, _LOADER_STATES[:-1])
     if not isinstance(parent, dict) or _LOADER_STATES[-1] not in parent:
         return False
@@ -189,8 +179,7 @@ def wrapped_sampler(sampler: Any) -> Any:
 
 
 def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
-    """Make a checkpoint taken during fit's validation restart that validation from its first batch
-    (Lightning would skip the rest). Returns whether the progress was there."""
+    """Make a checkpoint taken inside fit's validation redo all of it; False: no progress there."""
     node = _walk(checkpoint, _VAL_PROGRESS)
     if not isinstance(node, dict):
         return False
@@ -202,20 +191,17 @@ def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
 
 
 def settle_validation_progress(trainer: pl.Trainer) -> None:
-    """After a restarted validation: drop the batch counted as started but never run (else every later
-    checkpoint looks like "inside a validation step")."""
+    """Drop the batch a restarted validation counted as started (else later saves look mid-step)."""
     total: Any = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total  # a _BatchProgress tracker
     total.ready = total.started = total.processed = total.completed
 
 
 def restart_swa_epochs(trainer: pl.Trainer) -> list[str]:
-    """On a mid-epoch restart inside ``StochasticWeightAveraging``'s averaging epochs: run the
-    ``on_train_epoch_start`` Lightning skips, which (with the callback's restored state) makes its
-    ``SWALR`` scheduler again; ``on_fit_start`` removed the schedulers, so the epoch's end would step
-    none. The averaging it also does is skipped by the restored ``latest_update_epoch``. Returns the
-    callbacks it ran for."""
+    """Run the ``on_train_epoch_start`` a mid-epoch restart skips, for each ``StochasticWeightAveraging``."""
     from lightning.pytorch.callbacks import StochasticWeightAveraging
 
+    # It makes the SWALR scheduler again, which on_fit_start removed; the restored latest_update_epoch
+    # skips the averaging it would also do.
     epoch, done = trainer.current_epoch, []
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
         if (
@@ -228,15 +214,12 @@ def restart_swa_epochs(trainer: pl.Trainer) -> list[str]:
 
 
 def skips_backward(trainer: pl.Trainer) -> bool:
-    """Whether this epoch's steps run no backward (``StochasticWeightAveraging``'s BatchNorm epoch, set
-    up in an ``on_train_epoch_start`` that a mid-epoch restart does not run)."""
+    """Whether this epoch's steps run no backward (``StochasticWeightAveraging``'s BatchNorm epoch)."""
     return bool(trainer.fit_loop._skip_backward)
 
 
 def rebuilds_ddp_buckets(strategy: Strategy) -> bool:
-    """Whether DDP lays its gradient buckets out again after a process's first backward (its default;
-    not with ``find_unused_parameters=True`` unless ``static_graph=True``): the first step of a restarted
-    process then all-reduces in another layout than an uninterrupted run's later steps."""
+    """Whether DDP re-lays its gradient buckets after a first backward (a restart's first step differs)."""
     from lightning.pytorch.strategies import DDPStrategy
 
     if not isinstance(strategy, DDPStrategy):
@@ -246,9 +229,7 @@ def rebuilds_ddp_buckets(strategy: Strategy) -> bool:
 
 
 def next_step_uses_held_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """Whether the step at ``batch_idx`` adds to the gradients held now instead of zeroing them first
-    (automatic optimization: inside an accumulation window, or ``StochasticWeightAveraging``'s
-    BatchNorm epoch, which steps the optimizer without a backward)."""
+    """Whether step ``batch_idx`` adds to the held gradients (accumulating, or SWA's BatchNorm epoch)."""
     module = trainer.lightning_module
     if not module.automatic_optimization:
         return False  # the user's own zero_grad: unknown
@@ -256,8 +237,7 @@ def next_step_uses_held_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
 
 
 def validation_log_steps(trainer: pl.Trainer) -> dict[int, int]:
-    """The step each validation loader's next ``on_step`` value is logged at: Lightning counts the
-    validation batches of the whole ``fit`` (by loader, from 0 again when the loaders are made anew)."""
+    """The step each validation loader logs ``on_step`` values at next (counted over the whole ``fit``)."""
     return dict(trainer.fit_loop.epoch_loop.val_loop._seen_batches_per_dataloader)
 
 
@@ -269,15 +249,13 @@ def put_back_validation_log_steps(trainer: pl.Trainer, steps: dict[int, int]) ->
 
 
 def train_loader_mode(trainer: pl.Trainer) -> str:
-    """How Lightning combines several training loaders (``CombinedLoader``'s mode; fit's default:
-    ``max_size_cycle``)."""
+    """How Lightning combines several training loaders (``CombinedLoader``'s mode)."""
     combined = trainer.fit_loop._combined_loader
     return str(combined._mode) if combined is not None else "max_size_cycle"
 
 
 def stop_deferred(trainer: pl.Trainer) -> bool:
-    """Whether a stop was asked for (``trainer.should_stop``) that Lightning puts off until
-    ``min_steps``/``min_epochs`` are met: training goes on, and the request is in no checkpoint."""
+    """Whether Lightning puts a stop off until ``min_steps``/``min_epochs`` (no checkpoint holds it)."""
     return bool(trainer.should_stop) and not trainer.fit_loop._can_stop_early
 
 
@@ -287,15 +265,13 @@ _EPOCH_PROGRESS = ("loops", "fit_loop", "epoch_progress")
 
 
 def between_epochs(trainer: pl.Trainer) -> bool:
-    """Whether no epoch is under way (True at the next ``on_train_epoch_start``, at ``on_train_end``;
-    False inside an epoch, its validation and its ``on_train_epoch_end`` hooks)."""
+    """Whether no epoch is under way (True in ``on_train_epoch_start``, False in ``on_train_epoch_end``)."""
     total: Any = trainer.fit_loop.epoch_progress.total  # a _ProcessedTracker (typed as its base)
     return bool(total.started == total.processed == total.completed)
 
 
 def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
-    """Make a checkpoint taken between two epochs read as "the last epoch completed, none begun" (the
-    next one already counts as ready, i.e. interrupted). Returns whether the progress was there."""
+    """Make a checkpoint taken between epochs read as "last one completed, next one ready"; False: none."""
     node = _walk(checkpoint, _EPOCH_PROGRESS)
     if not isinstance(node, dict):
         return False
@@ -305,9 +281,9 @@ def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
 
 
 def start_epoch_afresh(trainer: pl.Trainer) -> None:
-    """Run the epoch that starts now as an uninterrupted run does (call at its ``on_train_epoch_start``):
-    restored between epochs under ``max_steps``, Lightning 2.6 stays "restarting", re-runs the last
-    epoch's end, counts a phantom batch and keeps the iterator made before ``on_train_start``."""
+    """Run the epoch starting now (at ``on_train_epoch_start``) as an uninterrupted run does: restored
+    between epochs under ``max_steps``, Lightning 2.6 stays "restarting", re-runs the last epoch's end, counts
+    a phantom batch and keeps the iterator made before ``on_train_start``."""
     from lightning.pytorch.loops.loop import _Loop
 
     fit_loop = trainer.fit_loop
@@ -320,16 +296,14 @@ def start_epoch_afresh(trainer: pl.Trainer) -> None:
 
 
 def settle_fit_restart(trainer: pl.Trainer) -> None:
-    """After a mid-epoch restore: let the epoch end as an uninterrupted one (while "restarting" Lightning
-    skips the ``ReduceLROnPlateau`` step; :func:`put_back_callback_metrics` restores its metrics)."""
+    """After a mid-epoch restore: stop "restarting", in which Lightning skips ``ReduceLROnPlateau``'s step."""
     trainer.fit_loop._restarting = False
 
 
 # -- hooks Lightning does not call ----------------------------------------------------------------------
 
-#: What a callback class sets a hook to so that Lightning skips it (``trainer/call.py``,
-#: ``_call_callback_hooks``, calls a hook only when it is ``callable``): an unused per-step hook then
-#: costs a lookup, not the call and the profiler context Lightning opens around each one.
+#: What a callback class sets a hook to so that Lightning skips it (``_call_callback_hooks`` calls only a
+#: ``callable`` hook): an unused per-step hook then costs a lookup, not a call inside a profiler context.
 NOT_CALLED = None
 
 
@@ -341,8 +315,7 @@ _TUNER_CHECKPOINT = re.compile(r"^\.(lr_find|scale_batch_size)_[0-9a-f-]+\.ckpt$
 
 
 def restoring_tuner_checkpoint(trainer: pl.Trainer) -> bool:
-    """Whether the checkpoint being loaded is a tuner callback's own temporary one: its search restores
-    it through the checkpoint connector, which calls every callback's load hooks again."""
+    """Whether the checkpoint being loaded is a tuner's temporary one (its restore reruns every load hook)."""
     path = trainer._checkpoint_connector._ckpt_path
     return path is not None and bool(_TUNER_CHECKPOINT.match(os.path.basename(str(path))))
 
@@ -389,8 +362,7 @@ def _lr_finder_args(finder: Any) -> dict[str, Any]:
 
 
 def put_back_tuner_result(callback: Callback, module: pl.LightningModule, result: dict[str, Any]) -> None:
-    """Set what :func:`tuner_result` returned, as the search did (the optimizers' learning rates come
-    back with their own states)."""
+    """Set what :func:`tuner_result` returned, as the search did (learning rates come with the optimizers)."""
     from lightning.pytorch.callbacks import BatchSizeFinder
     from lightning.pytorch.tuner.lr_finder import _LRFinder
     from lightning.pytorch.utilities.parsing import lightning_setattr
@@ -407,32 +379,23 @@ def put_back_tuner_result(callback: Callback, module: pl.LightningModule, result
 
 
 def instead_of_tuner_search(callback: Callback, instead: Callable[[], None]) -> Callable[[], None]:
-    """Make a tuner callback's ``on_fit_start`` (its search) run ``instead`` (an instance attribute);
-    returns the function that gives its own back."""
+    """Make a tuner's ``on_fit_start`` (its search) run ``instead``; returns what gives its own back."""
 
     def run_instead(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         instead()
 
-    callback.on_fit_start = run_instead  # type: ignore[method-assign]
-
-    def undo() -> None:
-        if callback.__dict__.get("on_fit_start") is run_instead:
-            del callback.on_fit_start
-
-    return undo
+    return _stand_in(callback, "on_fit_start", run_instead)
 
 
 def forget_train_loader(trainer: pl.Trainer) -> None:
-    """Drop the train loader made so far (a tuner's result changes it): ``fit`` makes it again, with the
-    restored loader states, as the tuners themselves do."""
+    """Drop the train loader made so far (a tuner changed it): ``fit`` makes it again, restored."""
     trainer.fit_loop._combined_loader = None
 
 
 def load_pending_train_loader_states(trainer: pl.Trainer) -> bool:
-    """Load the restored train loader states Lightning left unloaded (its issue #21765: a
-    ``configure_optimizers`` reading ``estimated_stepping_batches`` makes the loader before the states
-    are restored, and ``setup_data`` then keeps it as it is). Returns whether there were any; the caller
-    makes the iterator again."""
+    """Load the train loader states Lightning left unloaded; returns whether it did (remake the iterator)."""
+    # Lightning's issue #21765: a ``configure_optimizers`` reading ``estimated_stepping_batches`` makes
+    # the loader before the states are restored, and ``setup_data`` then keeps it as it is.
     fit_loop = trainer.fit_loop
     states, combined = fit_loop._combined_loader_states_to_load, fit_loop._combined_loader
     if not states or combined is None or not fit_loop.restarting:
@@ -443,8 +406,7 @@ def load_pending_train_loader_states(trainer: pl.Trainer) -> bool:
 
 
 def next_train_batch(trainer: pl.Trainer) -> Any:
-    """The batch the next training step would take (``None`` if there is none): fetched now and kept in
-    Lightning's fetcher for that step. Only for a stop: the fetcher then counts one batch ahead."""
+    """The next training step's batch (``None``: none), fetched into Lightning's fetcher: for stops only."""
     from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 
     fetcher = trainer.fit_loop._data_fetcher
@@ -462,8 +424,7 @@ def next_train_batch(trainer: pl.Trainer) -> Any:
 
 
 def transfer_hooks_overridden(trainer: pl.Trainer) -> bool:
-    """Whether the module or datamodule changes batches on their way to the device (the batch a step
-    trains on is then not the one the loader gave)."""
+    """Whether the module or datamodule changes batches on their way to the device."""
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
     hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -472,8 +433,7 @@ def transfer_hooks_overridden(trainer: pl.Trainer) -> bool:
 
 
 def modes_before_validation(trainer: pl.Trainer) -> dict[str, bool]:
-    """Inside fit's validation: each submodule's ``training`` flag as the validation began (Lightning
-    gives them back as it ends)."""
+    """Inside fit's validation: each submodule's ``training`` flag as the validation began."""
     return dict(trainer.fit_loop.epoch_loop.val_loop._module_mode.mode)
 
 
@@ -481,14 +441,12 @@ def modes_before_validation(trainer: pl.Trainer) -> dict[str, bool]:
 
 
 def callback_metrics(trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-    """``trainer.callback_metrics`` as stored, without merging the running loop's results (the property
-    does)."""
+    """``trainer.callback_metrics`` as stored (the property merges the running loop's results in)."""
     return dict(trainer._logger_connector._callback_metrics)
 
 
 def put_back_callback_metrics(trainer: pl.Trainer, metrics: dict[str, torch.Tensor]) -> None:
-    """Give back what :func:`callback_metrics` returned (from ``on_train_start``: the sanity check
-    clears them)."""
+    """Give back what :func:`callback_metrics` returned (``on_train_start``: the sanity check clears them)."""
     stored = trainer._logger_connector._callback_metrics
     stored.clear()
     stored.update(metrics)
@@ -508,18 +466,13 @@ _METADATA = ("fx", "name", "prog_bar", "logger", "on_step", "on_epoch", "enable_
 _METADATA_OPTIONAL = ("add_dataloader_idx", "dataloader_idx", "metric_attribute")
 
 
-def _reduction_name(reduce_fx: Any) -> str | None:
-    return next((name for name, fx in _REDUCTIONS.items() if fx is reduce_fx), None)
-
-
 def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
-    """What the epoch's ``self.log(..., on_epoch=True)`` calls accumulated in the ``_ResultCollection``:
-    per key, the call's metadata and running value, or a logged ``Metric``'s module attribute (entries
-    that cannot be rebuilt alike, with a ``sync_dist_group``, are left out)."""
+    """Per key, what the epoch's ``self.log(on_epoch=True)`` calls accumulated: metadata and value, or a
+    logged ``Metric``'s attribute (not those with a ``sync_dist_group``, which cannot be rebuilt alike)."""
     found = []
     for key, result in trainer.fit_loop.epoch_loop._results.items():
         meta = result.meta
-        reduction = _reduction_name(meta.reduce_fx)
+        reduction = next((name for name, fx in _REDUCTIONS.items() if fx is meta.reduce_fx), None)
         if result.has_reset or not meta.on_epoch or reduction is None or meta.sync.group is not None:
             continue
         if not result.is_tensor and meta.metric_attribute is None:
@@ -540,8 +493,7 @@ def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
 
 
 def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any]]) -> None:
-    """Register :func:`epoch_accumulators` in this epoch's results (``on_train_start`` of a mid-epoch
-    resume), so the resumed ``self.log`` calls add to them."""
+    """Register :func:`epoch_accumulators` in this epoch's results (``on_train_start`` of a resume)."""
     from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 
     # ``should_reset_tensors`` drops the accumulated tensors at a loop's first batch (``_first_loop_iter``
@@ -572,14 +524,12 @@ def put_back_epoch_accumulators(trainer: pl.Trainer, entries: list[dict[str, Any
 
 
 def logging_step(trainer: pl.Trainer) -> int:
-    """The step Lightning passes to ``Logger.log_metrics`` next (not ``global_step`` under manual
-    optimization with several optimizers); one lower during ``on_train_start``."""
+    """The step Lightning passes to ``Logger.log_metrics`` next (one lower during ``on_train_start``)."""
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def point_logger_at_version(logger: Logger, version: int | str) -> None:
-    """Make a ``TensorBoardLogger`` or ``CSVLogger`` log into ``version`` from now on (both fix
-    ``_version`` and ``_experiment`` once). The caller closes the old writer first (rank 0)."""
+    """Make a ``TensorBoardLogger`` or ``CSVLogger`` log into ``version`` (the caller closes its writer)."""
     if not isinstance(logger, (TensorBoardLogger, CSVLogger)):
         raise TypeError(f"expected a TensorBoardLogger or CSVLogger, got {type(logger).__name__}")
     logger._version = version
@@ -587,8 +537,7 @@ def point_logger_at_version(logger: Logger, version: int | str) -> None:
 
 
 def continue_csv_rows(logger: CSVLogger, header: list[str]) -> None:
-    """Make a ``CSVLogger``'s writer (rank 0) append to the ``metrics.csv`` rewritten under it with
-    ``header``, dropping the rows it holds unsaved (its ``_ExperimentWriter`` keeps both)."""
+    """Make a ``CSVLogger``'s writer append to its ``metrics.csv``, rewritten with ``header``."""
     writer = logger.experiment
     writer.metrics_keys = list(header)
     writer.metrics = []
@@ -610,16 +559,14 @@ def mlflow_target(logger: MLFlowLogger) -> MLflowTarget:
 
 
 def set_mlflow_run(logger: MLFlowLogger, run_id: str | None) -> None:
-    """Have an ``MLFlowLogger`` that has not started continue ``run_id`` (``None``: a new run), as its
-    ``run_id`` argument would."""
+    """Have an ``MLFlowLogger`` that has not started continue ``run_id`` (``None``: a new run)."""
     logger._run_id = run_id
     logger._experiment_id = None
     logger._initialized = False
 
 
 def saves_directory(strategy: Strategy) -> bool | None:
-    """Whether ``trainer.save_checkpoint`` writes a directory with ``strategy`` (``None``: unknown), from
-    the constructor arguments Lightning stores."""
+    """Whether ``trainer.save_checkpoint`` writes a directory with ``strategy`` (``None``: unknown)."""
     from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
     if isinstance(strategy, ModelParallelStrategy):
@@ -634,64 +581,52 @@ def saves_directory(strategy: Strategy) -> bool | None:
 
 
 def capture_checkpoint(trainer: pl.Trainer, path: Path) -> dict[str, Any]:
-    """Lightning's checkpoint for a save to ``path``, built (hooks, barrier) but not written (every rank):
-    ``strategy.save_checkpoint`` is stood in for during the call."""
-    strategy = trainer.strategy
+    """Lightning's checkpoint for a save to ``path``, built (hooks, barrier) but not written (every rank)."""
     captured: dict[str, dict[str, Any]] = {}
 
     def keep(checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         captured["checkpoint"] = checkpoint
 
-    strategy.save_checkpoint = keep  # type: ignore[method-assign]
+    undo = _stand_in(trainer.strategy, "save_checkpoint", keep)
     try:
         trainer.save_checkpoint(path, weights_only=False)
     finally:
-        del strategy.save_checkpoint
+        undo()
     return captured["checkpoint"]
 
 
 @contextlib.contextmanager
 def seeing_checkpoints(trainer: pl.Trainer, seen: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """Hand every checkpoint Lightning builds in the block to ``seen`` before anything writes it: what
-    ``_CheckpointConnector.dump_checkpoint`` returns, after every ``on_save_checkpoint`` hook."""
-    connector = trainer._checkpoint_connector
-    original = connector.dump_checkpoint
+    """Hand each checkpoint Lightning builds in the block to ``seen``, after every hook, before any write."""
+    original = trainer._checkpoint_connector.dump_checkpoint
 
     def dump(weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = original(weights_only)
         seen(checkpoint)
         return checkpoint
 
-    connector.dump_checkpoint = dump  # type: ignore[method-assign]
+    undo = _stand_in(trainer._checkpoint_connector, "dump_checkpoint", dump)
     try:
         yield
     finally:
-        if connector.__dict__.get("dump_checkpoint") is dump:
-            del connector.dump_checkpoint
+        undo()
 
 
 def resume_even_if_none(trainer: pl.Trainer, path: str) -> Callable[[], None]:
-    """Make this ``fit`` restore from ``path`` also when Lightning found no checkpoint (it chooses before
-    any hook, from files that exist): ``_CheckpointConnector.resume_start`` is stood in for until its
-    first call, which gets ``path`` instead of ``None``. Returns what takes the stand-in away."""
-    connector = trainer._checkpoint_connector
-    original = connector.resume_start
-
-    def undo() -> None:
-        if connector.__dict__.get("resume_start") is resume_start:
-            del connector.resume_start
+    """Make this ``fit`` restore ``path`` also when Lightning (choosing before any hook) found none;
+    returns the undo."""
+    original = trainer._checkpoint_connector.resume_start
 
     def resume_start(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
         undo()
         original(checkpoint_path or path, *args, **kwargs)
 
-    connector.resume_start = resume_start  # type: ignore[method-assign]
+    undo = _stand_in(trainer._checkpoint_connector, "resume_start", resume_start)
     return undo
 
 
 def report_checkpoint_path(trainer: pl.Trainer, path: str) -> None:
-    """Make Lightning report ``path`` as the checkpoint it restored (``trainer.ckpt_path`` too); call
-    from inside ``strategy.load_checkpoint``, after ``resume_start`` recorded the path."""
+    """Make Lightning report ``path`` as the checkpoint it restored (inside ``strategy.load_checkpoint``)."""
     trainer._checkpoint_connector._ckpt_path = path
 
 
@@ -747,8 +682,7 @@ def _remove(filters: list[Any]) -> None:
 
 
 class QuietLightning:
-    """Install the filters for ``which`` now; they go when ``owner`` is garbage-collected or
-    :meth:`remove` is called."""
+    """Filters for ``which``, until ``owner`` is garbage-collected or :meth:`remove` is called."""
 
     def __init__(self, owner: object, which: Quieted = NOTHING_TO_RESUME) -> None:
         module, messages = which
@@ -772,8 +706,7 @@ def log_dir_exists(log_dir: Path) -> Quieted:
 
 
 def checkpoint_dir_not_empty(path: Path) -> Quieted:
-    """``ModelCheckpoint``'s "Checkpoint directory ... exists and is not empty" for ``path`` (a run dir's
-    ``checkpoints``: what is in it is the run's own)."""
+    """``ModelCheckpoint``'s "Checkpoint directory ... exists and is not empty" for ``path``, a run dir's."""
     names = dict.fromkeys((str(path), os.path.realpath(path)))
     return "", tuple(rf"Checkpoint directory {re.escape(name)} exists and is not empty" for name in names)
 
@@ -787,8 +720,7 @@ def any_log_dir_exists() -> Iterator[None]:
 
 
 class CometLoggerStartedOnFirstUse(CometLogger):
-    """Lightning's ``CometLogger``, started at the first ``experiment``, not at construction (the
-    constructor's ``_create_experiment()`` call is skipped)."""
+    """Lightning's ``CometLogger``, started at the first ``experiment`` instead of in its constructor."""
 
     _start_on_first_use = False
 

@@ -1,5 +1,5 @@
-"""The versions of the libraries whose internals ``_compat`` touches: the lowest declared, which CI
-runs the exactness core on (``make test-edge``), and the newest the pins passed on. Torch-free."""
+"""The versions of the libraries whose internals ``_compat`` touches: the lowest declared (CI's
+``make test-edge``) and the newest the pins passed on. Torch-free."""
 
 from __future__ import annotations
 
@@ -29,25 +29,22 @@ def installed(distribution: str) -> str | None:
         return None
 
 
+def _outside(shown: str, numbers: tuple[int, ...], lowest: str, newest: str) -> str | None:
+    if numbers < _numbers(lowest):
+        return f"{shown} is older than the lowest supported, {lowest}"
+    if numbers > _numbers(newest):
+        return f"{shown} is newer than the newest tested, {newest}"
+    return None
+
+
 def untested(distribution: str) -> str | None:
     """Why the installed ``distribution`` is outside what was tested (``None`` when inside)."""
     version = installed(distribution)
     if version is None or distribution not in TESTED:
         return None
-    lowest, newest = TESTED[distribution]
-    if _numbers(version) < _numbers(lowest):
-        return f"{distribution} {version} is older than the lowest supported, {lowest}"
-    if _numbers(version) > _numbers(newest):
-        return f"{distribution} {version} is newer than the newest tested, {newest}"
-    return None
+    return _outside(f"{distribution} {version}", _numbers(version), *TESTED[distribution])
 
 
 def untested_python(version: tuple[int, ...]) -> str | None:
     """Why Python ``version`` (``sys.version_info``) is outside the tested range (``None`` when inside)."""
-    shown = ".".join(map(str, version[:3]))
-    lowest, newest = PYTHON
-    if version[:2] < _numbers(lowest):
-        return f"Python {shown} is older than the lowest supported, {lowest}"
-    if version[:2] > _numbers(newest):
-        return f"Python {shown} is newer than the newest tested, {newest}"
-    return None
+    return _outside(f"Python {'.'.join(map(str, version[:3]))}", version[:2], *PYTHON)

@@ -66,8 +66,7 @@ class Session:
 
 
 def _as_int(environ: Mapping[str, str], var: str) -> int:
-    """The whole number in ``environ[var]`` (0 when unset or empty); ``RunDirError`` for anything else
-    (guessing could resume the wrong run)."""
+    """The whole number in ``environ[var]`` (0 if unset or empty); ``RunDirError`` for anything else."""
     value = environ.get(var, "").strip()
     if not value:
         return 0
@@ -91,8 +90,8 @@ def slurm_key(environ: Mapping[str, str]) -> str | None:
 
 
 def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
-    """The session key and whether the scheduler reports a restart (a restart count ``>= 1``); the key
-    comes from ``key``, ``$LIGHTNING_RESUME_KEY``, SLURM (the outer scheduler) or TorchElastic, in order."""
+    """The session key (from ``key``, ``$LIGHTNING_RESUME_KEY``, SLURM or TorchElastic, in order) and
+    whether the scheduler reports a restart (a restart count ``>= 1``)."""
     restart = _as_int(environ, ENV["slurm_restart"]) >= 1 or _as_int(environ, ENV["elastic_restart"]) >= 1
     ids = {
         name: environ[var]
@@ -140,9 +139,8 @@ def global_rank(environ: Mapping[str, str]) -> int:
 
 
 def launch_key(environ: Mapping[str, str]) -> str | None:
-    """A name shared by every rank of one launch, or ``None``: SLURM job, task, step and restart count,
-    TorchElastic run id and restart count, or the rendezvous address. A relaunch may reuse the previous
-    launch's key: :mod:`~lightning_resume.run_dir.handoff` guards against that."""
+    """A name shared by every rank of one launch (SLURM job, step and restart; TorchElastic run and
+    restart; or the rendezvous address), or ``None``; a relaunch may reuse it (``run_dir.handoff`` guards)."""
     job = slurm_key(environ)
     if job:
         step = environ.get(ENV["slurm_step"], "batch")

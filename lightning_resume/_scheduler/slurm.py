@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 
 def scontrol_requeue(job: str, timeout: float = 60) -> str:
-    """Run ``scontrol requeue JOB``; return what happened, in one line, or raise ``RuntimeError`` saying
-    what to do."""
+    """Run ``scontrol requeue JOB``; returns what happened, in one line (``RuntimeError`` says what to do)."""
     exe = shutil.which("scontrol")
     if exe is None:
         raise RuntimeError(

@@ -1,16 +1,14 @@
-"""The ``lightning-resume`` command line (also ``python -m lightning_resume``).
-
-Each subcommand is a :class:`Command` in :data:`COMMANDS`: a function that declares its arguments
-and a function that runs it and returns the exit status. Modules a subcommand needs are imported
-only when it runs, so ``--help`` stays fast.
-"""
+"""The ``lightning-resume`` command line (also ``python -m lightning_resume``): a :class:`Command` per
+subcommand in :data:`COMMANDS`; what a subcommand needs is imported only when it runs (a fast ``--help``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -118,28 +116,16 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--root", type=Path, default=Path("runs"), help="the runs root to check (default: runs)"
-    )
-    parser.add_argument(
-        "--write-test",
-        type=_non_negative_int,
-        default=64,
-        metavar="MIB",
-        help="MiB written and fsynced to time durable writes to the root; 0 skips it (default: 64)",
-    )
-    parser.add_argument(
-        "--emit",
-        choices=("slurm", "skypilot", "kubernetes", "torchrun"),
-        help="print the scheduler's configuration for the failure classes' exit statuses instead",
-    )
+    root_help = "the runs root to check (default: runs)"
+    parser.add_argument("--root", type=Path, default=Path("runs"), help=root_help)
+    write_help = "MiB written and fsynced to time durable writes to the root; 0 skips it (default: 64)"
+    parser.add_argument("--write-test", type=_non_negative_int, default=64, metavar="MIB", help=write_help)
+    emit_help = "print the scheduler's configuration for the failure classes' exit statuses instead"
+    parser.add_argument("--emit", choices=("slurm", "skypilot", "kubernetes", "torchrun"), help=emit_help)
     _add_json(parser)
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
-    import json
-    import os
-
     from lightning_resume.cli import doctor, emit, render
 
     if args.emit:
@@ -147,7 +133,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
         return 0
     findings = doctor.run_checks(args.root.expanduser().resolve(), os.environ, args.write_test << 20)
     if args.json:
-        print(json.dumps([f.to_dict() for f in findings], indent=2))
+        print(json.dumps([asdict(f) for f in findings], indent=2))
     else:
         render.findings(findings)
     return 1 if any(f.level is doctor.Level.ERROR for f in findings) else 0
@@ -161,8 +147,6 @@ def _add_gc_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_gc(args: argparse.Namespace) -> int:
-    import json
-
     from lightning_resume.cli import gc, render
     from lightning_resume.run_dir import layout
 
@@ -180,11 +164,8 @@ def _run_gc(args: argparse.Namespace) -> int:
     if args.apply:
         removals, failed = gc.apply(removals)
     if args.json:
-        report = {
-            "applied": args.apply,
-            "removals": [r.to_dict() for r in removals],
-            "failed": [{**r.to_dict(), "error": why} for r, why in failed],
-        }
+        failures = [{**asdict(r), "error": why} for r, why in failed]
+        report = {"applied": args.apply, "removals": [asdict(r) for r in removals], "failed": failures}
         print(json.dumps(report, indent=2))
     else:
         render.removals(removals, args.apply)
@@ -199,8 +180,6 @@ def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    import json
-
     from lightning_resume.cli import inspect, render
     from lightning_resume.run_dir import layout
 
@@ -208,21 +187,16 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if not path.exists():
         raise UsageError(f"{PROG} inspect: {str(args.path)!r} does not exist")
     if layout.is_run_dir(path):
-        kind, report = "run", inspect.describe_run(path)
+        kind, report, draw = "run", inspect.describe_run(path), render.run
     elif layout.is_root(path):
-        kind, report = "root", inspect.describe_root(path)
+        kind, report, draw = "root", inspect.describe_root(path), render.root
     else:
-        raise UsageError(
-            f"{PROG} inspect: {str(args.path)!r} is neither a run dir (run_meta.json) nor a runs root"
-        )
+        what = "is neither a run dir (run_meta.json) nor a runs root"
+        raise UsageError(f"{PROG} inspect: {str(args.path)!r} {what}")
     if args.json:
         print(json.dumps({"kind": kind, **report}, indent=2, default=str))
-    elif kind == "run":
-        render.run(report)
-        for line in report["attempts"]["endings"]:  # "attempt 3 ended: out of memory on rank 1, ..."
-            print(line)
     else:
-        render.root(report)
+        draw(report)
     return 0
 
 
@@ -231,7 +205,6 @@ def _add_run_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_dir(args: argparse.Namespace, command: str) -> Path:
-    """``args.run_dir``, resolved; :class:`UsageError` when it is not a run dir."""
     from lightning_resume.run_dir import layout
 
     run_dir = args.run_dir.expanduser().resolve()
@@ -248,8 +221,6 @@ def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    import json
-
     from lightning_resume.cli import render, report
 
     run_dir = _run_dir(args, "report")
@@ -258,7 +229,7 @@ def _run_report(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} report: {what}")
     found = report.report(run_dir)
     if args.json:
-        print(json.dumps(found.to_dict(), indent=2))
+        print(json.dumps(asdict(found), indent=2))
     else:
         render.goodput(found)
     if args.plot is not None:

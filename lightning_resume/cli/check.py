@@ -1,11 +1,6 @@
-"""``lightning-resume check -- COMMAND``: does this project resume exactly? Runs the user's training command
-twice uninterrupted (it must be reproducible), then once per chosen point, killed there and relaunched
-until it finishes as a scheduler would, and compares each with the uninterrupted run.
-
-Each run works in a folder of its own (RunDir's root, the timeline the library records, the trackers'
-offline files) and in a working folder linking the project's files, so that logs written to relative
-paths stay apart; the library reads its part from ``$LIGHTNING_RESUME_CHECK`` (:mod:`.._check_hooks`).
-"""
+"""``lightning-resume check -- COMMAND``: runs the training command twice uninterrupted, then once per
+chosen point, killed there and relaunched until it finishes, each in a folder of its own, and compares each
+with the uninterrupted run; the library reads its part from ``$LIGHTNING_RESUME_CHECK`` (``_check_hooks``)."""
 
 from __future__ import annotations
 
@@ -134,13 +129,12 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         tried = [{**asdict(a), "records": len(a.records), "from": a.resumed_from} for a in self.attempts]
         found = {"name": self.name, "kills": self.kills, "exact": self.exact, "verdicts": self.verdicts}
-        found["differences"] = [d.to_dict() for d in self.differences]
+        found["differences"] = [asdict(d) for d in self.differences]
         return {**found, "steps_lost": self.steps_lost, "attempts": tried}
 
 
 def choose(records: compare.Records, points: Sequence[str], kills: int, rng: random.Random) -> dict[str, Any]:
-    """The kill points of each scenario, from the uninterrupted run's timeline (rank 0's records); a point
-    the timeline offers no place for is left out."""
+    """The kill points of each scenario, from the uninterrupted run's timeline (rank 0's records)."""
     final = max((r["s"] for r in records if r["e"] == "end"), default=0)
     saves = [(r["s"], bool(r.get("epoch_end"))) for r in records if r["e"] == "save" and r["s"] < final]
     first = min((s for s, _ in saves), default=final)
@@ -175,11 +169,6 @@ def error_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     found = [line for line in lines if _ERROR.match(line)]
     return (found or lines or ["(no output)"])[-1][:400]
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 class Runner:
@@ -227,11 +216,11 @@ class Runner:
                 status: int | None = proc.wait(self.timeout)
             except subprocess.TimeoutExpired:
                 status = None
-            finally:
-                _kill_group(proc.pid)  # what is left of it: data loader workers, other ranks
+            finally:  # what is left of it: data loader workers, other ranks
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        lines = timeline.read_text().splitlines()[seen:] if timeline.exists() else []
-        records = compare.parse(lines)
+        records = compare.parse(timeline.read_text().splitlines()[seen:] if timeline.exists() else [])
         attempt = Attempt(kill, status, time.monotonic() - start, records)
         if not attempt.finished and not attempt.killed:
             if status is None:
@@ -317,15 +306,8 @@ def _reference(runner: Runner, number: int) -> Scenario:
 
 
 def check(options: Options, project: Path | None) -> int:
-    """Run the check of ``options.command`` from ``project`` (``None``: a folder of its own); print
-    progress, a table and a verdict.
-
-    Returns:
-        0 when every scenario ends exactly as the uninterrupted run, 1 otherwise.
-
-    Raises:
-        CheckError: for options that cannot work, or a command that cannot be checked.
-    """
+    """Check ``options.command`` from ``project`` (``None``: a folder of its own): 0 if every scenario is
+    exact, else 1; :class:`CheckError` for options or a command that cannot work."""
     unknown = sorted(set(options.points) - set(POINTS))
     if unknown:
         raise CheckError(f"unknown --points {', '.join(unknown)} (choose from {', '.join(POINTS)})")
@@ -372,7 +354,7 @@ def _check(options: Options, runner: Runner, scratch: Path, started: float) -> i
         line = f"not reproducible: two uninterrupted runs differ: {found[0].detail}"
         _progress(f"[uninterrupted 2] {line}")
         report.update(exact=False, reproducible=False, summary=line, remedy=compare.NOT_REPRODUCIBLE)
-        report["differences"] = [d.to_dict() for d in found]
+        report["differences"] = [asdict(d) for d in found]
         return _finish(options, report, [], f"{line}\n{compare.NOT_REPRODUCIBLE}")
     _progress("[uninterrupted 2] reproducible: the same batches, losses and weights at every step")
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)

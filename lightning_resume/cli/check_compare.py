@@ -10,7 +10,7 @@ import json
 import math
 import sqlite3
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +59,6 @@ class Difference:
     detail: str
     step: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def parse(lines: list[str]) -> Records:
     """The records of timeline lines (a line torn by a kill is left out)."""
@@ -88,12 +85,11 @@ def read_timeline(folder: Path) -> dict[int, list[Records]]:
 
 
 def trajectory(tried: list[Records]) -> dict[tuple[int, int, int], dict[str, Any]]:
-    """The batches and optimizer steps that made the final result, by ``(step, 0 batch / 1 step, n)``:
-    an attempt resumed at step ``r`` replaces what the attempts before it did from ``r`` on."""
+    """The batches and optimizer steps that made the final result, by ``(step, 0 batch / 1 step, n)``."""
     kept: dict[tuple[int, int, int], dict[str, Any]] = {}
     for records in tried:
         resumed = records[0]["s"] if records[0]["e"] == "start" else 0
-        kept = {key: r for key, r in kept.items() if key[0] < resumed}
+        kept = {key: r for key, r in kept.items() if key[0] < resumed}  # a resume replaces what followed
         seen: collections.Counter[tuple[int, int]] = collections.Counter()
         for r in records:
             if r["e"] in ("batch", "step"):

@@ -1,10 +1,6 @@
-"""The example project ``lightning-resume demo`` checks: a small model on synthetic data, set up for
-preemption as the README shows (``python -m lightning_resume.cli.demo`` trains it once).
-
-A shuffled plain ``DataLoader``, dropout and a learning-rate schedule make the random state, the data
-position and the optimizer all matter; a CSV logger and ``LearningRateMonitor`` show that every value
-is logged once.
-"""
+"""The example project ``lightning-resume demo`` checks (``python -m lightning_resume.cli.demo`` trains it
+once): a shuffled plain ``DataLoader``, dropout and a learning-rate schedule make the random state, the data
+position and the optimizer matter; a CSV logger and ``LearningRateMonitor`` show every value logged once."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lightning_resume._compat import versions
 from lightning_resume._compat.versions import TESTED, installed, untested
@@ -44,9 +43,6 @@ class Finding:
     check: str
     detail: str
     hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"level": self.level.value, "check": self.check, "detail": self.detail, "hint": self.hint}
 
 
 def scheduler_checks(environ: Mapping[str, str]) -> list[Finding]:
@@ -109,13 +105,8 @@ def _device(path: Path) -> int | None:
 _CHECKPOINTS = f"{layout.CHECKPOINTS}/*{layout.CKPT_SUFFIX}"
 
 
-def _run_files(root: Path, pattern: str) -> list[Path]:
-    """The files matching ``pattern`` in every run dir under the runs root ``root``."""
-    return layout.run_files(root, pattern) if root.is_dir() else []
-
-
 def _checkpoint_sizes(root: Path) -> list[int]:
-    return [p.stat().st_size for p in _run_files(root, _CHECKPOINTS)]
+    return [p.stat().st_size for p in layout.run_files(root, _CHECKPOINTS)]
 
 
 def _newest_first(paths: Iterable[Path]) -> list[Path]:
@@ -149,8 +140,7 @@ def measure_root(root: Path, nbytes: int = DEFAULT_BYTES) -> WriteSpeed | None:
 
 
 def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
-    """The durable write speed of the run root and how long its largest checkpoint takes to become durable
-    (the floor of what a preemption's grace period must allow for the last save)."""
+    """The durable write speed of the run root, and how long its largest checkpoint takes to write."""
     if speed is None:
         return []
     rate = speed.bytes_per_second
@@ -169,7 +159,7 @@ def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
 
 def _newest_checkpoint(root: Path) -> tuple[Path, int] | None:
     """The most recently written checkpoint under the runs root ``root`` and its size in bytes."""
-    for path in _newest_first(_run_files(root, _CHECKPOINTS)):
+    for path in _newest_first(layout.run_files(root, _CHECKPOINTS)):
         with contextlib.suppress(OSError):  # removed while we looked
             # A sharded checkpoint is a folder of files.
             files = [path] if not path.is_dir() else [p for p in path.rglob("*") if p.is_file()]
@@ -234,11 +224,8 @@ def _window_finding(
 def grace_checks(
     root: Path, environ: Mapping[str, str], speed: WriteSpeed | None, run: _SlurmRun | None = None
 ) -> list[Finding]:
-    """Each window between a stop signal and SIGKILL against the time the newest checkpoint's save needs.
-
-    ``root``'s newest checkpoint is the size of the next save; ``speed`` is the measured write speed;
-    ``run`` is called only in a SLURM job (default: ``slurm_output`` on ``environ``'s ``PATH``).
-    """
+    """Each window from a stop signal to SIGKILL against the time a save of the newest checkpoint needs
+    (``run``: SLURM's commands, called in a SLURM job only)."""
     if run is None:
         run = functools.partial(slurm_output, path=environ.get("PATH"))
     texts = _slurm_texts(environ, run) if on_slurm(environ) else {}
@@ -283,9 +270,7 @@ def storage_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
         found = [Finding(Level.WARN, "TMPDIR", what, hint)]
     else:
         found = [Finding(Level.OK, "TMPDIR", f"{tmp} shares a filesystem with {root}")]
-    existing = next((p for p in (root, *root.parents) if p.exists()), None)
-    if existing is None:
-        return found
+    existing = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if sizes := _checkpoint_sizes(root):
         short = free < 2 * max(sizes)  # the new checkpoint is written beside the old one
@@ -329,12 +314,6 @@ COLLECTIVE_TIMEOUT = 1800.0
 FAR_LONGER = 4.0
 
 
-def _newest_watchdog(root: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The run dir under ``root`` whose ``watchdog.json`` was written last, and its content."""
-    newest = _newest_first(_run_files(root, layout.WATCHDOG))
-    return (newest[0].parent, watchdog_timeouts.read(newest[0].parent)) if newest else None
-
-
 def _collective_timeout(environ: Mapping[str, str]) -> tuple[float, str]:
     """Seconds a collective waits for a stuck peer before it fails, and where that comes from."""
     no_abort = environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "").strip() == "0"
@@ -345,12 +324,11 @@ def _collective_timeout(environ: Mapping[str, str]) -> tuple[float, str]:
 
 
 def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
-    """How long a rank stuck in a collective holds the others, against ``ProgressWatchdog``'s step timeout
-    (from the newest ``watchdog.json`` under ``root``, else its default floor)."""
+    """How long a rank stuck in a collective holds the others, against ``ProgressWatchdog``'s step timeout."""
     collective, origin = _collective_timeout(environ)
     seconds = "never" if collective == float("inf") else f"{collective:.0f} s"
-    newest = _newest_watchdog(root)
-    if newest is None:
+    newest = _newest_first(layout.run_files(root, layout.WATCHDOG))  # the run that used it last
+    if not newest:
         floor = watchdog_timeouts.WatchdogTimeouts().minimum
         if collective < FAR_LONGER * floor:
             return [Finding(Level.OK, "hang detection", f"collectives fail after {seconds} ({origin})")]
@@ -363,9 +341,9 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
             "restarts (or lower DDPStrategy(timeout=...))"
         )
         return [Finding(Level.WARN, "hang detection", what, hint)]
-    run_dir, data = newest
+    run_dir = newest[0].parent
     try:
-        step = float((data.get("timeouts") or {})["step"])
+        step = float((watchdog_timeouts.read(run_dir).get("timeouts") or {})["step"])
     except (KeyError, TypeError, ValueError):
         return [Finding(Level.WARN, "hang detection", f"{run_dir / layout.WATCHDOG} cannot be read")]
     if collective < step:
@@ -384,7 +362,7 @@ def hang_checks(root: Path, environ: Mapping[str, str]) -> list[Finding]:
 
 def cadence_checks(root: Path) -> list[Finding]:
     """The interval ``every_n_train_steps="auto"`` chose last, in the newest run under ``root`` using it."""
-    for run_dir in (path.parent for path in _newest_first(_run_files(root, layout.ATTEMPTS))):
+    for run_dir in (path.parent for path in _newest_first(layout.run_files(root, layout.ATTEMPTS))):
         record = auto_cadence.last_cadence(attempts.read(run_dir))
         chosen = auto_cadence.choice_from_dict(record) if record is not None else None
         if chosen is not None:
@@ -394,8 +372,7 @@ def cadence_checks(root: Path) -> list[Finding]:
 
 
 def version_checks() -> list[Finding]:
-    """This package's version and where it is imported from; Python, Lightning and torch against the range
-    the internals seam was pinned on."""
+    """This package's version and origin; Python, Lightning and torch against the ranges tested."""
     where = Path(__file__).resolve().parents[1]
     found = [Finding(Level.OK, "lightning-resume", f"{__version__}, imported from {where}")]
     python = versions.untested_python(sys.version_info[:3])

@@ -1,8 +1,6 @@
-"""``lightning-resume doctor --emit SCHEDULER``: the scheduler's side of the failure classes, to paste.
-
-Each snippet is made from :data:`lightning_resume.failure_classes.TABLE`: the exit statuses a retry can fix
-are retried (never 137, a kernel OOM kill, which would retry for ever), the others stop the job.
-"""
+"""``lightning-resume doctor --emit SCHEDULER``: the scheduler's side of the failure classes, to paste, from
+:data:`lightning_resume.failure_classes.TABLE`: the exit statuses a retry can fix are retried (never 137, a
+kernel OOM kill, which would retry for ever), the others stop the job."""
 
 from __future__ import annotations
 
@@ -62,14 +60,17 @@ _PREEMPTED = FailureClass.PREEMPTED.exit_code
 _COUNTED = [code for code in exit_codes(True) if code != _PREEMPTED]
 
 
-def _pod_failure_policy(indent: str) -> str:
-    """A Job's ``podFailurePolicy`` (container ``train``), lines after the first indented by ``indent``."""
+def _job_spec(indent: str) -> str:
+    """A Job's ``podFailurePolicy`` and pod template (container ``train``), lines after the first indented
+    by ``indent``."""
     rules = [("FailJob", exit_codes(False)), ("Ignore", [_PREEMPTED]), ("Count", _COUNTED)]
     lines = ["podFailurePolicy:", "  rules:"]
     for action, codes in rules:
         lines += [f"  - action: {action}", "    onExitCodes:", "      containerName: train"]
         lines += ["      operator: In", f"      values: [{_codes(codes)}]"]
     lines += ["  - action: Ignore", "    onPodConditions:", "    - type: DisruptionTarget"]
+    lines += ["template:", "  spec:", "    restartPolicy: Never", "    containers:", "    - name: train"]
+    lines += ["      image: your-image", '      command: ["python", "train.py"]']
     return f"\n{indent}".join(lines)
 
 
@@ -87,14 +88,7 @@ metadata:
   name: train
 spec:
   backoffLimit: 6
-  {_pod_failure_policy("  ")}
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-      - name: train
-        image: your-image
-        command: ["python", "train.py"]
+  {_job_spec("  ")}
 ---
 # The same in a JobSet: a Job failed by the policy fails the JobSet; any other failure restarts it.
 apiVersion: jobset.x-k8s.io/v1alpha2
@@ -113,14 +107,7 @@ spec:
     template:
       spec:
         backoffLimit: 0
-        {_pod_failure_policy("        ")}
-        template:
-          spec:
-            restartPolicy: Never
-            containers:
-            - name: train
-              image: your-image
-              command: ["python", "train.py"]
+        {_job_spec("        ")}
 """
 
 
@@ -140,9 +127,4 @@ torchrun --nnodes=1 --nproc-per-node=4 --max-restarts=3 train.py
 
 
 #: The schedulers ``--emit`` knows, and what it prints for each.
-EMITTERS: dict[str, Callable[[], str]] = {
-    "slurm": slurm,
-    "skypilot": skypilot,
-    "kubernetes": kubernetes,
-    "torchrun": torchrun,
-}
+EMITTERS: dict[str, Callable[[], str]] = {f.__name__: f for f in (slurm, skypilot, kubernetes, torchrun)}

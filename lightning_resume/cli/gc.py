@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -36,9 +36,6 @@ class Removal:
     kind: str
     reason: str
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 def _age(path: Path, now: float) -> float:
     try:
@@ -59,12 +56,8 @@ def _status_age(run_dir: Path, now: float) -> float | None:
 
 
 def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Removal]:
-    """Leftovers of sharded saves in a checkpoint folder, older than ``older_than`` seconds.
-
-    Save directories (``.lr-save-*``) and temporary links of interrupted saves, and checkpoint
-    directories that no longer count (half deleted, unreadable manifest) unless ``last.ckpt`` names
-    them. Committed checkpoint directories are left to the run's own retention (``keep``).
-    """
+    """Leftovers of interrupted sharded saves and checkpoint directories without a readable manifest that
+    ``last.ckpt`` does not name, older than ``older_than`` seconds (committed ones are left to ``keep``)."""
     # stale() spares the leftovers of a process running on this machine (a writer outliving its trainer).
     leftovers = [(name, "leftover", "an interrupted save") for name in stale(folder)]
     target = resolve_pointer(folder / layout.LAST_CKPT)
@@ -84,11 +77,8 @@ HANDOFF_LIFETIME = 86400.0
 
 def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
     """What ``gc`` removes, all older than ``older_than`` seconds: index entries of finished runs and of
-    missing run dirs, handoff files whose writer is gone (else a day old), and save leftovers.
-
-    A run that is running, preempted, failed or of unknown status keeps its entry: a restart needs it.
-    Nothing of a run dir a live attempt may be using (:func:`~.owner.in_use`) is removed.
-    """
+    missing run dirs, handoff files whose writer is gone (else a day old), and save leftovers; nothing of
+    a run that may still need it (unfinished, or in use by a live attempt)."""
     now = time.time() if now is None else now
     removals = []
     for entry in index_entries(root):

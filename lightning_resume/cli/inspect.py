@@ -1,8 +1,5 @@
-"""``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will do.
-
-The next load is worked out with the rules the callbacks apply: ``last_ckpt.restart``'s restart rule
-and ``_storage.catalog``'s verification and fallback order, for files and checkpoint directories.
-"""
+"""``lightning-resume inspect``: what a root or a run dir holds, and what the next restart will load, by the
+rules the callbacks apply (``last_ckpt.restart``, and ``_storage.catalog``'s verification and fallback)."""
 
 from __future__ import annotations
 
@@ -61,13 +58,9 @@ def _world_size_from_file(path: Path) -> int | None:
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """Size, checksum, step and world size of one checkpoint file, and whether it can be trusted.
-
-    ``result`` is ``verified``, ``corrupt`` (torn: nothing in its manifest matches), ``unverifiable``
-    (unreadable manifest), ``loads`` (no manifest, but it loads), ``unreadable``, ``missing`` (a link
-    to nothing) or ``not a file``. Checkpoint directories go to :func:`verify_directory`.
-    """
-    if path.is_dir() and _is_checkpoint_directory(path):
+    """Size, checksum, step and world size of one checkpoint, and whether it can be trusted (``result``)."""
+    # A directory a sharded strategy wrote has our manifest or Lightning's meta.pt.
+    if path.is_dir() and ((path / MANIFEST_NAME).exists() or (path / LIGHTNING_META).is_file()):
         return verify_directory(path)
     verdict = check_file(path)
     info: dict[str, Any] = {"name": path.name, "size": verdict.size, "checksum": verdict.checksum}
@@ -84,18 +77,8 @@ def verify(path: Path) -> dict[str, Any]:
     return {**info, "world_size": _world_size_from_file(path), "result": "loads"}
 
 
-def _is_checkpoint_directory(path: Path) -> bool:
-    """A directory a sharded strategy wrote: it has our manifest or Lightning's ``meta.pt``."""
-    return (path / MANIFEST_NAME).exists() or (path / LIGHTNING_META).is_file()
-
-
 def verify_directory(path: Path) -> dict[str, Any]:
-    """A checkpoint directory (or ``last.ckpt`` linking to one) checked against its manifest and checksums.
-
-    ``result`` is ``verified``, ``corrupt`` (a file of the wrong size or checksum: torn, or mixed from
-    two saves), ``incomplete`` (a file is missing), ``unverifiable`` (unreadable manifest),
-    ``unverified`` (no manifest: plain Lightning) or ``missing`` (a link to nothing).
-    """
+    """A checkpoint directory (or ``last.ckpt`` linking to one) checked against its manifest and checksums."""
     verdict = check(path, DIRECTORY)
     manifest = verdict.manifest
     return {
@@ -115,50 +98,39 @@ def verify_directory(path: Path) -> dict[str, Any]:
 def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
     """The committed checkpoint directories of a folder (newest save first) and leftovers of saves."""
     target = resolve_pointer(folder / LAST)
-    current = target.name if target is not None else None
     found = [
-        {**verify_directory(folder / name), "current": current == name}
+        {**verify_directory(folder / name), "current": target is not None and target.name == name}
         for name in sorted(DIRECTORY.names(LocalStore(folder).sizes(deep=True)), reverse=True)
     ]
-    for name in stale(folder, restart=True):
-        found.append({"name": name, "kind": "leftover", "result": "leftover of an interrupted save"})
-    return found
+    leftover = {"kind": "leftover", "result": "leftover of an interrupted save"}
+    return found + [{"name": name, **leftover} for name in stale(folder, restart=True)]
 
 
-def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> tuple[str | None, str]:
     """Which checkpoint a restart of ``run_dir`` loads, and why: after ``RequeueCheckpoint``'s restart rule,
     ``last.ckpt`` or, when it does not verify, the newest committed checkpoint that does."""
     rule = decide(run_dir)
     if rule is not Restart.RESUME:
-        return {"checkpoint": None, "why": rule.rule}
+        return None, rule.rule
     by_name = {c["name"]: c for c in checkpoints}
     last = by_name.get(LAST)
     if last is None:  # committed after the listing: the run is saving right now
-        return {"checkpoint": LAST, "why": "last.ckpt was committed while this listing was made"}
-    state = last["result"] + (f" ({last['reason']})" if last.get("reason") else "")
+        return LAST, "last.ckpt was committed while this listing was made"
     if last["result"] in USABLE:
-        return {"checkpoint": LAST, "why": f"last.ckpt {last['result']} (step {last['step']})"}
+        return LAST, f"last.ckpt {last['result']} (step {last['step']})"
+    state = last["result"] + (f" ({last['reason']})" if last.get("reason") else "")
     if last.get("kind") == "directory":
         for path in candidates(layout.checkpoint_dir(run_dir) / LAST)[1:]:
             if check(path, DIRECTORY).status is Status.VERIFIED:
-                return {
-                    "checkpoint": path.name,
-                    "why": f"last.ckpt is {state}; RequeueCheckpoint falls back to the newest "
-                    "checkpoint directory that verifies",
-                }
-        return {
-            "checkpoint": None,
-            "why": f"last.ckpt is {state} and no other checkpoint directory verifies: the restart "
-            "raises CheckpointVerificationError",
-        }
+                why = "RequeueCheckpoint falls back to the newest checkpoint directory that verifies"
+                return path.name, f"last.ckpt is {state}; {why}"
+        why = "no other checkpoint directory verifies: the restart raises CheckpointVerificationError"
+        return None, f"last.ckpt is {state} and {why}"
+    why = "DurableCheckpointIO falls back to the newest checkpoint that verifies"
     for name in newest_first(scan(layout.checkpoint_dir(run_dir)), exclude=[LAST]):
         if by_name.get(name, {}).get("result") == "verified":
-            return {
-                "checkpoint": name,
-                "why": f"last.ckpt is {state}; DurableCheckpointIO falls back to the newest "
-                "checkpoint that verifies",
-            }
-    return {"checkpoint": None, "why": f"last.ckpt is {state} and no older checkpoint is verified"}
+            return name, f"last.ckpt is {state}; {why}"
+    return None, f"last.ckpt is {state} and no older checkpoint is verified"
 
 
 def _sidecars(run_dir: Path) -> list[dict[str, Any]]:
@@ -180,21 +152,24 @@ def index_entries(root: Path) -> list[dict[str, Any]]:
     for entry in read_index_entries(root):
         if entry.target is None:
             entries.append({"key": entry.path.name, "target": None, "state": f"unreadable: {entry.error}"})
-            continue
-        state = "ok" if entry.target.is_dir() else "stale (run dir missing)"
-        entries.append({"key": entry.path.name, "target": str(entry.target), "state": state})
+        else:
+            state = "ok" if entry.target.is_dir() else "stale (run dir missing)"
+            entries.append({"key": entry.path.name, "target": str(entry.target), "state": state})
     return entries
 
 
-def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
+def describe_run(run_dir: Path) -> dict[str, Any]:
     """Everything about one run dir."""
     meta = read_meta(run_dir)
     folder = layout.checkpoint_dir(run_dir)
     found = folder.glob(f"*{layout.CKPT_SUFFIX}")  # last.ckpt first, then the user's ModelCheckpoint's
-    checkpoints = [verify(p) for p in sorted(found, key=lambda p: (p.name != layout.LAST_CKPT, p.name))]
-    directories = checkpoint_directories(folder)
-    root = root or _root_of(run_dir)
-    entries = index_entries(root) if root else []
+    checkpoints = [verify(p) for p in sorted(found, key=lambda p: (p.name != LAST, p.name))]
+    load, why = next_load(run_dir, checkpoints)
+    try:
+        root: Path | None = layout.root_of(run_dir)
+    except IndexError:  # too short a path for a run dir under a root
+        root = None
+    entries = index_entries(root) if root is not None and layout.is_root(root) else []
     return {
         "path": str(run_dir),
         "run_id": meta.get("run_id", run_dir.name),
@@ -202,8 +177,8 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
         "created": meta.get("created"),
         "status": read_status(run_dir),
         "checkpoints": checkpoints,
-        "checkpoint_directories": directories,
-        "next_restart_loads": next_load(run_dir, checkpoints),
+        "checkpoint_directories": checkpoint_directories(folder),
+        "next_restart_loads": {"checkpoint": load, "why": why},
         "index_entries": [e["key"] for e in entries if e["target"] and Path(e["target"]) == run_dir],
         "sidecars": _sidecars(run_dir),
         "attempts": attempts_report(run_dir),
@@ -211,33 +186,34 @@ def describe_run(run_dir: Path, root: Path | None = None) -> dict[str, Any]:
 
 
 def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
-    """The run's attempts (with the hang notes), its last hangs and its crash-loop count.
-
-    ``attempts_without_progress``: the latest closed attempts in a row without a new durable checkpoint;
-    ``ProgressWatchdog`` stops the next attempt at ``limit``.
-    """
+    """The run's attempts (with the hang notes), how they ended, its last hangs and its crash-loop count."""
     history = attempts.with_notes(attempts.read(run_dir), hangs.read_notes(run_dir))
     last = history.last
     live = last.number if last is not None and last.end is None else None  # running, or killed
     streak = crash_loop.without_progress(history, before=live)
     settings = watchdog_timeouts.read(run_dir)
-    hung = [a for a in history.attempts if a.end is not None and a.end.cause is attempts.Cause.HUNG]
+    closed = [(a, a.end) for a in history.attempts if a.end is not None]
+    hung = [(a, end) for a, end in closed if end.cause is attempts.Cause.HUNG]
     return {
         "count": history.earlier.attempts + len(history.attempts),
         "attempts": [attempts.attempt_to_dict(a) for a in history.attempts],
-        "endings": _endings(history),
+        # "attempt 3 ended: out of memory on rank 1, exit 71, retried"
+        "endings": [
+            f"attempt {a.number} ended: {ending(end.failure, end.rank, end.exit_code, a is not last)}"
+            for a, end in closed
+            if end.failure is not None
+        ],
         "hangs": [
             {
                 "attempt": a.number,
-                "section": hangs.section_label(a.end.section),
-                "step": a.end.step,
-                "seconds": a.end.seconds,
-                "timeout": a.end.timeout,
-                "rank": a.end.rank,
-                "stacks": [str(run_dir / p) for p in a.end.stacks],
+                "section": hangs.section_label(end.section),
+                "step": end.step,
+                "seconds": end.seconds,
+                "timeout": end.timeout,
+                "rank": end.rank,
+                "stacks": [str(run_dir / p) for p in end.stacks],
             }
-            for a in hung[-hangs_shown:]
-            if a.end is not None
+            for a, end in hung[-hangs_shown:]
         ],
         "crash_loop": {
             "attempts_without_progress": len(streak),
@@ -249,48 +225,28 @@ def attempts_report(run_dir: Path, hangs_shown: int = 3) -> dict[str, Any]:
     }
 
 
-def _endings(history: attempts.History) -> list[str]:
-    """The attempts that ended with a failure class, in words: ``"attempt 3 ended: out of memory on rank
-    1, exit 71, retried"``."""
-    found = history.attempts
-    return [
-        f"attempt {a.number} ended: {ending(a.end.failure, a.end.rank, a.end.exit_code, a is not found[-1])}"
-        for a in found
-        if a.end is not None and a.end.failure is not None
-    ]
-
-
-def _root_of(run_dir: Path) -> Path | None:
-    try:
-        candidate = layout.root_of(run_dir)
-    except IndexError:
-        return None
-    return candidate if layout.is_root(candidate) else None
-
-
 def describe_root(root: Path, now: float | None = None) -> dict[str, Any]:
     """The runs under a root, its index entries, orphans and handoff files."""
     now = time.time() if now is None else now
     entries = index_entries(root)
     indexed = {Path(e["target"]) for e in entries if e["target"]}
+    keys = {e["key"] for e in entries}
     runs = []
     for run_dir in layout.run_dirs(root):
         meta = read_meta(run_dir)
         last = layout.last_checkpoint(run_dir)
-        step = saved_step(last) if last.exists() else None
         stamp = last if last.exists() else run_dir / layout.RUN_META
         key = meta.get("session_key")
-        orphan = key is not None and run_dir not in indexed and not any(e["key"] == key for e in entries)
         runs.append(
             {
                 "path": str(run_dir),
                 "run_id": meta.get("run_id", run_dir.name),
                 "session_key": key,
                 "status": read_status(run_dir).get("status"),
-                "last_step": step,
+                "last_step": saved_step(last) if last.exists() else None,
                 "age_seconds": round(now - stamp.stat().st_mtime, 1),
                 "indexed": run_dir in indexed,
-                "orphan": orphan,
+                "orphan": key is not None and run_dir not in indexed and key not in keys,
             }
         )
     handoff = root / layout.HANDOFF_DIR

@@ -21,6 +21,15 @@ from lightning_resume.run_dir import layout
 from lightning_resume.straggler.decision import LABELS, Straggler, milliseconds
 
 _STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.ERROR: "bold red"}
+#: Under the restarts table: what each column spans.
+RESTART_SPANS = (
+    "seconds from the fault (the signal, the error, a hang's last progress, a kill's last step) to rank 0 "
+    "of the attempt before exiting, to this attempt's process start (relaunch), to RunDir's construction "
+    "(imports), to the checkpoint load's start (setup), through the load (restore: tier, MB, s), to the "
+    "end of the first step; total: the fault to the first step; -: not recorded"
+)
+#: Ranks the per-rank table lists in full; past it, the ranks named and those that waited least.
+RANKS_SHOWN = 32
 
 
 def table(
@@ -31,9 +40,8 @@ def table(
     justify: Literal["left", "right"] = "left",
     console: Console | None = None,
 ) -> None:
-    """Print one table (with ``caption`` under it, every column justified as ``justify``), its columns
-    narrowed to the console's width (headers wrap between words, cells fold); where even that cannot
-    fit, one block of ``column: value`` lines per row."""
+    """Print one table, its columns narrowed to the console's width (headers wrap between words, cells
+    fold); where even that cannot fit, one block of ``column: value`` lines per row."""
     console = console or Console()
     cells = [list(row) for row in rows]
     widths = _fit(columns, cells, console.width - 3 * len(columns) - 1)  # borders and padding
@@ -55,23 +63,49 @@ def table(
 
 
 def _fit(columns: Sequence[str], rows: list[list[str]], room: int) -> list[int] | None:
-    """Column widths within ``room``: as wide as their text, the widest narrowed first, never under a
-    header's longest word (``None``: even those do not fit)."""
+    """Column widths within ``room``, the widest narrowed first, never under a header's longest word."""
     lowest = [max([1, *map(len, column.split())]) for column in columns]
-    widths = [
-        max([len(column), 1] + [cell_len(line) for row in rows for line in _plain(row[i]).splitlines()])
-        for i, column in enumerate(columns)
-    ]
     if sum(lowest) > room:
         return None
+    widths = [
+        max(
+            [len(column), 1]
+            + [cell_len(line) for row in rows for line in Text.from_markup(row[i]).plain.splitlines()]
+        )
+        for i, column in enumerate(columns)
+    ]
     while sum(widths) > room:
         widest = max(range(len(widths)), key=lambda i: (widths[i] > lowest[i], widths[i]))
         widths[widest] -= 1
     return widths
 
 
-def _plain(cell: str) -> str:
-    return Text.from_markup(cell).plain
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _size(value: int | None) -> str:
+    return "" if value is None else f"{value:,}"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    return _age(value) if value >= 90 else f"{value:.1f}s"
+
+
+def _span(value: float | None) -> str:
+    """Seconds, or ``-`` when not recorded."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
 
 
 def findings(items: list[Finding]) -> None:
@@ -86,17 +120,6 @@ def removals(items: list[Removal], applied: bool) -> None:
     verb = "removed" if applied else "would remove (dry run; --apply to remove)"
     rows = ((r.kind, r.path, r.reason) for r in items)
     table(f"lightning-resume gc: {len(items)} file(s) {verb}", ("kind", "path", "why"), rows)
-
-
-def _text(value: object) -> str:
-    return "" if value is None else str(value)
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def root(report: dict[str, Any]) -> None:
@@ -133,7 +156,7 @@ def run(report: dict[str, Any]) -> None:
     rows = [
         (
             c["name"] + (f" -> {c['target']}" if c.get("target") else ""),
-            "" if c["size"] is None else f"{c['size']:,}",
+            _size(c["size"]),
             str(c["checksum"] or ""),
             _text(c["step"]),
             _text(c.get("world_size")),
@@ -142,31 +165,28 @@ def run(report: dict[str, Any]) -> None:
         for c in report["checkpoints"]
     ]
     table("checkpoints", ("file", "bytes", "checksum", "step", "ranks", "verification"), rows)
-    directories = [
-        (
-            ("-> " if d.get("current") else "") + d["name"],
-            "" if d.get("size") is None else f"{d['size']:,}",
-            _text(d.get("step")),
-            _text(d.get("world_size")),
-            str(d.get("strategy") or ""),
-            d["result"] + (f" ({d['reason']})" if d.get("reason") else ""),
-        )
-        for d in report.get("checkpoint_directories", [])
-    ]
-    if directories:
-        table(
-            "checkpoint directories (sharded; -> marks the one last.ckpt names)",
-            ("directory", "bytes", "step", "ranks", "strategy", "verification"),
-            directories,
-        )
-    sidecars = [
-        (s["tracker"], ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None))
-        if s["readable"]
-        else (s["tracker"], s.get("error", ""))
-        for s in report["sidecars"]
-    ]
-    if sidecars:
-        table("tracker sidecars (the runs a restart continues)", ("tracker", "identity"), sidecars)
+    if directories := report.get("checkpoint_directories"):
+        rows = [
+            (
+                ("-> " if d.get("current") else "") + d["name"],
+                _size(d.get("size")),
+                _text(d.get("step")),
+                _text(d.get("world_size")),
+                str(d.get("strategy") or ""),
+                d["result"] + (f" ({d['reason']})" if d.get("reason") else ""),
+            )
+            for d in directories
+        ]
+        columns = ("directory", "bytes", "step", "ranks", "strategy", "verification")
+        table("checkpoint directories (sharded; -> marks the one last.ckpt names)", columns, rows)
+    if report["sidecars"]:
+        identities = [
+            (s["tracker"], ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None))
+            if s["readable"]
+            else (s["tracker"], s.get("error", ""))
+            for s in report["sidecars"]
+        ]
+        table("tracker sidecars (the runs a restart continues)", ("tracker", "identity"), identities)
     _attempts(console, report.get("attempts"))
 
 
@@ -180,17 +200,17 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
         f"attempts: {report['count']}; crash loop: {loop['attempts_without_progress']} in a row without a "
         f"new durable checkpoint{limit}"
     )
-    rows = [
-        (
-            str(h["attempt"]),
-            h["section"],
-            _text(h["step"]),
-            "" if h["seconds"] is None else f"{h['seconds']:.0f} s (timeout {h['timeout']:.0f} s)",
-            "\n".join(f"{layout.HANGS}/{Path(p).name}" for p in h["stacks"]),
-        )
-        for h in report["hangs"]
-    ]
-    if rows:
+    if report["hangs"]:
+        rows = [
+            (
+                str(h["attempt"]),
+                h["section"],
+                _text(h["step"]),
+                "" if h["seconds"] is None else f"{h['seconds']:.0f} s (timeout {h['timeout']:.0f} s)",
+                "\n".join(f"{layout.HANGS}/{Path(p).name}" for p in h["stacks"]),
+            )
+            for h in report["hangs"]
+        ]
         table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)
     checked = [
         (str(a["attempt"]), _text(a.get("resumed_from")), a["self_check"])
@@ -202,52 +222,28 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
     chosen = auto_cadence.choice_from_dict(report.get("cadence") or {})
     if chosen is not None:
         console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    return _age(value) if value >= 90 else f"{value:.1f}s"
-
-
-#: Under the restarts table: what each column spans.
-RESTART_SPANS = (
-    "seconds from the fault (the signal, the error, a hang's last progress, a kill's last step) to rank 0 "
-    "of the attempt before exiting, to this attempt's process start (relaunch), to RunDir's construction "
-    "(imports), to the checkpoint load's start (setup), through the load (restore: tier, MB, s), to the "
-    "end of the first step; total: the fault to the first step; -: not recorded"
-)
-
-
-def _span(value: float | None) -> str:
-    """Seconds, or ``-`` when not recorded."""
-    if value is None:
-        return "-"
-    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
+    for line in report["endings"]:  # "attempt 3 ended: out of memory on rank 1, ..."
+        print(line)
 
 
 def _restore(row: RestartRow) -> str:
     """The load: its tier, MB and seconds (``fresh`` without one; ``-`` for what was not recorded)."""
     if row.resumed_from is None and row.restore_tier is None and row.restore_bytes is None:
         return "fresh"
-    size = "-" if row.restore_bytes is None else _megabytes(row.restore_bytes)
+    if row.restore_bytes is None:
+        size = "-"
+    else:
+        mb = row.restore_bytes / 1e6
+        size = f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 1 else f"{mb:.2f}"
     return f"{row.restore_tier or '-'} {size} MB {_span(row.restore_seconds)} s"
 
 
-def _megabytes(size: int) -> str:
-    mb = size / 1e6
-    return f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 1 else f"{mb:.2f}"
-
-
 def restarts(rows: Sequence[RestartRow]) -> None:
-    """The restarts broken down: one row per attempt after the first (:class:`RestartRow`)."""
+    """The restarts broken down: one row per attempt after the first."""
     cells = (
         (
             str(r.attempt),
-            _span(r.to_exit),
-            _span(r.relaunch),
-            _span(r.imports),
-            _span(r.setup),
+            *map(_span, (r.to_exit, r.relaunch, r.imports, r.setup)),
             _restore(r),
             _span(r.first_step),
             _span(r.total),
@@ -279,11 +275,8 @@ def goodput(found: GoodputReport) -> None:
         )
         for r in found.attempts
     ]
-    table(
-        f"attempts of {found.run_dir}",
-        ("#", "start", "wait", "from", "restart", "reached", "end", "lost", "saves", "auto N"),
-        rows,
-    )
+    columns = ("#", "start", "wait", "from", "restart", "reached", "end", "lost", "saves", "auto N")
+    table(f"attempts of {found.run_dir}", columns, rows)
     share = "n/a" if found.goodput is None else f"{found.goodput:.1%}"
     console.print(
         f"goodput {share}: {_seconds(found.useful_seconds)} of step compute kept in the final result (step "
@@ -309,10 +302,6 @@ def goodput(found: GoodputReport) -> None:
         restarts(found.restarts)
     if found.stragglers:
         stragglers(found.stragglers, console)
-
-
-#: Ranks the per-rank table lists in full; past it, the ranks named and those that waited least.
-RANKS_SHOWN = 32
 
 
 def stragglers(records: Sequence[dict[str, Any]], console: Console) -> None:

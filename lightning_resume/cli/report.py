@@ -1,24 +1,19 @@
-"""``lightning-resume report``: a run's attempts on a timeline, what each interruption cost, and its goodput.
-
-Everything is read from the run's ``attempts.json``; nothing is measured here. Steps kept and lost,
-useful time, goodput and the overheads are defined on the command-line docs page (``docs/src/cli.md``).
-A killed attempt without a step beat (a node lost with its page cache) has a lower bound of steps lost
-(``>=``); launches killed before ``RunDir`` recorded them show as gaps in the restart count. Each restart
-is broken down (:class:`RestartRow`) from the fault to its first step; what was not recorded is ``None``.
-"""
+"""``lightning-resume report``: a run's attempts on a timeline, what each interruption cost, and its goodput,
+all read from the run's ``attempts.json`` (the definitions are on the command-line docs page)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_resume.failure_classes import ending
 from lightning_resume.last_ckpt.auto_cadence import last_cadence
 from lightning_resume.run_dir import attempts
-from lightning_resume.run_dir.attempts import Attempt, Cause, History
+from lightning_resume.run_dir.attempts import Attempt, Cause, End, History
 from lightning_resume.straggler.decision import LABELS
 
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
@@ -56,13 +51,8 @@ class AttemptRow:
 
 @dataclass(frozen=True)
 class RestartRow:
-    """One restart broken down, from the fault that ended the attempt before to this one's first step.
-
-    The spans (seconds) lie between consecutive events; one whose ends are not both recorded is ``None``:
-    fault (the signal's arrival, the error, a hung rank's last progress, a killed attempt's last step)
-    -> rank 0 of the attempt before exited -> this attempt's process started -> ``RunDir`` was constructed
-    (the imports) -> the checkpoint load began -> it ended -> the first training step ended.
-    """
+    """One restart broken down into the spans (seconds) between consecutive events, from the fault that
+    ended the attempt before to this one's first step; a span without both ends recorded is ``None``."""
 
     attempt: int
     after: str  # how the attempt before ended (its cause)
@@ -80,11 +70,7 @@ class RestartRow:
 
 @dataclass(frozen=True)
 class GoodputReport:
-    """A run's attempts (oldest first) and what its interruptions cost; totals summed over the attempts.
-
-    ``interruptions`` counts attempts per ending that did not finish (launches killed while starting
-    under :data:`UNRECORDED`); ``earlier`` sums up the attempts ``attempts.json`` no longer lists.
-    """
+    """A run's attempts (oldest first) and what its interruptions cost; totals summed over the attempts."""
 
     run_dir: str
     attempts: list[AttemptRow]
@@ -96,43 +82,31 @@ class GoodputReport:
     restart_seconds: float
     save_seconds: float
     wait_seconds: float
+    # Attempts per ending that did not finish; launches killed while starting under UNRECORDED.
     interruptions: dict[str, int] = field(default_factory=dict)
-    earlier: dict[str, Any] = field(default_factory=dict)
+    earlier: dict[str, Any] = field(default_factory=dict)  # the attempts attempts.json no longer lists
     cadence: dict[str, Any] | None = None  # the interval every_n_train_steps="auto" chose last
     restarts: list[RestartRow] = field(default_factory=list)  # every attempt after one recorded before it
     # StragglerDetector's record of each attempt that has one: {"attempt": N, **Attempt.stragglers}.
     stragglers: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-
-def _how(attempt: Attempt) -> tuple[str, str]:
-    """The ending's category and its words."""
-    end = attempt.end
+def _how(end: End | None, retried: bool) -> str:
+    """The ending in words, led by the failure class the ranks exited with (but for a preemption)."""
     if end is None:
-        return "running", "running, or killed without a record yet"
+        return "running, or killed without a record yet"
     if end.cause is Cause.PREEMPTED:
         if end.signal and end.signal.endswith(" notice"):
-            return end.cause.value, end.signal.removeprefix("the ")
-        after = f" after a {end.notice} notice" if end.notice else ""
-        return end.cause.value, f"{end.signal or 'a signal'}{after}"
-    if end.cause is Cause.FAILED:
-        return end.cause.value, f"crashed: {end.error or end.detail}"
-    if end.cause is Cause.HUNG:
-        return end.cause.value, end.detail.partition(";")[0]
-    if end.cause is Cause.KILLED:
-        return end.cause.value, "killed (no grace: SIGKILL, OOM, node loss)"
-    return end.cause.value, end.detail or end.cause.value
-
-
-def _with_class(attempt: Attempt, how: str, retried: bool) -> str:
-    """``how`` led by the failure class the ranks exited with (``"out of memory on rank 1, exit 71,
-    retried: ..."``); a preemption's words are kept as they are."""
-    end = attempt.end
-    if end is None or end.failure is None or end.cause is Cause.PREEMPTED:
-        return how
-    return f"{ending(end.failure, end.rank, end.exit_code, retried)}: {how.removeprefix('crashed: ')}"
+            return end.signal.removeprefix("the ")
+        return (end.signal or "a signal") + (f" after a {end.notice} notice" if end.notice else "")
+    words = {
+        Cause.FAILED: f"crashed: {end.error or end.detail}",
+        Cause.HUNG: end.detail.partition(";")[0],
+        Cause.KILLED: "killed (no grace: SIGKILL, OOM, node loss)",
+    }.get(end.cause, end.detail or end.cause.value)
+    if end.failure is None:
+        return words
+    return f"{ending(end.failure, end.rank, end.exit_code, retried)}: {words.removeprefix('crashed: ')}"
 
 
 def _save_seconds(attempt: Attempt) -> tuple[float, int]:
@@ -141,11 +115,11 @@ def _save_seconds(attempt: Attempt) -> tuple[float, int]:
     return attempt.last_ckpt_saves.stall_seconds, attempt.last_ckpt_saves.count
 
 
-def _step_seconds(attempt: Attempt, start: int) -> float | None:
+def _step_seconds(attempt: Attempt) -> float | None:
     """Training time per step: its first step's end to its last step, save stalls left out."""
     if attempt.first_step is None or attempt.last_step_time is None or attempt.last_step is None:
         return None
-    steps = attempt.last_step - start - 1  # the steps after the first one
+    steps = attempt.last_step - (attempt.resumed_from or 0) - 1  # the steps after the first one
     if steps < 1:
         return None
     seconds = attempt.last_step_time - attempt.first_step - _save_seconds(attempt)[0]
@@ -162,12 +136,7 @@ def _number(value: object) -> float | None:
 
 
 def restart_row(before: Attempt, attempt: Attempt) -> RestartRow:
-    """How long ``attempt`` took to train again after the fault that ended ``before`` (:class:`RestartRow`).
-
-    Example::
-
-        rows = [restart_row(a, b) for a, b in itertools.pairwise(history.attempts)]
-    """
+    """How long ``attempt`` took to train again after the fault that ended ``before``."""
     fault = before.end.fault if before.end is not None else None
     # A start after our code ran is no process start: without /proc, ``started`` is when ``fit`` began.
     measured = attempt.code_started is None or attempt.started <= attempt.code_started
@@ -194,18 +163,17 @@ def restart_row(before: Attempt, attempt: Attempt) -> RestartRow:
 def build(history: History, run_dir: Path | str = "") -> GoodputReport:
     """The report of a run's attempt history (definitions: the ``report`` section of ``docs/src/cli.md``)."""
     found = list(history.attempts)
+    earlier = history.earlier
+    earlier_dict = {"attempts": earlier.attempts, "causes": dict(earlier.causes), "seconds": earlier.seconds}
     if not found:
-        return GoodputReport(str(run_dir), [], 0.0, 0.0, None, 0, 0, 0.0, 0.0, 0.0, earlier=_earlier(history))
-    origin = found[0].started
+        return GoodputReport(str(run_dir), [], 0.0, 0.0, None, 0, 0, 0.0, 0.0, 0.0, earlier=earlier_dict)
+    origin, last = found[0].started, found[-1]
     trained = {a.number for a in found if a.last_step is not None and a.first_step is not None}
-    last = found[-1]
     if last.end is None or last.end.cause is Cause.FINISHED:
         final = last.last_step if last.last_step is not None else 0
     else:
         final = last.checkpoint.step if last.checkpoint is not None else 0
-    per_step = [
-        s for a in found if a.number in trained and (s := _step_seconds(a, a.resumed_from or 0)) is not None
-    ]
+    per_step = [s for a in found if (s := _step_seconds(a)) is not None]
     typical = statistics.median(per_step) if per_step else None
     rows: list[AttemptRow] = []
     previous_end: float | None = None
@@ -216,13 +184,10 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         cap = min([*later, final])  # a later resume from an earlier step discards the rest
         steps_trained = max(reached - start, 0) if reached is not None else 0
         kept = max(min(reached, cap) - start, 0) if reached is not None else 0
-        step = _step_seconds(attempt, start)
-        step = step if step is not None else typical
-        cause, how = _how(attempt)
-        how = _with_class(attempt, how, retried=index < len(found) - 1)
+        step = _step_seconds(attempt)
+        step = typical if step is None else step
         saved, saves = _save_seconds(attempt)
         end_time = end.time if end is not None else None
-        first, last_time = attempt.first_step, attempt.last_step_time
         rows.append(
             AttemptRow(
                 attempt=attempt.number,
@@ -230,17 +195,17 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
                 at=attempt.started - origin,
                 wait_before=None if previous_end is None else max(attempt.started - previous_end, 0.0),
                 resumed_from=attempt.resumed_from,
-                restart_overhead=None if first is None else first - attempt.started,
-                first_step_at=None if first is None else first - origin,
+                restart_overhead=_span(attempt.started, attempt.first_step),
+                first_step_at=_span(origin, attempt.first_step),
                 last_step=attempt.last_step,
-                last_step_at=None if last_time is None else last_time - origin,
-                end_at=None if end_time is None else end_time - origin,
-                cause=cause,
-                how=how,
+                last_step_at=_span(origin, attempt.last_step_time),
+                end_at=_span(origin, end_time),
+                cause=end.cause.value if end is not None else "running",
+                how=_how(end, retried=index < len(found) - 1),
                 steps_trained=steps_trained,
                 steps_kept=kept,
                 steps_lost=steps_trained - kept,
-                lost_at_least=cause == Cause.KILLED.value and end is not None and end.step is None,
+                lost_at_least=end is not None and end.cause is Cause.KILLED and end.step is None,
                 step_seconds=step,
                 useful_seconds=kept * (step or 0.0),
                 save_seconds=saved,
@@ -252,13 +217,14 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         previous_end = end_time if end_time is not None else attempt.last_seen
     wall = (last.end.time if last.end is not None else last.last_seen) - origin
     useful = sum(r.useful_seconds for r in rows)
-    interruptions: dict[str, int] = {}
+    interruptions: collections.Counter[str] = collections.Counter()
     for row in rows:
         if row.unrecorded_before:
-            interruptions[UNRECORDED] = interruptions.get(UNRECORDED, 0) + row.unrecorded_before
-        if row.cause not in (Cause.FINISHED.value, "running"):
-            key = f"{row.cause} ({row.how})" if row.cause == Cause.PREEMPTED.value else row.cause
-            interruptions[key] = interruptions.get(key, 0) + 1
+            interruptions[UNRECORDED] += row.unrecorded_before
+        if row.cause == Cause.PREEMPTED.value:
+            interruptions[f"{row.cause} ({row.how})"] += 1
+        elif row.cause not in (Cause.FINISHED.value, "running"):
+            interruptions[row.cause] += 1
     return GoodputReport(
         run_dir=str(run_dir),
         attempts=rows,
@@ -270,17 +236,12 @@ def build(history: History, run_dir: Path | str = "") -> GoodputReport:
         restart_seconds=sum(r.restart_overhead or 0.0 for r in rows),
         save_seconds=sum(r.save_seconds for r in rows),
         wait_seconds=sum(r.wait_before or 0.0 for r in rows),
-        interruptions=interruptions,
-        earlier=_earlier(history),
+        interruptions=dict(interruptions),
+        earlier=earlier_dict,
         cadence=last_cadence(history),
         restarts=[restart_row(a, b) for a, b in itertools.pairwise(found)],
         stragglers=[{"attempt": a.number, **a.stragglers} for a in found if a.stragglers],
     )
-
-
-def _earlier(history: History) -> dict[str, Any]:
-    earlier = history.earlier
-    return {"attempts": earlier.attempts, "causes": dict(earlier.causes), "seconds": earlier.seconds}
 
 
 def report(run_dir: Path) -> GoodputReport:
@@ -288,36 +249,14 @@ def report(run_dir: Path) -> GoodputReport:
     return build(attempts.read(run_dir), run_dir)
 
 
-#: The parts of an attempt's bar in the picture, and their colours: start-up (its process start to its
-#: first step's start), useful (the compute time of its steps the final result keeps: what the goodput
-#: counts), lost (the compute of its steps lost), other (the rest of its training time: validation,
-#: saves, epoch ends, waiting for data).
+#: The parts of an attempt's bar in the picture and their colours: start-up (process start to its first
+#: step's start), useful (the compute of its steps kept: what the goodput counts), lost (the compute of its
+#: steps lost), other (the rest of its training time: validation, saves, epoch ends, waiting for data).
 PARTS = {"start-up": "#bdbdbd", "useful": "#66bb6a", "lost": "#ef5350", "other": "#90caf9"}
 USEFUL = (
     "useful: the compute time of the steps the final result keeps; start-up, validation, saves, epoch "
     "ends, lost steps and waits between attempts are the rest"
 )
-
-
-def bar(row: AttemptRow) -> list[tuple[str, float, float]]:
-    """``(part, start, seconds)`` of ``row``'s bar: its start-up, then its training time broken down
-    (:data:`PARTS`). The useful parts of all bars add up to the report's useful time."""
-    if row.first_step_at is None:
-        return []
-    step = row.step_seconds or 0.0
-    start = max(row.first_step_at - step, row.at)  # the first step's own compute is training time
-    end = max(row.last_step_at if row.last_step_at is not None else row.first_step_at, start)
-    useful = row.useful_seconds
-    lost = row.steps_lost * step
-    other = max(end - start - useful - lost, 0.0)
-    parts, at = [("start-up", row.at, start - row.at)], start
-    for name, seconds in (("useful", useful), ("lost", lost), ("other", other)):
-        if seconds > 0:
-            parts.append((name, at, seconds))
-            at += seconds
-    return parts
-
-
 #: Colours of the endings in the picture.
 COLOURS = {
     "finished": "#2e7d32",
@@ -330,17 +269,28 @@ COLOURS = {
 }
 
 
+def bar(row: AttemptRow) -> list[tuple[str, float, float]]:
+    """``(part, start, seconds)`` of ``row``'s bar (:data:`PARTS`); the useful parts of all bars add up to
+    the report's useful time."""
+    if row.first_step_at is None:
+        return []
+    step = row.step_seconds or 0.0
+    start = max(row.first_step_at - step, row.at)  # the first step's own compute is training time
+    end = max(row.last_step_at if row.last_step_at is not None else row.first_step_at, start)
+    lost = row.steps_lost * step
+    other = max(end - start - row.useful_seconds - lost, 0.0)
+    parts, at = [("start-up", row.at, start - row.at)], start
+    for name, seconds in (("useful", row.useful_seconds), ("lost", lost), ("other", other)):
+        if seconds > 0:
+            parts.append((name, at, seconds))
+            at += seconds
+    return parts
+
+
 def plot(found: GoodputReport, path: Path) -> Path:
-    """Draw the timeline of ``found`` as a PNG at ``path``; return it.
-
-    Top: one bar per attempt (:func:`bar`: grey start-up, green useful, red lost, blue the rest of its
-    training time), its ending marked and named. Bottom: the global step against time; the steps lost
-    in red. With ``StragglerDetector``'s record, a third panel: the last such attempt's ranks
-    (:func:`plot_ranks`).
-
-    Raises:
-        ImportError: matplotlib is not installed (:data:`PLOT_HINT`).
-    """
+    """Draw the timeline of ``found`` as a PNG at ``path`` and return it: a bar per attempt (:func:`bar`),
+    its ending named, the global step against time below, and the ranks' panel (:func:`plot_ranks`)
+    when ``StragglerDetector`` ran; ``ImportError`` (:data:`PLOT_HINT`) without matplotlib."""
     try:
         import matplotlib
 
@@ -350,27 +300,23 @@ def plot(found: GoodputReport, path: Path) -> Path:
         raise ImportError(PLOT_HINT) from e
     rows = found.attempts
     scale, unit = (60.0, "min") if found.wall_seconds > 600 else (1.0, "s")
-    height = 2.2 + 0.35 * max(len(rows), 1) + 2.5
-    panels = 3 if found.stragglers else 2  # the last attempt's ranks below, when StragglerDetector ran
-    height += 3 * (panels - 2)
-    figure, axes = plt.subplots(panels, 1, figsize=(10, height), height_ratios=[1] * panels)
+    panels = 3 if found.stragglers else 2
+    height = 2.2 + 0.35 * max(len(rows), 1) + 2.5 + 3 * (panels - 2)
+    figure, axes = plt.subplots(panels, 1, figsize=(10, height))
     bars, steps = axes[0], axes[1]
     steps.sharex(bars)
     for index, row in enumerate(rows):
         y = len(rows) - index
-        lane = (y - 0.3, 0.6)
         for part, at, seconds in bar(row):
-            bars.broken_barh([(at / scale, seconds / scale)], lane, color=PARTS[part])
+            bars.broken_barh([(at / scale, seconds / scale)], (y - 0.3, 0.6), color=PARTS[part])
         if row.first_step_at is not None:
             first, start = row.first_step_at, row.resumed_from or 0
             end = row.last_step_at if row.last_step_at is not None else first
-            span = max(end - first, 0.0)
-            kept = span * (row.steps_kept / row.steps_trained if row.steps_trained else 1.0)
-            steps.plot(
-                [first / scale, (first + kept) / scale], [start + 1, start + row.steps_kept], color="#2e7d32"
-            )
+            kept = max(end - first, 0.0) * (row.steps_kept / row.steps_trained if row.steps_trained else 1.0)
+            kept_end = (first + kept) / scale
+            steps.plot([first / scale, kept_end], [start + 1, start + row.steps_kept], color="#2e7d32")
             if row.steps_lost:
-                lost = [(first + kept) / scale, end / scale], [start + row.steps_kept, row.last_step or 0]
+                lost = [kept_end, end / scale], [start + row.steps_kept, row.last_step or 0]
                 steps.plot(*lost, color="#c62828", linestyle="--")
         end_at = (row.end_at if row.end_at is not None else (row.last_step_at or row.at)) / scale
         bars.plot([end_at], [y], marker="|", markersize=14, color=COLOURS.get(row.cause, "black"))
@@ -399,8 +345,8 @@ RANK_PARTS = {"data": "#ffa726", "compute": "#66bb6a", "optimizer": "#7e57c2", "
 
 
 def plot_ranks(axes: Any, record: dict[str, Any]) -> None:
-    """Draw an attempt's ``stragglers`` record on matplotlib ``axes``: a bar per rank, its milliseconds per
-    step stacked by part (:data:`RANK_PARTS`); the ranks named are labelled in red."""
+    """Draw an attempt's ``stragglers`` record on ``axes``: a bar per rank, its milliseconds per step
+    stacked by part (:data:`RANK_PARTS`), the ranks named labelled in red."""
     ranks = record.get("ranks") or []
     named = {s.get("rank"): s.get("part") for s in record.get("named") or []}
     bottom = [0.0] * len(ranks)

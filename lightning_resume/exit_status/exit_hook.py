@@ -1,11 +1,6 @@
-"""The process's exit status after ``fit`` raised: the failure class's instead of Python's 1.
-
-Lightning re-raises ``fit``'s exception after the callbacks' ``on_exception``, and a script may let it
-propagate. :meth:`ExitHook.arm` remembers that exception (its identity and type, no reference: a caught
-exception's frames are not kept alive) and installs a ``sys.excepthook`` that first calls the one before
-it (the traceback is printed as usual), then, when the uncaught exception is that one or was raised from
-it, raises ``SystemExit`` with the status: Python exits with it after its exit handlers.
-"""
+"""The process's exit status after ``fit`` raised: the failure class's instead of Python's 1, set by a
+``sys.excepthook`` that calls the one before it, then raises ``SystemExit`` when the uncaught exception is
+(or was raised from) the one armed, remembered by identity and type (no reference keeps its frames)."""
 
 from __future__ import annotations
 

@@ -30,13 +30,9 @@ def _one_line(exception: BaseException) -> str:
 
 
 class ExitStatus(Callback):
-    """Put first among a Trainer's callbacks for one ``fit`` by :func:`attach`; taken out when it ends.
-
-    When ``fit`` raises, it classifies the exception (``classify``) and records the class in the run dir,
-    or, for a communication error, first waits for a peer's record of another class and takes it
-    (``records``); then it records the class in ``attempts.json`` (rank 0) and arms the exit status
-    (``exit_hook``; a ``SystemExit`` such as ``Preempted`` keeps its own).
-    """
+    """Put first among a Trainer's callbacks for one ``fit`` by :func:`attach`. When ``fit`` raises, it
+    records the class (or for a communication error, a peer's root cause) in the run dir and ``attempts.json``
+    and arms the exit status (a ``SystemExit`` such as ``Preempted`` keeps its own)."""
 
     def __init__(self, run_dir: RunDir, attempt: int, rank: int, world_size: int) -> None:
         self._run_dir, self._attempt, self._rank, self._world_size = run_dir, attempt, rank, world_size
@@ -87,9 +83,8 @@ class ExitStatus(Callback):
 
 
 def attach(trainer: pl.Trainer) -> None:
-    """Put an :class:`ExitStatus` first among ``trainer``'s callbacks for this ``fit`` (from a ``setup``
-    hook, on every rank): nothing when one is there, without one ``RunDir``, or when a callback says
-    ``failure_classes=False`` (``PreemptionHandler``, ``ProgressWatchdog``)."""
+    """Put an :class:`ExitStatus` first for this ``fit`` (``setup``, every rank), unless one is there, there
+    is no one ``RunDir``, or a callback says ``failure_classes=False``."""
     callbacks = trainer.callbacks  # type: ignore[attr-defined]
     if any(isinstance(c, ExitStatus) or getattr(c, "failure_classes", True) is False for c in callbacks):
         return

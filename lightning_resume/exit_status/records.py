@@ -1,10 +1,6 @@
-"""Each failed rank's record in the run dir, and the root cause the ranks of an attempt agree on with them.
-
-A rank whose ``fit`` fails writes ``failures/attempt-<N>-rank-<R>.json`` before it exits. One that failed
-with a communication error (most often a peer's failure, seen through a collective) first waits a moment
-for a peer's record of another class and takes it: the root cause wins on every rank. Standard library
-only: a hung rank's watchdog thread writes one too.
-"""
+"""Each failed rank's ``failures/attempt-<N>-rank-<R>.json``, and the root cause the ranks agree on: one that
+failed with a communication error (often a peer's failure seen through a collective) takes a peer's record
+of another class. Standard library only: a hung rank's watchdog thread writes one too."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What ``lightning-resume check`` asks of one attempt it launched (``$LIGHTNING_RESUME_CHECK``).
-
-A step limit (``fit`` stops cleanly after N optimizer steps), saves that happen (a fixed cadence), a
-timeline of every rank's steps in the check's folder (the batch, loss and weights digests, validations,
-epoch ends, saves), the final state at the end of ``fit``, and a kill of the attempt's process group,
-every rank at once, at a chosen point. :class:`RequeueCheckpoint` inserts :class:`CheckHooks` only then.
-"""
+"""What ``lightning-resume check`` asks of one attempt it launched (``$LIGHTNING_RESUME_CHECK``): a step
+limit, a fixed cadence, every rank's timeline (digests, validations, epoch ends, saves), the final state,
+and a kill of the attempt's process group at a chosen point."""
 
 from __future__ import annotations
 
@@ -29,11 +25,6 @@ from lightning_resume.exact_resume.self_check import batch_digest
 DEFAULT_STEPS, DEFAULT_EPOCHS = 200, 2
 #: The points an attempt can be killed at: ``kind:step`` (``first-step``: the attempt's first step).
 KILLS = ("step", "sigterm", "save", "in-save", "validation", "first-step")
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank, or the tensor."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _alive(pid: int) -> bool:
@@ -71,7 +62,7 @@ class CheckHooks(Callback):
         if found is None:
             found = cls(settings, run_dir, cadence)
             trainer.callbacks.append(found)  # type: ignore[attr-defined]
-        if found._file is None:  # (inserted during the setup hooks: its own setup may not be called)
+        if found._file is None:  # inserted during the setup hooks: its own setup may not be called
             folder = Path(settings.folder)
             folder.mkdir(parents=True, exist_ok=True)
             found._file = open(timeline_path(folder, trainer.global_rank), "a")  # noqa: SIM115
@@ -99,8 +90,6 @@ class CheckHooks(Callback):
             os.kill(os.getpid(), sig)
         else:
             os.killpg(group, sig)
-
-    # -- hooks -----------------------------------------------------------------------------------
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -175,7 +164,7 @@ class CheckHooks(Callback):
         final = {
             "global_step": trainer.global_step,
             "epoch": trainer.current_epoch,
-            "state_dict": {k: _local(v) for k, v in weights.items()},
+            "state_dict": {k: v.to_local() if hasattr(v, "to_local") else v for k, v in weights.items()},
             "optimizers": [o.state_dict() for o in trainer.optimizers],
             "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
         }

@@ -1,16 +1,6 @@
-"""The ``"auto"`` interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Daly's optimum, bounded.
-
-``interval = sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` (:func:`daly`, Young's for a cheap save), with
-``d`` the save stall (the time a save holds the training thread, not its background write:
-:func:`save_cost`) and ``M`` the mean time between interruptions: the run's attempt history once it
-holds one (:func:`interruptions`), before that a :class:`Prior`. Every interruption counts, lossy or
-not: a graceful preemption is evidence of the rate and the next may come without grace; erring short
-costs one save's stall, erring long up to an interval of work. The interval is at least the time to
-durable and one step, and changes only beyond :data:`HYSTERESIS` (:func:`material`).
-
-The rules are pure standard library (the command line reads them). :class:`AutoCadence` keeps the
-measurements (every rank's save stalls and times to durable, from ``cadence.SaveTimer``, and its step
-times); rank 0 decides from the slowest rank's stalls and broadcasts the interval.
+"""The ``"auto"`` interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Daly's optimum from the save
+stall and the mean time between interruptions (the run's history, else a :class:`Prior`), bounded. The rules
+are pure standard library (the command line reads them); :class:`AutoCadence` measures and decides.
 """
 
 from __future__ import annotations
@@ -39,6 +29,8 @@ if TYPE_CHECKING:  # the rules are read by the command line, which imports neith
 
     from lightning_resume.run_dir.attempt_recorder import AttemptRecorder
 
+log = logging.getLogger(__name__)
+
 #: The mean time between interruptions assumed when nothing else is known: a day.
 DEFAULT_SECONDS = 24 * 3600.0
 #: The same on a cloud virtual machine (maybe spot or preemptible: the firmware does not tell): six hours.
@@ -49,6 +41,11 @@ FIRST_SAVE_STEPS = 10
 SAVE_WINDOW = 16
 #: A new interval replaces the current one only when this many times longer or shorter.
 HYSTERESIS = 1.25
+#: Batches timed before the first decision (a restart decides from its recorded save times then).
+FIRST_DECISION_BATCHES = 5
+#: Recent saves (times to durable) and steps whose median is used (a validation does not move it).
+WINDOW = 5
+STEP_WINDOW = 32
 
 
 class PriorSource(str, enum.Enum):
@@ -72,8 +69,7 @@ class Prior:
 def prior(
     user_seconds: float | None = None, time_limit_seconds: float | None = None, cloud: str | None = None
 ) -> Prior:
-    """The user's ``expected_interruption_every``, else the shortest of the SLURM time limit, a ``cloud``
-    virtual machine's (``"aws"``, ``"gce"``, ``"azure"``) and a day."""
+    """The user's value, else the shortest of the SLURM time limit, a ``cloud`` VM's and a day."""
     if user_seconds is not None:
         return Prior(user_seconds, PriorSource.USER, f"expected_interruption_every={duration(user_seconds)}")
     found = [Prior(DEFAULT_SECONDS, PriorSource.DEFAULT, f"assumed {duration(DEFAULT_SECONDS)}")]
@@ -87,8 +83,7 @@ def prior(
 
 
 def parse_time_limit(text: str) -> float | None:
-    """``TimeLimit=[days-]hours:minutes:seconds`` of ``scontrol -o show job`` in seconds (``None``:
-    ``UNLIMITED`` or absent)."""
+    """``TimeLimit=[days-]h:m:s`` of ``scontrol -o show job`` in seconds (``None``: unlimited or absent)."""
     found = re.search(r"(?:^|\s)TimeLimit=(\S+)", text)
     if found is None:
         return None
@@ -105,14 +100,13 @@ def parse_time_limit(text: str) -> float | None:
 
 
 def slurm_time_limit(environ: Mapping[str, str], scontrol_show_job: str | None = None) -> float | None:
-    """The SLURM job's time limit in seconds: ``$SLURM_JOB_END_TIME - $SLURM_JOB_START_TIME`` (SLURM
-    23.02 and later), else ``TimeLimit=`` in ``scontrol -o show job`` output; ``None`` when unknown."""
+    """The SLURM job's time limit in seconds, from its environment or ``scontrol -o show job`` output."""
     try:
         start = int(environ.get("SLURM_JOB_START_TIME", "").strip())
         end = int(environ.get("SLURM_JOB_END_TIME", "").strip())
     except ValueError:
         start = end = 0
-    if start > 0 and end > start:
+    if start > 0 and end > start:  # SLURM 23.02 and later
         return float(end - start)
     return parse_time_limit(scontrol_show_job) if scontrol_show_job else None
 
@@ -123,8 +117,7 @@ def interrupted(attempt: Attempt) -> bool:
 
 
 def lost_work(attempt: Attempt) -> bool:
-    """Whether an attempt's interruption lost work: ``killed`` always; the others unless its newest
-    durable checkpoint holds its last step. For people only: the interval counts every interruption."""
+    """Whether an interruption lost work (for people only: the interval counts every interruption)."""
     end = attempt.end
     if end is None or end.cause not in INTERRUPTIONS:
         return False
@@ -137,15 +130,13 @@ def lost_work(attempt: Attempt) -> bool:
 
 @dataclass(frozen=True)
 class Interruptions:
-    """The run's ``seconds`` of attempts (the running one until now), its interruptions (``count``, lossy
-    or not), ``attempts``; of those, ``lost_work`` (earlier summed-up attempts count none) and
-    ``unrecorded`` launches killed while starting."""
+    """The run's exposure in ``seconds``, its interruptions (lossy or not) and its attempts."""
 
     seconds: float
     count: int
     attempts: int
-    lost_work: int = 0
-    unrecorded: int = 0
+    lost_work: int = 0  # earlier summed-up attempts count none
+    unrecorded: int = 0  # launches killed while starting
 
 
 def interruptions(history: History, now: float) -> Interruptions:
@@ -172,10 +163,7 @@ class Between:
 
 
 def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
-    """The history's seconds over its interruptions once it holds one, else the longer of the prior and
-    the time run without one. The user's ``expected_interruption_every`` stays in as one more
-    interruption (a gamma posterior's mean: a run's first lifetimes are noisy, and a history that
-    disagrees outweighs it as interruptions accumulate); the other priors are bounds: replaced."""
+    """The history's seconds per interruption once it has one, else the longer of the prior and the calm."""
     if seen.count:
         starting = f", {seen.unrecorded} killed while starting" if seen.unrecorded else ""
         detail = (
@@ -184,6 +172,8 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
         )
         seconds, count = seen.seconds, seen.count
         if before.source is PriorSource.USER:
+            # One more interruption (a gamma posterior's mean): it damps the first, noisy lifetimes, and a
+            # history that disagrees outweighs it as it grows. The other priors are bounds: replaced.
             detail += f", and {before.detail} counted as one more"
             seconds, count = seconds + before.seconds, count + 1
         return Between(seconds / count, "history", f"the history: {detail}")
@@ -197,8 +187,7 @@ def time_between_interruptions(seen: Interruptions, before: Prior) -> Between:
 
 @dataclass(frozen=True)
 class Measurements:
-    """What the interval is computed from: seconds a save holds the training thread (:func:`save_cost`),
-    from its start until durable (``save_stall`` or more), and per optimizer step (saves left out)."""
+    """Seconds a save holds the training thread, from its start until durable, and per optimizer step."""
 
     save_stall: float
     to_durable: float
@@ -215,13 +204,11 @@ class Bound(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Choice:
-    """An interval of ``steps`` (``seconds``) chosen by :func:`choose`, with its inputs (for the log, the
-    history and ``doctor``): ``young_daly``, :func:`daly`'s optimum (named before the higher-order form),
-    the ``bound`` that limited it, the :class:`Measurements` and the :class:`Between`."""
+    """An interval of ``steps`` chosen by :func:`choose`, with its inputs (for the log and ``doctor``)."""
 
     steps: int
     seconds: float
-    young_daly: float
+    young_daly: float  # daly()'s optimum (named before the higher-order form)
     bound: Bound | None
     save_stall: float
     to_durable: float
@@ -254,41 +241,22 @@ class Choice:
 
 
 def mean_stall(stalls: Sequence[float]) -> float | None:
-    """The mean of save stalls (``None`` for none): not the median, since saves are often bimodal or
-    now and then much longer (write-back throttling), and the interval trades their total cost.
-
-    Example::
-
-        >>> mean_stall([0.2, 0.2, 0.2, 1.0])  # the median would say 0.2
-        0.4
-    """
+    """The mean (not the median: saves are often bimodal, and the interval trades their total cost)."""
     return math.fsum(stalls) / len(stalls) if stalls else None
 
 
 def save_cost(later: Stalls, recorded: Stalls, enough: int = SAVE_WINDOW) -> float | None:
-    """The mean stall of saves after an attempt's first (``None`` until one is measured): ``later``,
-    this attempt's, alone once there are ``enough``, else pooled with ``recorded`` (earlier attempts',
-    since at a high interruption rate an attempt often makes no later save). A first save pays one-time
-    costs (1.4 s against 0.2-0.5 s for a 128 MB save): priced at it, the interval came out twice as long.
+    """The mean stall of saves after an attempt's first: ``later``'s once ``enough``, else with ``recorded``.
 
-    Example::
-
-        >>> save_cost(Stalls(0.5, 1), recorded=Stalls(1.0, 2))  # (0.5 + 1.0) / 3
-        0.5
+    An attempt's first save pays one-time costs (1.4 s against 0.2-0.5 s for 128 MB): priced at it, the
+    interval came out twice as long. At a high interruption rate an attempt often makes no later save.
     """
     pooled = later if later.count >= enough else later + recorded
     return pooled.mean
 
 
 def daly(save_stall: float, between: float) -> float:
-    """Daly's (2006) optimum: ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``
-    (``d``: the save stall; ``M``: the mean time between interruptions; about ``2d/3`` below Young's).
-
-    Example::
-
-        >>> round(daly(2.0, 3600.0), 2)  # Young's: 120.0
-        118.67
-    """
+    """Daly's (2006) optimum ``sqrt(2dM) x (1 + sqrt(d/2M)/3 + d/18M) - d`` for ``d < 2M``, else ``M``."""
     d, m = max(save_stall, 0.0), max(between, 0.0)
     if d >= 2.0 * m:
         return m
@@ -356,8 +324,7 @@ def last_measured(history: History) -> LastCkptSaves | None:
 
 
 def recorded_stalls(history: History, enough: int) -> Stalls:
-    """The stalls of saves after each attempt's first, pooled over the newest attempts until ``enough``:
-    what a restart prices a save at (see :func:`save_cost`)."""
+    """The stalls of saves after each attempt's first, pooled over the newest attempts until ``enough``."""
     pooled = Stalls()
     for attempt in reversed(history.attempts):
         if pooled.count >= enough:
@@ -375,24 +342,6 @@ def recorded_to_durable(run_dir: Path) -> float | None:
     """The longest time to durable of the newest attempt of ``run_dir`` that measured one (or ``None``)."""
     measured = last_measured(attempts.read(run_dir))
     return measured.max_to_durable if measured is not None and measured.durable_count else None
-
-
-log = logging.getLogger(__name__)
-
-#: Batches timed before the first decision (a restart decides from its recorded save times then).
-FIRST_DECISION_BATCHES = 5
-#: Recent saves (times to durable) and steps whose median is used (a validation does not move it).
-WINDOW = 5
-STEP_WINDOW = 32
-
-
-def _micro(seconds: float | None) -> int:
-    """Seconds as whole microseconds for an all-reduce (-1: none measured)."""
-    return round(seconds * 1e6) if seconds is not None else -1
-
-
-def _seconds(micro: int) -> float | None:
-    return micro / 1e6 if micro >= 0 else None
 
 
 def _cloud() -> str | None:
@@ -437,11 +386,10 @@ class _Measured:
 
 
 class AutoCadence:
-    """``every_n_train_steps="auto"``: measures saves and steps (every rank) and chooses the interval (rank
-    0, broadcast), from ``expected_interruption_every`` (seconds, or ``None``)."""
+    """``every_n_train_steps="auto"``: measures saves and steps (every rank), chooses (rank 0, broadcast)."""
 
     def __init__(self, expected_seconds: float | None) -> None:
-        self.expected_seconds = expected_seconds
+        self.expected_seconds = expected_seconds  # expected_interruption_every
         self.steps: int | None = None  # the interval every rank uses
         self.choice: Choice | None = None
         self._record: AttemptRecorder | None = None
@@ -497,16 +445,15 @@ class AutoCadence:
         base = max(last_save_step, seen.start_step)
         return self.steps is not None and step - base >= self.steps
 
-    # -- the decision: every rank calls, rank 0 decides ------------------------------------------------
-
     def _decide(self, trainer: pl.Trainer) -> None:
+        """Every rank calls; rank 0 decides from the slowest rank's mean stall, and broadcasts."""
         from lightning_resume._collectives import broadcast, max_over_ranks
 
-        strategy = trainer.strategy
-        # The slowest rank's stall holds every rank: the mean of its saves after its first.
-        later = max_over_ranks(strategy, _micro(mean_stall(self._seen.stalls)))
-        steps = self._choose(_seconds(later)) if trainer.is_global_zero else None
-        self.steps = broadcast(strategy, steps)
+        stall = mean_stall(self._seen.stalls)
+        # In whole microseconds for the all-reduce (-1: none measured).
+        later = max_over_ranks(trainer.strategy, round(stall * 1e6) if stall is not None else -1)
+        steps = self._choose(later / 1e6 if later >= 0 else None) if trainer.is_global_zero else None
+        self.steps = broadcast(trainer.strategy, steps)
 
     def _choose(self, later: float | None) -> int | None:
         """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""

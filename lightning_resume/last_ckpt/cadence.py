@@ -1,9 +1,6 @@
-"""When ``last.ckpt`` is due by steps or minutes, and the one timer of its saves.
+"""When ``last.ckpt`` is due by steps or minutes, and :class:`SaveTimer`, the one timer of its saves.
 
-A fixed ``every_n_train_steps=N`` costs one comparison per batch (``global_step % N == 0``); ``"auto"``
-is :class:`~lightning_resume.last_ckpt.auto_cadence.AutoCadence`, with its own measurements. Whatever
-the cadence, :class:`SaveTimer` times each save (its stall, and its time to durable once a background
-write commits), records both in the attempt history and tells when the last save ended.
+A fixed ``every_n_train_steps=N`` costs one comparison per batch; ``"auto"`` is ``auto_cadence``'s.
 """
 
 from __future__ import annotations
@@ -24,12 +21,7 @@ AUTO = "auto"
 
 
 def checked_interval(value: Any) -> int | str | None:
-    """``every_n_train_steps``: a whole number >= 1, ``"auto"`` or ``None``.
-
-    Raises:
-        TypeError: a string other than ``"auto"``, or not a whole number.
-        ValueError: a number below 1.
-    """
+    """``every_n_train_steps``: a whole number >= 1, ``"auto"`` or ``None`` (else TypeError/ValueError)."""
     if value is None or value == AUTO:
         return value
     if isinstance(value, str):  # "5" stays a wrong type, as before "auto" existed
@@ -40,12 +32,7 @@ def checked_interval(value: Any) -> int | str | None:
 
 
 def checked_seconds(value: Any) -> float | None:
-    """``expected_interruption_every`` in seconds: a ``timedelta``, a number of seconds or ``None``.
-
-    Raises:
-        TypeError: neither.
-        ValueError: not positive.
-    """
+    """``expected_interruption_every`` in seconds, from a ``timedelta``, a number of seconds or ``None``."""
     if value is None:
         return None
     if isinstance(value, timedelta):
@@ -58,12 +45,11 @@ def checked_seconds(value: Any) -> float | None:
 
 
 class SaveTimer:
-    """Times every save of ``last.ckpt`` (every rank) and records it in the attempt (rank 0): the stall,
-    and the time to durable, at once or when its background write commits. :attr:`last_saved` is when the
-    newest save ended (``time.monotonic()``; construction before any)."""
+    """Times every save of ``last.ckpt`` (every rank): its stall, and its time to durable, at once or when
+    its background write commits; records both in the attempt (rank 0)."""
 
     def __init__(self) -> None:
-        self.last_saved = time.monotonic()
+        self.last_saved = time.monotonic()  # when the newest save ended (construction before any)
         self._record: AttemptRecorder | None = None
         self._save: tuple[float, object] | None = None  # the save in progress: start, the last write
         self._source: ReportsWrites | None = None  # what says when the newest save is durable
@@ -75,15 +61,13 @@ class SaveTimer:
         self._save = self._source = self.writing = None
 
     def saving(self, trainer: pl.Trainer, writer: object = None) -> None:
-        """A save begins; ``writer`` writes it where the plugin does not (the sharded saver). Whichever
-        writes it times a background write if it is a :class:`ReportsWrites`."""
+        """A save begins; ``writer`` writes it where the plugin does not (the sharded saver)."""
         source = writer if writer is not None else trainer.strategy.checkpoint_io
         self._source = source if isinstance(source, ReportsWrites) else None
         self._save = (time.monotonic(), self._source.last_write if self._source is not None else None)
 
     def saved(self) -> tuple[float, float | None] | None:
-        """The save returned: its stall, and its time to durable (``None``: written in the background);
-        ``None`` without a save begun."""
+        """The save returned: its stall and time to durable (``None``: in the background), if one began."""
         if self._save is None:
             return None
         (started, before), self._save = self._save, None
@@ -108,8 +92,7 @@ class SaveTimer:
 
 
 class Cadence:
-    """When ``RequeueCheckpoint`` saves by steps (a fixed :attr:`fixed`, or ``"auto"``) and by minutes,
-    from its checked ``every_n_train_steps``, ``every_n_minutes`` and ``expected_interruption_every``."""
+    """When ``RequeueCheckpoint`` saves: every :attr:`fixed` steps or ``"auto"``, and by minutes."""
 
     def __init__(
         self, every_n_train_steps: int | str | None, every_n_minutes: float | None, expected: float | None
@@ -120,13 +103,11 @@ class Cadence:
         self.timer = SaveTimer()
 
     def start(self, trainer: pl.Trainer, record: AttemptRecorder) -> None:
-        """At the start of training (``record``: this attempt's, in the run dir)."""
         self.timer.start(trainer, record)
         if self.auto is not None:
             self.auto.start(trainer, record)
 
     def saved(self) -> None:
-        """A save returned (after :meth:`SaveTimer.saving`)."""
         times = self.timer.saved()
         if times is not None and self.auto is not None:
             self.auto.saved(*times)

@@ -1,10 +1,7 @@
 """The restart redirect: on a restart, ``fit`` starts over, refuses, or loads this run's ``last.ckpt``.
 
-Lightning picks its checkpoint before any hook (a first attempt's ``ckpt_path``, its ``last`` search,
-SLURM's ``hpc_ckpt_N.ckpt``, or none when no file is there) but reads it after ``setup``: there the rule
-(:mod:`.restart`, rank 0 for all, with what the plugin's other tiers hold) is applied, ``fit`` is made to
-restore (:func:`resume_even_if_none`) and :class:`RedirectFirstLoad` wraps ``strategy.load_checkpoint``,
-which every strategy (the sharded ones too, which call no ``CheckpointIO``) reads through once per ``fit``.
+Lightning picks its checkpoint before any hook but reads it after ``setup``, through
+``strategy.load_checkpoint`` (every strategy, once per ``fit``): there :class:`RedirectFirstLoad` steps in.
 """
 
 from __future__ import annotations
@@ -48,15 +45,10 @@ class RestartRedirect:
         verify_directory: Callable[[], tuple[int, Path]],
         damaged: Callable[[Path], bool],
     ) -> None:
-        """Nothing on a first attempt; on a restart start over, raise, or send the first load to ``last``.
+        """On a restart (every rank, in ``setup``): start over, raise ``ResumeError`` or redirect to ``last``.
 
-        Call on every rank, in ``setup`` of ``fit``. ``verify_directory``: choose what a sharded restart
-        reads (every rank: a memory tier's newer copy, else ``last.ckpt`` verified, falling back if it
-        must), say how many ranks wrote it and where it is; ``damaged``: whether a ``last.ckpt`` file that
-        fails to load is damaged beyond fallback.
-
-        Raises:
-            ResumeError: the run has committed a checkpoint but ``last.ckpt`` is gone.
+        ``verify_directory`` chooses what a sharded restart reads (ranks that wrote it, where); ``damaged``
+        says whether a ``last.ckpt`` file that fails to load is damaged beyond fallback.
         """
         if not run.is_resumed:
             return
@@ -64,7 +56,6 @@ class RestartRedirect:
         searched, copy = elsewhere(trainer, last) if trainer.is_global_zero else ("", None)
         restart = Restart(broadcast(trainer.strategy, decide(run.path, last, copy).value))
         if restart is Restart.START_OVER:
-            # Stopped before its first save: nothing to resume and nothing to lose by starting over.
             log.info(
                 "Restart of run %s, which stopped before its first checkpoint: starting from the beginning",
                 run.run_id,
@@ -86,19 +77,10 @@ class RestartRedirect:
         if broadcast(trainer.strategy, last.is_dir()):
             # A sharded checkpoint: verified here, as no CheckpointIO sees its load.
             (saved, source), damaged = verify_directory(), _never_damaged
-        on_redirect = functools.partial(_redirected, trainer, str(last))
-        self._wrapper = NextLoad(
-            trainer.strategy,
-            RedirectFirstLoad(
-                str(last),
-                on_redirect,
-                saved,
-                world_size,
-                damaged,
-                allowed=functools.partial(own_hparams.recorded_globals, run.path),
-                source=str(source),
-            ),
-        )
+        redirected = functools.partial(_redirected, trainer, str(last))
+        allowed = functools.partial(own_hparams.recorded_globals, run.path)
+        load = RedirectFirstLoad(str(last), redirected, saved, world_size, damaged, allowed, str(source))
+        self._wrapper = NextLoad(trainer.strategy, load)
         self._wrapper.install()
         # Lightning chose no checkpoint when last.ckpt is not here: fit restores from it all the same.
         self._undo_resume = resume_even_if_none(trainer, str(last))
@@ -118,8 +100,7 @@ class RestartRedirect:
 
 
 def elsewhere(trainer: pl.Trainer, last: Path) -> tuple[str, str | None]:
-    """Without ``last.ckpt`` at ``last``: which other tiers of the plugin hold copies (``""``: none), and
-    where a committed copy of it is (``None``: nowhere). After the memory tier's ``attach``."""
+    """Without ``last``: the plugin's other tiers searched (``""``: none) and a committed copy, if any."""
     if exists(last):
         return "", None
     return copies_elsewhere(trainer.strategy.checkpoint_io, last)
@@ -141,20 +122,14 @@ def _never_damaged(path: Path) -> bool:
 
 @dataclass(eq=False)
 class RedirectFirstLoad:
-    """What the strategy's first ``load_checkpoint`` does instead (through ``NextLoad``): load ``target``.
-
-    ``on_redirect`` gets the requested path when it differs; a load failure is a ``ResumeError`` when
-    ``saved_world_size`` differs from ``world_size`` or ``damaged(target)``; ``allowed``: the types beyond
-    torch's ``weights_only`` set the load may unpickle (what the run's saves recorded,
-    :mod:`~lightning_resume.run_dir.own_hparams`).
-    """
+    """What the strategy's first ``load_checkpoint`` does instead (through ``NextLoad``): load ``target``."""
 
     target: str
-    on_redirect: Callable[[str], None]
-    saved_world_size: int
+    on_redirect: Callable[[str], None]  # given the requested path, when it differs
+    saved_world_size: int  # a load failure with another world size is a ResumeError
     world_size: int
     damaged: Callable[[Path], bool] = _never_damaged
-    allowed: Callable[[], Mapping[str, Any]] = dict
+    allowed: Callable[[], Mapping[str, Any]] = dict  # types the load may unpickle (own_hparams)
     source: str | None = None  # what is read for ``target`` when that differs (a memory tier's copy)
 
     def __call__(

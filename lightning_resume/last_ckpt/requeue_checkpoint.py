@@ -19,10 +19,12 @@ from lightning_resume._compat.lightning import (
     OWN_STATES_NOT_LOADED,
     LastCheckpointCallback,
     QuietLightning,
+    put_callback,
     rebuilds_ddp_buckets,
     restoring_tuner_checkpoint,
     seeing_checkpoints,
     skips_backward,
+    take_callback,
 )
 from lightning_resume._compat.versions import untested
 from lightning_resume._warnings import warn
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 LAST = layout.LAST
 _NEEDS_RUN_DIR = "it says where last.ckpt lives"
-
+_WARNED: set[str] = set()  # the distributions warned about as untested
 
 _DDP_BUCKETS = (
     "This restart of {world} DDP ranks will not end bitwise equal to an uninterrupted run: DDP lays its "
@@ -56,13 +58,12 @@ _DDP_BUCKETS = (
 
 
 def _last_step(trainer: pl.Trainer) -> bool:
-    """Whether ``max_steps`` ends ``fit`` at this step: saved here, a run trained longer continues this
-    epoch as an uninterrupted run does (the epoch end Lightning runs next belongs to this attempt only)."""
+    """Whether ``max_steps`` ends ``fit`` here (saved before the epoch end that only this attempt runs)."""
     return trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
 
 
 def _warn_if_untested(trainer: pl.Trainer) -> None:
-    """One warning per process on a Lightning outside the tested range (its internals may have moved)."""
+    """Warn once per process on a Lightning outside the tested range (its internals may have moved)."""
     distribution = (
         "pytorch-lightning" if type(trainer).__module__.startswith("pytorch_lightning") else "lightning"
     )
@@ -76,9 +77,6 @@ def _warn_if_untested(trainer: pl.Trainer) -> None:
         )
 
 
-_WARNED: set[str] = set()
-
-
 class RequeueCheckpoint(LastCheckpointCallback):
     """Keep ``<run dir>/checkpoints/last.ckpt`` current and resume from it after a restart.
 
@@ -89,23 +87,18 @@ class RequeueCheckpoint(LastCheckpointCallback):
     :class:`~lightning_resume.DurableCheckpointIO`), so a kill at any instant leaves a complete file.
 
     Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks. On a restart
-    ``trainer.fit(model)`` resumes from ``last.ckpt`` with the full state, also when given a
-    ``ckpt_path`` meant for the first attempt or when Lightning finds an ``hpc_ckpt_N.ckpt``; every
-    rank's random state and data position are restored, so the final weights are bitwise equal to an
-    uninterrupted run's. Without ``last.ckpt`` a restart starts over if the run never committed a
-    checkpoint, and raises ``ResumeError`` if it did (starting over would silently discard the run).
-
-    Lightning's ``TensorBoardLogger``/``CSVLogger`` (the default logger too) continue with it: unless
-    the Trainer lists a :class:`~lightning_resume.LocalLoggerResume`, it puts one in, so a restart
-    logs into the first attempt's version dir, cut exactly at the checkpoint it resumes from.
-
-    ``every_n_train_steps="auto"`` chooses the interval from the measured save stall and the expected
-    time between interruptions (Young/Daly, see the RequeueCheckpoint page), re-evaluated after each
-    save, equal on every rank, logged and recorded in the run's ``attempts.json``.
+    ``trainer.fit(model)`` resumes from ``last.ckpt`` with the full state (every rank's random state and
+    data position: the final weights are bitwise equal to an uninterrupted run's), also when given a
+    ``ckpt_path`` meant for the first attempt or when Lightning finds an ``hpc_ckpt_N.ckpt``. Without
+    ``last.ckpt`` a restart starts over if the run never committed a checkpoint, and raises
+    ``ResumeError`` if it did (starting over would silently discard the run). Unless the Trainer lists a
+    :class:`~lightning_resume.LocalLoggerResume`, it puts one in: Lightning's TensorBoard/CSV loggers
+    continue in the first attempt's version dir, cut exactly at the checkpoint resumed from.
 
     Args:
-        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
-            chosen from measurements, see above).
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps). ``"auto"``
+            chooses it from the measured save stall and the expected time between interruptions
+            (Young/Daly), again after each save, equal on every rank, logged and kept in ``attempts.json``.
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch (once it has run in full).
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
@@ -151,12 +144,11 @@ class RequeueCheckpoint(LastCheckpointCallback):
             if not isinstance(dirpath, (str, Path)) or not str(dirpath).strip():
                 raise ValueError(f"dirpath must be a directory path or None, got {dirpath!r}.")
             expand_dir(dirpath, "RequeueCheckpoint(dirpath=...)")  # an unset variable: told now
-        # Lightning resumes fit from ``ckpt_path`` (the contract explained at LastCheckpointCallback).
-        super().__init__()
+        super().__init__()  # Lightning resumes fit from ``ckpt_path`` (see LastCheckpointCallback)
         self._dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
         self.expected_interruption_every = expected_interruption_every
-        self._cadence = Cadence(every_n_train_steps, every_n_minutes, expected)  # times every save
+        self._cadence = Cadence(every_n_train_steps, every_n_minutes, expected)
         self.every_n_minutes = every_n_minutes
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._run_dir: RunDir | None = None
@@ -164,7 +156,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._redirect = RestartRedirect()
         self.keep_global_batch = keep_global_batch
         self._exact = ExactResume(keep_global_batch, lambda: self._last_save_step)  # put in at setup
-        self._boundary = EpochBoundary(self)  # the moment between epochs, before any other hook
+        self._boundary = EpochBoundary(self._at_epoch_boundary)  # put first: before any other hook
         self._boundary_listeners: list[Callable[[pl.Trainer], None]] = []  # (StopSaves)
         self._save_at_boundary = False  # a save is due once the epoch's end has run
         self._last_save_step = -1
@@ -202,8 +194,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     @property
     def best_model_path(self) -> str:
-        """What ``trainer.test(ckpt_path="best")`` loads when no ``ModelCheckpoint`` is given (Lightning
-        leaves its default out beside ours): as that default would, the newest save; ``""`` before one."""
+        """``ckpt_path="best"`` without a ``ModelCheckpoint``: the newest save, as Lightning's default."""
         try:
             return self.ckpt_path if exists(Path(self.ckpt_path)) else ""
         except LightningResumeError:  # no run dir yet
@@ -225,7 +216,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         _warn_if_untested(trainer)
         self._logs.join(trainer, pl_module)  # unless the Trainer has its own
         self._check = CheckHooks.insert(trainer, self._run_dir.path, self._cadence)
-        self._boundary.attach(trainer)
+        put_callback(trainer, self._boundary)
         self._exact.attach(
             trainer,
             before=trainer.checkpoint_callbacks[0],  # before every Checkpoint
@@ -274,15 +265,13 @@ class RequeueCheckpoint(LastCheckpointCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Inside an accumulation window (no optimizer step in this batch) nothing is due: a save there
-        # would have to hold the window's gradients.
+        # Nothing is due inside an accumulation window: a save there would have to hold its gradients.
         stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
         if trainer.is_last_batch:
             # Not a resume point: restored from here, Lightning would skip the epoch's end that follows.
             self._save_at_boundary |= self.save_on_train_epoch_end or self._due(trainer)
             return
-        # Stateful loaders: the boundary is saved after the next epoch's first step (Lightning restores
-        # their position only inside an epoch).
+        # Stateful loaders' position is restored only inside an epoch: saved after its first step.
         boundary = self._exact.stateful_loaders and batch_idx == 0
         if boundary and (self.save_on_train_epoch_end or self._save_at_boundary):
             self._save_at_boundary = False
@@ -332,7 +321,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         """Undo the redirect and filters; finish the sharded save in flight (``collective``: all ranks)."""
         self._redirect.after_fit()
         self._exact.detach(trainer)
-        self._boundary.detach(trainer)
+        take_callback(trainer, self._boundary)
         self._writes.close(trainer, collective)
 
     def _due(self, trainer: pl.Trainer) -> bool:
@@ -380,8 +369,7 @@ class RequeueCheckpoint(LastCheckpointCallback):
         self._mark_saved(trainer)
 
     def _mark_saved(self, trainer: pl.Trainer) -> None:
-        """Record that the run has a checkpoint (the restart rule) once ``last.ckpt`` exists: a background
-        write commits later than the save returns, and a kill before the first commit starts over."""
+        """Record that the run has a checkpoint (for the restart rule) once ``last.ckpt`` is committed."""
         if self._marked or not trainer.is_global_zero or not exists(Path(self.ckpt_path)):
             return
         record_saved(self._run())

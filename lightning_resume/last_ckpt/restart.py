@@ -1,7 +1,5 @@
-"""The restart rule: one function for ``RequeueCheckpoint`` (with what the plugin's other tiers hold) and
-``lightning-resume inspect``; a test checks that ``docs/src/how_resume_works.md`` states :data:`RULES`.
-Pure standard library.
-"""
+"""The restart rule, for ``RequeueCheckpoint`` and ``lightning-resume inspect`` (pure standard library);
+a test checks that ``docs/src/how_resume_works.md`` states :data:`RULES`."""
 
 from __future__ import annotations
 
@@ -12,15 +10,10 @@ from lightning_resume.run_dir import layout, save_record
 
 
 class Restart(enum.Enum):
-    """What a restart of a run does."""
+    """What a restart of a run does (:attr:`rule` says when)."""
 
-    #: A committed copy of ``last.ckpt`` exists: the restart resumes from the newest one.
     RESUME = "resume"
-    #: No copy of ``last.ckpt`` and the run never committed a checkpoint: it starts from the beginning,
-    #: in the same run dir (the earlier attempt stopped before its first save; nothing is lost).
     START_OVER = "start over"
-    #: No copy of ``last.ckpt`` although the run committed one: the restart raises ``ResumeError``
-    #: rather than silently discard the run.
     LOST = "lost"
 
     @property
@@ -61,8 +54,7 @@ def decide(run_dir: Path, last: Path | None = None, elsewhere: str | None = None
 
 
 def record_saved(run_dir: Path) -> None:
-    """Record that the run has committed a checkpoint (``saves.json``, beside the checkpoint folder: a
-    restart on another node, or after the folder was lost, knows)."""
+    """Record in ``saves.json`` that the run committed a checkpoint (known even if the folder is lost)."""
     save_record.update(run_dir, committed=True)
 
 
@@ -70,11 +62,9 @@ def outlook(run_dir: Path, last: Path, copy: str | None = None) -> str:
     """What a restart of ``run_dir`` will do, by the rule as it stands now (for the line ending ``fit``)."""
     restart = decide(run_dir, last, copy)
     if restart is Restart.RESUME:
-        return (
-            f"{last} keeps its last save: a restart resumes from it"
-            if exists(last)
-            else (f"a restart resumes from {copy} ({last} is missing)")
-        )
+        if exists(last):
+            return f"{last} keeps its last save: a restart resumes from it"
+        return f"a restart resumes from {copy} ({last} is missing)"
     if restart is Restart.START_OVER:
         return f"no checkpoint was saved yet, so a restart starts over (nothing at {last})"
     return (

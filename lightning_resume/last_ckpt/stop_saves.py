@@ -1,9 +1,5 @@
-"""``StopSaves``: what ``PreemptionHandler`` may ask of the Trainer's ``RequeueCheckpoint``.
-
-The one interface between ``preemption`` and ``last_ckpt`` (docs/src/architecture.md): the handler acts
-at the epoch boundary through it, saves ``last.ckpt`` through it and waits until it is durable, and
-learns how long the run's saves took to be durable before (for a notice's deadline).
-"""
+"""``StopSaves``: what ``PreemptionHandler`` may ask of the Trainer's ``RequeueCheckpoint``, the one
+interface between ``preemption`` and ``last_ckpt`` (docs/src/architecture.md)."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ class StopSaves:
 
     @property
     def boundary_saved_later(self) -> bool:
-        """Whether the epoch boundary is saved after the next epoch's first batch instead (stateful loaders):
-        then it is no resume point to stop at."""
+        """Whether the boundary is saved after the next epoch's first batch instead: no point to stop at."""
         return self._checkpoint._exact.stateful_loaders
 
     def save_durably(self, trainer: pl.Trainer, in_validation: bool = False, stopping: bool = False) -> float:

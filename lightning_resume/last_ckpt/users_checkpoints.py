@@ -1,11 +1,5 @@
-"""The user's ``ModelCheckpoint`` beside ``RequeueCheckpoint``: as without us, and never on our file.
-
-``RequeueCheckpoint`` is a Lightning ``Checkpoint`` (so that ``fit`` resumes from it), so
-``trainer.checkpoint_callback`` (what ``ckpt_path="best"`` reads) is the first ``Checkpoint`` listed,
-maybe ours: the user's first ``ModelCheckpoint`` goes before it. (Without one, Lightning leaves its
-default ``ModelCheckpoint`` out, and ``RequeueCheckpoint.best_model_path`` answers as that default
-would: the newest save.) And a ``ModelCheckpoint(save_last=True)`` in our directory would write
-``last.ckpt`` too.
+"""The user's ``ModelCheckpoint`` beside ``RequeueCheckpoint`` (a Lightning ``Checkpoint`` too): first, so
+that ``ckpt_path="best"`` reads it as without us, and never saving its ``last.ckpt`` over ours.
 """
 
 from __future__ import annotations
@@ -31,9 +25,8 @@ def _same_dir(dirpath: str | os.PathLike[str] | None, ours: Path) -> bool:
     return os.path.realpath(os.path.expanduser(dirpath)) == os.path.realpath(ours)
 
 
-def keep_off_our_last(trainer: pl.Trainer, our_dir: Path, our_name: str) -> list[ModelCheckpoint]:
-    """Give each ``ModelCheckpoint(save_last=...)`` saving into ``our_dir`` under ``our_name`` the name
-    :data:`USERS_LAST` (Lightning's own setting, ``CHECKPOINT_NAME_LAST``). Returns those renamed."""
+def keep_off_our_last(trainer: pl.Trainer, our_dir: Path, our_name: str) -> None:
+    """Rename to :data:`USERS_LAST` each ``ModelCheckpoint`` naming its last ``our_name`` in ``our_dir``."""
     renamed = [
         callback
         for callback in trainer.checkpoint_callbacks
@@ -52,13 +45,11 @@ def keep_off_our_last(trainer: pl.Trainer, our_dir: Path, our_name: str) -> list
             our_dir,
             our_name,
         )
-    return renamed
 
 
 def model_checkpoint_first(trainer: pl.Trainer, ours: Checkpoint) -> QuietLightning | None:
-    """Make the user's first ``ModelCheckpoint``, if any, ``trainer.checkpoint_callback``: ``ours``
-    goes just after it. Beside exactly one of the user's checkpoint callbacks, Lightning's warning
-    that ``"best"`` reads the first of several is silenced (returned: it lasts while it is kept)."""
+    """Put ``ours`` just after the user's first ``ModelCheckpoint``; beside exactly one of the user's, silence
+    Lightning's warning that ``"best"`` reads the first of several (returned: it lasts while it is kept)."""
     found = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     if found and trainer.checkpoint_callbacks[0] is ours:
         put_callback(trainer, ours, after=found[0])

@@ -1,7 +1,6 @@
-"""How ``last.ckpt`` is written, one route chosen at the first save of each ``fit``: sharded strategies,
-which call no plugin, through a :class:`~lightning_resume.io.sharded.saver.DirectorySaver`; a plugin that
-``writes_atomically`` by itself; any other to ``.last.ckpt.partial``, fsynced and renamed (rank 0). And
-what a restart needs to know of it, with the plugin's memory tier (``io._protocol.MemoryTierLifecycle``).
+"""How ``last.ckpt`` is written, one route chosen at the first save of each ``fit`` (a sharded strategy's
+``DirectorySaver``, a plugin that ``writes_atomically``, else a fsynced and renamed ``.last.ckpt.partial``),
+and what a restart needs to know of it, with the plugin's memory tier.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def memory_tier(trainer: pl.Trainer) -> MemoryTierLifecycle | None:
 
 
 class LastCkptWrites:
-    """The writes of one ``last.ckpt``, at ``path()`` (known once the run dir is); ``on_commit`` is called
-    (every rank) once a sharded save is committed in the background."""
+    """The writes of ``last.ckpt`` at ``path()``; ``on_commit(trainer)``: a sharded save committed later."""
 
     def __init__(self, path: Callable[[], Path], on_commit: Callable[[pl.Trainer], None]) -> None:
         self._path = path
@@ -109,9 +107,7 @@ class LastCkptWrites:
             tier.attach(trainer.strategy, durable_dir)
 
     def close(self, trainer: pl.Trainer, collective: bool) -> None:
-        """Finish a sharded save in flight (``collective``: on every rank, at the same point); with a
-        memory tier, every rank waits until the copies between nodes are done. The next ``fit`` chooses
-        its route again."""
+        """Finish a sharded save in flight and (``collective``: every rank at once) the memory tier."""
         saver, self._saver, self._write = self._saver, None, None
         if saver is not None:  # first: its writer thread may still send replicas to the other nodes
             saver.close(trainer, collective=collective)
@@ -127,8 +123,7 @@ class LastCkptWrites:
                 self._partial.unlink()
 
     def written_by(self, trainer: pl.Trainer) -> tuple[int, Path]:
-        """Choose what a sharded restart loads (every rank): a newer save in the nodes' memory tier, else
-        the durable ``last.ckpt`` verified (falling back if it must); how many ranks wrote it, and where."""
+        """What a sharded restart loads (every rank; a memory tier's newer copy first): world size, path."""
         kept = settings_of(trainer.strategy.checkpoint_io).directories_kept
         tier = memory_tier(trainer)
         restored = tier.restore_sharded(trainer, self._path()) if tier is not None else None

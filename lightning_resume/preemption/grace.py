@@ -1,12 +1,6 @@
 """The grace window: the seconds between a scheduler's stop signal and SIGKILL, and whether a save fits.
-
 Plain functions over the environment and scheduler output, so ``doctor`` needs no scheduler (checked
-with Slurm 22.05, torch 2.13). SLURM: ``KillWait``, plus ``GraceTime`` on preemption; the job's
-``--signal`` is only in ``sacct``'s ``SubmitLine``, ``$SBATCH_SIGNAL`` and the ``#SBATCH`` lines.
-torchrun: ``$PET_SHUTDOWN_TIMEOUT``, then ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``; a signal not in
-``$TORCHELASTIC_SIGNALS_TO_HANDLE`` (SLURM's SIGUSR1) kills the agent. Kubernetes'
-``terminationGracePeriodSeconds`` is not visible in the pod. ``$LIGHTNING_RESUME_GRACE_SECONDS`` wins.
-"""
+with Slurm 22.05, torch 2.13)."""
 
 from __future__ import annotations
 
@@ -20,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lightning_resume._scheduler.environment import ENV
+from lightning_resume.preemption.signals import full_name
 
 TORCHRUN_DEFAULT_SECONDS = 30  # torchrun's shutdown timeout when no variable sets it
 KUBERNETES_DEFAULT_SECONDS = 30  # terminationGracePeriodSeconds' default
@@ -44,14 +39,13 @@ class Kind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Window:
-    """The ``seconds`` from ``signal`` to SIGKILL under rule ``kind``, with their ``origin`` for the report;
-    ``fixed`` is the part the job cannot change (the cluster's ``KillWait`` under a ``--signal`` lead)."""
+    """The ``seconds`` from ``signal`` to SIGKILL under rule ``kind``, and their ``origin`` for reports."""
 
     kind: Kind
     signal: str
     seconds: float
     origin: str
-    fixed: float = 0.0
+    fixed: float = 0.0  # the part the job cannot change (the cluster's KillWait under a --signal lead)
 
     @property
     def label(self) -> str:
@@ -63,8 +57,7 @@ class Window:
 
 @dataclass(frozen=True)
 class SlurmSignal:
-    """A job's ``--signal=[R|B:]SIG[@LEAD]``: ``name`` sent ``lead`` s before the end, to the batch shell only
-    with ``B:`` (``batch_only``)."""
+    """A job's ``--signal=[R|B:]SIG[@LEAD]``: ``name``, ``lead`` s before the end (``B:``: ``batch_only``)."""
 
     name: str
     lead: float
@@ -115,15 +108,10 @@ def parse_signal_spec(spec: str) -> SlurmSignal:
         raise ValueError(f"{spec!r} is not a SLURM signal spec of the form [R|B:]SIG[@LEAD], e.g. B:USR1@90.")
     flags, sig, lead = match.groups()
     try:
-        name = signal.Signals(int(sig)).name if sig.isdigit() else signal.Signals[_full_name(sig)].name
+        name = signal.Signals(int(sig)).name if sig.isdigit() else signal.Signals[full_name(sig)].name
     except (KeyError, ValueError):
         raise ValueError(f"{spec!r}: {sig!r} is not a signal.") from None
     return SlurmSignal(name, float(lead) if lead else SLURM_DEFAULT_LEAD_SECONDS, "B" in (flags or ""))
-
-
-def _full_name(sig: str) -> str:
-    sig = sig.upper()
-    return sig if sig.startswith("SIG") else f"SIG{sig}"
 
 
 def _words(line: str) -> list[str]:
@@ -169,8 +157,8 @@ def batch_script_signal(batch_script: str) -> SlurmSignal | None:
 def slurm_signal(
     environ: Mapping[str, str], submit_line: str | None = None, batch_script: str | None = None
 ) -> SlurmSignal | None:
-    """The job's ``--signal``: the submit line, else ``$SBATCH_SIGNAL`` (ValueError if sbatch would refuse
-    it), else the script."""
+    """The job's ``--signal``: the submit line's, else ``$SBATCH_SIGNAL`` (ValueError if sbatch would refuse
+    it), else the batch script's."""
     found = submit_line_signal(submit_line) if submit_line else None
     if found:
         return found
@@ -198,8 +186,8 @@ def _positive_seconds(environ: Mapping[str, str], variable: str) -> float:
 
 
 def torchrun_shutdown_timeout(environ: Mapping[str, str]) -> tuple[int, str] | None:
-    """Under torchrun, its seconds from forwarding a signal to SIGKILL (the environment forms of
-    ``--shutdown-timeout``: the option is invisible to workers) and their origin."""
+    """Under torchrun, its seconds from forwarding a signal to SIGKILL, and their origin."""
+    # The environment forms of --shutdown-timeout ($PET_..., then $TORCH_ELASTIC_...): workers cannot see it.
     if not environ.get(ENV["elastic_run"]):
         return None
     for variable in (ENV["elastic_shutdown_arg"], ENV["elastic_shutdown"]):
@@ -219,7 +207,7 @@ def torchrun_forwards(environ: Mapping[str, str]) -> tuple[str, ...]:
     names = environ.get(ENV["elastic_signals"], "").strip()
     if not names:
         return TORCHRUN_DEFAULT_SIGNALS
-    return tuple(_full_name(name.strip()) for name in names.split(",") if name.strip())
+    return tuple(full_name(name.strip()) for name in names.split(",") if name.strip())
 
 
 def windows(
@@ -231,11 +219,9 @@ def windows(
 ) -> list[Window]:
     """Every stop-signal-to-SIGKILL window that applies here (only the explicit one when
     ``$LIGHTNING_RESUME_GRACE_SECONDS`` is set); ValueError, naming it, for a variable with a bad value.
-
-    SLURM's windows need ``show_config`` (``scontrol show config``), ``show_partition`` (``scontrol show
+    SLURM's need ``show_config`` (``scontrol show config``), ``show_partition`` (``scontrol show
     partition``), ``submit_line`` (``sacct -X -j ID -o SubmitLine -P -n``) and ``batch_script``
-    (``scontrol write batch_script ID -``).
-    """
+    (``scontrol write batch_script ID -``)."""
     variable = ENV["grace_seconds"]
     if environ.get(variable, "").strip():
         return [Window(Kind.EXPLICIT, "SIGTERM", _positive_seconds(environ, variable), f"${variable}")]
@@ -300,8 +286,8 @@ def largest_fitting_bytes(
 
 
 def torchrun_kills(environ: Mapping[str, str], option: SlurmSignal) -> bool:
-    """Whether SLURM's ``--signal`` reaches a torchrun agent that does not forward it, and so kills it
-    (``B:`` sends it to the batch shell only, which torchrun under ``srun`` never sees)."""
+    """Whether SLURM's ``--signal`` reaches a torchrun agent that does not forward it, and so kills it."""
+    # B: sends it to the batch shell only, which torchrun under srun never sees.
     if option.batch_only or not environ.get(ENV["elastic_run"]):
         return False
     return option.name not in torchrun_forwards(environ)

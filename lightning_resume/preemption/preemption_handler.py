@@ -17,13 +17,14 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_resume._checks import flag, whole_number
+from lightning_resume._collectives import gather_objects, max_over_ranks
 from lightning_resume._scheduler.environment import is_global_zero, under_submitit
 from lightning_resume.exceptions import Preempted
 from lightning_resume.exit_status.exit_status import attach as attach_exit_status
 from lightning_resume.failure_classes import FailureClass
 from lightning_resume.io._protocol import ReportsWrites
 from lightning_resume.last_ckpt.stop_saves import StopSaves
-from lightning_resume.preemption.notices._agreement import Wanted, agree, shared_notice, written_seconds
+from lightning_resume.preemption.notices._notice import Notice
 from lightning_resume.preemption.notices._notice_source import NoticeSource
 from lightning_resume.preemption.notices._notices import Notices, as_notices
 from lightning_resume.preemption.notices._policy import Act
@@ -42,6 +43,7 @@ from lightning_resume.preemption.worker_signals import block_in_workers, unblock
 log = logging.getLogger(__name__)
 
 _Handler = Any  # what signal.getsignal returns: a callable, SIG_DFL, SIG_IGN or None
+_Wanted = tuple[Act, "Notice | None"]  # what a rank wants at a check, and the notice that asks for it
 
 
 class PreemptionHandler(Callback):
@@ -222,19 +224,15 @@ class PreemptionHandler(Callback):
             attach_exit_status(trainer)
             self._notices.start(trainer.local_rank, trainer.global_rank, self._saves.recorded_to_durable())
 
-    def _take_back_handlers(self) -> None:
-        # Lightning puts its SIGTERM handler (which broadcasts under DDP) in front of ours just before the
-        # sanity check; ours must decide alone. Lightning restores its pre-fit handlers (ours) after fit.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in self.signals:
-            if signal.getsignal(sig) != self._handle:
-                signal.signal(sig, self._handle)
-
     @override
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # From here on a signal is acted on at the next batch boundary, on every rank at once.
-        self._take_back_handlers()
+        # From here on a signal is acted on at the next batch boundary, on every rank at once. Lightning
+        # has just put its SIGTERM handler (which broadcasts under DDP) in front of ours; ours must decide
+        # alone (Lightning restores its pre-fit handlers, ours, after fit).
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                if signal.getsignal(sig) != self._handle:
+                    signal.signal(sig, self._handle)
         self._state.move(Event.TRAIN)
 
     @override
@@ -242,8 +240,8 @@ class PreemptionHandler(Callback):
         self.on_sanity_check_start(trainer, pl_module)
 
     def _check_due(self) -> bool:
-        """Count a batch; whether the ranks agree at this one (counted here: ``global_step`` repeats under
-        gradient accumulation, and all ranks run the same batches)."""
+        """Count a batch; whether the ranks agree at this one."""
+        # Counted here: global_step repeats under gradient accumulation, and all ranks run the same batches.
         self._batches_seen += 1
         return self._batches_seen % self.check_every_n_steps == 0
 
@@ -303,39 +301,33 @@ class PreemptionHandler(Callback):
         if self._state.stage is Stage.STOPPING:
             self._exit(trainer)
 
-    def _agree(self, trainer: pl.Trainer) -> tuple[Act, Wanted]:
-        """What every rank does at this batch, and what this rank wanted (all ranks call this at once)."""
+    def _agree(self, trainer: pl.Trainer) -> tuple[Act, _Wanted]:
+        """The most urgent act any rank wants at this batch, and what this rank wanted (a collective)."""
         io = trainer.strategy.checkpoint_io
-        signalled = self._state.stage is Stage.SIGNALLED
-        wanted = (Act.SIGNAL, None) if signalled else self._notices.wanted(lambda: written_seconds(io))
-        return agree(trainer.strategy, wanted[0]), wanted
+        wanted = (Act.SIGNAL, None) if self._state.stage is Stage.SIGNALLED else self._notices.wanted(io)
+        return Act(max_over_ranks(trainer.strategy, int(wanted[0]))), wanted
 
-    def _act(self, trainer: pl.Trainer, act: Act, wanted: Wanted) -> None:
-        if act == Act.SAVE:
-            self._save_for_notice(trainer, wanted)
+    def _act(self, trainer: pl.Trainer, act: Act, wanted: _Wanted) -> None:
+        if act == Act.SAVE:  # for a notice: make last.ckpt durable now, and train on
+            assert self._saves is not None
+            notice = _shared_notice(trainer, wanted, Act.SAVE)
+            record = self._notices.saved(notice, trainer.global_step, self._saves.save_durably(trainer))
+            if trainer.is_global_zero:
+                log.warning("%s", self._notices.describe_save(record, trainer.strategy.checkpoint_io))
         elif act >= Act.STOP:
             self._save(trainer, act, wanted)
 
-    def _cause(self, trainer: pl.Trainer, act: Act, wanted: Wanted) -> tuple[str, float]:
+    def _cause(self, trainer: pl.Trainer, act: Act, wanted: _Wanted) -> tuple[str, float]:
         """What stops ``fit`` (a signal, or a notice) and its ``time.monotonic()``."""
         if act == Act.STOP:
-            notice = shared_notice(trainer.strategy, wanted, Act.STOP)
+            notice = _shared_notice(trainer, wanted, Act.STOP)
             self._notices.acting_on(notice)
             return f"the {notice.source} notice", time.monotonic()
         if self._state.signal is not None:
             return self._state.signal[0].name, self._state.signal[1]
         return "a signal on another rank", time.monotonic()
 
-    def _save_for_notice(self, trainer: pl.Trainer, wanted: Wanted) -> None:
-        """Make ``last.ckpt`` durable now, for a notice, and train on."""
-        assert self._saves is not None
-        notice = shared_notice(trainer.strategy, wanted, Act.SAVE)
-        record = self._notices.saved(notice, trainer.global_step, self._saves.save_durably(trainer))
-        if trainer.is_global_zero:
-            written = written_seconds(trainer.strategy.checkpoint_io)
-            log.warning("%s", self._notices.describe_save(record, written))
-
-    def _save(self, trainer: pl.Trainer, act: Act, wanted: Wanted, in_validation: bool = False) -> None:
+    def _save(self, trainer: pl.Trainer, act: Act, wanted: _Wanted, in_validation: bool = False) -> None:
         """Make ``last.ckpt`` durable at this resume point; the exit follows at the next hook."""
         assert self._saves is not None
         cause, start = self._cause(trainer, act, wanted)
@@ -402,3 +394,11 @@ class PreemptionHandler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown hook after an exception
+
+
+def _shared_notice(trainer: pl.Trainer, wanted: _Wanted, agreed: Act) -> Notice:
+    """The notice of the first rank that wanted ``agreed`` (a notice's save or stop), on every rank."""
+    for act, notice in gather_objects(trainer.strategy, wanted):
+        if act == agreed and notice is not None:
+            return notice
+    raise RuntimeError(f"the ranks agreed on {agreed.name} for a notice, but no rank has one")

@@ -19,10 +19,7 @@ def requeue_job(
     timeout: float = 60,
 ) -> str:
     """Requeue the job once (``scontrol requeue`` unless no longer ``RUNNING``); return what was done.
-
-    ``via_submitit`` calls submitit's preempt handler, which requeues and exits; on another error the
-    SLURM path runs. ``warn`` is told about a failed requeue; ``timeout`` bounds each SLURM command.
-    """
+    ``via_submitit``: submitit's preempt handler (requeues and exits); ``warn``: told of a failure."""
     if via_submitit is not None:
         try:
             via_submitit()
@@ -56,9 +53,9 @@ def torchrun_restarts_left(environ: Mapping[str, str]) -> int | None:
 
 
 def requeue_after_hang(environ: Mapping[str, str], timeout: float = 15) -> str:
-    """Requeue a hung job once: leave it to torchrun while it restarts workers, else as :func:`requeue_job`
-    without submitit's handler (its ``checkpoint()`` and thread exit are what a hung process cannot afford;
-    the SLURM requeue reruns submitit's job the same way)."""
+    """Requeue a hung job once: left to torchrun while it restarts workers, else through SLURM."""
+    # Not submitit's handler: its checkpoint() and thread exit are what a hung process cannot afford (the
+    # SLURM requeue reruns submitit's job the same way).
     left = torchrun_restarts_left(environ)
     if left:
         return f"none: torchrun restarts the workers ({left} restart(s) left)"

@@ -27,14 +27,18 @@ class HandlerInfo:
         return f"{self.name} [{self.origin}]"
 
 
+def full_name(name: str) -> str:
+    """``usr1`` -> ``SIGUSR1`` (not checked)."""
+    name = name.upper()
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
 def signal_number(name: str) -> signal.Signals:
     """``"SIGUSR1"`` or ``"USR1"`` -> ``signal.SIGUSR1``; ValueError for a name not a signal here."""
     if not isinstance(name, str):
         raise ValueError(f"Signals are given by name, such as 'SIGTERM' or 'SIGUSR1', got {name!r}.")
-    full = name.strip().upper()
-    full = full if full.startswith("SIG") else f"SIG{full}"
     try:
-        return signal.Signals[full]
+        return signal.Signals[full_name(name.strip())]
     except KeyError:
         raise ValueError(f"Unknown signal {name!r}; use a name such as 'SIGTERM' or 'SIGUSR1'.") from None
 

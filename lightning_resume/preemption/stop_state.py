@@ -107,11 +107,7 @@ class StopState:
     report: StopReport | None = field(default=None, repr=False)
 
     def move(self, event: Event) -> Stage:
-        """Apply ``event``; the new stage.
-
-        Raises:
-            RuntimeError: ``event`` cannot happen in this stage (a bug).
-        """
+        """Apply ``event``; the new stage (RuntimeError for one that cannot happen in this stage: a bug)."""
         if event is Event.EXIT or self.stage is Stage.EXITING:
             self.stage = Stage.EXITING
         elif (self.stage, event) in TRANSITIONS:

@@ -1,11 +1,6 @@
-"""DataLoader workers and a preemption signal to the whole process group (SLURM, ``kill -- -PGID``).
-
-torch's worker handlers let a SIGTERM from anyone but the parent kill the worker, which fails the main
-process at once. So, while ``PreemptionHandler`` is installed, a forked DataLoader worker (only a worker,
-per :func:`~lightning_resume._compat.torch.forked_target`) blocks the preemption signals and a daemon
-thread takes them, exiting on the parent's (how ``multiprocessing`` stops a worker). ``spawn`` and
-``forkserver`` workers keep torch's behaviour.
-"""
+"""DataLoader workers and a preemption signal to the whole process group (SLURM, ``kill -- -PGID``): torch
+lets it kill a worker, failing the main process, so while ``PreemptionHandler`` is installed a forked worker
+blocks those signals and a thread exits on the parent's only (how ``multiprocessing`` stops a worker)."""
 
 from __future__ import annotations
 
@@ -37,7 +32,7 @@ def _after_fork_in_child() -> None:
         return
     signals = _BLOCKED.get(os.getppid())
     _BLOCKED.clear()
-    if signals and is_worker_loop(forked_target()):
+    if signals and is_worker_loop(forked_target()):  # only a worker: spawn/forkserver keep torch's way
         # Blocked in every thread of the worker, so torch's handler never runs; a thread takes them.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         _IN_THIS_WORKER = signals

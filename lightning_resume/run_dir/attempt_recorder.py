@@ -1,7 +1,6 @@
 """``RunDir``'s record of this attempt in ``attempts.json``, written by rank 0.
 
-Nothing here raises: an error in the record (a full disk) must not replace the error that ends ``fit``.
-"""
+Nothing here raises: an error in the record (a full disk) must not replace the error that ends ``fit``."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ def _signalled(trainer: pl.Trainer) -> float | None:
 
 
 def _checkpoint_bytes(path: str) -> int | None:
-    """The size of a local checkpoint file, or of the files of a checkpoint directory (``None``: remote,
-    or unreadable)."""
+    """The size of a local checkpoint file or directory (``None``: remote, or unreadable)."""
     if "://" in path:
         return None
     root = Path(path)
@@ -99,24 +97,9 @@ def _rounded(record: dict[str, Any]) -> dict[str, Any]:
 def restore_record(
     io: object, path: str, loaded_at: float | None, since: float
 ) -> tuple[dict[str, Any], float | None]:
-    """What the load of the checkpoint ``path`` was, and when it ended.
-
-    A checkpoint IO that tells (``DurableCheckpointIO.last_restore``, read duck-typed: ``io`` is a lower
-    layer) gives its record and end (``started + seconds``), when the load began after ``since`` (this
-    process's first code: an older record is another fit's). Any other: the tier and seconds are not
-    known (``None``), the bytes are the file's, and the end is ``loaded_at``, when the loaded state
-    reached the callbacks (``on_load_checkpoint``; ``None``: it did not).
-
-    Args:
-        io: The strategy's checkpoint IO.
-        path: The checkpoint ``fit`` resumed from (``trainer.ckpt_path``).
-        loaded_at: When ``RunDir.on_load_checkpoint`` ran (wall clock).
-        since: When this process's first code ran (wall clock).
-
-    Example::
-
-        record, ended = restore_record(trainer.strategy.checkpoint_io, trainer.ckpt_path, None, 0.0)
-    """
+    """What the load of ``path`` by checkpoint ``io`` was, and when it ended (else ``loaded_at``)."""
+    # ``DurableCheckpointIO.last_restore`` (duck-typed: a lower layer) counts when the load began after
+    # ``since``, this process's first code: an older record is another fit's.
     to_dict = getattr(getattr(io, "last_restore", None), "to_dict", None)
     if callable(to_dict):
         record = dict(to_dict())
@@ -133,12 +116,7 @@ def _number(value: object) -> float | None:
 
 
 class AttemptRecorder:
-    """Records this attempt in ``<run dir>/attempts.json`` (rank 0), the step every :data:`FLUSH_SECONDS`.
-
-    Args:
-        run_dir: The run directory.
-        code_started: When our code first ran in this process (``RunDir``'s construction; default now).
-    """
+    """Records this attempt in ``<run dir>/attempts.json`` (rank 0), the step every :data:`FLUSH_SECONDS`."""
 
     def __init__(self, run_dir: Path, code_started: float | None = None) -> None:
         self.run_dir = run_dir
@@ -256,20 +234,13 @@ class AttemptRecorder:
         self._attempt = replace(self._attempt, resumed_from=resumed)
         self._last_step = trainer.global_step
         if trainer.ckpt_path:
-            self._restored(trainer, str(trainer.ckpt_path))
+            io, path = trainer.strategy.checkpoint_io, str(trainer.ckpt_path)
+            record, ended = restore_record(io, path, self._loaded_at, self._code_started)
+            self._attempt = replace(self._attempt, restore=record, restored_at=ended)
 
     def loaded(self) -> None:
         """The checkpoint ``fit`` resumes from reached the callbacks (``on_load_checkpoint``): loaded."""
         self._loaded_at = time.time()
-
-    @_never_raises
-    def _restored(self, trainer: pl.Trainer, path: str) -> None:
-        """Record the load of ``path`` (:func:`restore_record`); written with the first step."""
-        assert self._attempt is not None
-        record, ended = restore_record(
-            trainer.strategy.checkpoint_io, path, self._loaded_at, self._code_started
-        )
-        self._attempt = replace(self._attempt, restore=record, restored_at=ended)
 
     @_never_raises
     def step(self, trainer: pl.Trainer) -> None:
@@ -349,8 +320,7 @@ class AttemptRecorder:
 
     @_never_raises
     def classified(self, failure: str, exit_code: int, rank: int, error: str = "") -> None:
-        """Record the failure class the ranks exit with, its exit status, the rank it came from and that
-        rank's error (``ExitStatus``; into the end as it is closed, or at once when it is closed already)."""
+        """Record ``ExitStatus``'s failure class, exit status, rank and error (into the end, once closed)."""
         self._failure = {"failure": failure, "exit_code": exit_code, "rank": rank, "error": error}
         if self._attempt is not None and self._attempt.end is not None:
             self._attempt = replace(self._attempt, end=self._classified(self._attempt.end))
@@ -428,8 +398,7 @@ class AttemptRecorder:
         return None
 
     def _exiting(self) -> None:
-        """At the interpreter's exit: when this attempt's rank-0 process exited (read, changed, written:
-        only this field; a CLI may have written meanwhile)."""
+        """At the interpreter's exit: record when rank 0 exited (only this field: a CLI may have written)."""
         attempt = self._attempt
         if attempt is None or attempt.pid != os.getpid():
             return  # not rank 0, or a forked child

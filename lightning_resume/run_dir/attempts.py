@@ -1,34 +1,7 @@
 """``attempts.json``: one record per attempt of a run, for the tools and the crash-loop rule.
 
-Rank 0's ``RunDir`` records each attempt (:class:`Attempt`); ``ProgressWatchdog`` adds its save times,
-``RequeueCheckpoint`` its ``last.ckpt`` save times and the interval ``"auto"`` chose. An open record
-is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang notes. Version 1::
-
-    {"version": 1, "reset_after": 0,
-     "earlier": {"attempts": 0, "causes": {}, "seconds": 0.0, "interruptions": 0},
-     "attempts": [
-       {"attempt": 3, "host": "node7", "pid": 4242, "launch": "slurm-42-stepbatch-r3",
-        "unrecorded_launches": 1, "started": 1717000000.0, "code_started": 1717000009.5, "resumed_from": 400,
-        "checkpoint_at_start": {"step": 400, "time": 1716999990.0},
-        "restore": {"tier": "durable", "path": ".../last.ckpt", "bytes": 5242880, "seconds": 1.9, ...},
-        "restored_at": 1717000024.1, "first_step": 1717000031.2,
-        "last_step": 655, "last_step_time": 1717000390.0, "checkpoint": {"step": 600, "time": 1717000350.0},
-        "saves": {"count": 3, "seconds": 4.1, "max_seconds": 1.6},
-        "last_ckpt_saves": {"count": 3, "stall_seconds": 2.9, "max_stall": 1.1, "last_stall": 0.9,
-                            "first_stall": 1.1, "durable_count": 3, "max_to_durable": 5.2,
-                            "last_to_durable": 4.8},
-        "cadence": {"steps": 120, "seconds": 300.0, ...}, "exited": 1717000395.3,
-        "end": {"time": 1717000392.0, "cause": "hung", "detail": "...", "section": "step", "step": 655,
-                "seconds": 300.2, "timeout": 300.0, "rank": 1, "stacks": ["hangs/attempt-3-rank-0.txt"],
-                "failure": "hang", "exit_code": 75}}]}
-
-Only the last :data:`KEEP` attempts are kept; ``earlier`` sums up the dropped ones for :func:`exposure`.
-``code_started``, ``restore``, ``restored_at``, ``exited``, ``end.signalled`` and ``end.failure`` /
-``end.exit_code`` (the failure class, ``lightning_resume.failure_classes``) are written only when known
-(older files lack them; they read as ``None``). ``stragglers`` is written by ``StragglerDetector``:
-``{"window": 100, "windows": 12, "ranks": [{"rank": 0, "host": "node7", "data": 0.001, "compute": 0.2,
-"collective": 0.05, "optimizer": 0.01}, ...], "named": [Straggler.to_dict(), ...]}`` (seconds per step).
-"""
+Written by rank 0's ``RunDir`` (fields: :class:`Attempt`, docs/src/progress_watchdog.md); an open record
+is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang notes."""
 
 from __future__ import annotations
 
@@ -89,15 +62,13 @@ class End:
     rank: int | None = None  # hung: the first rank to report; with ``failure``: the rank it came from
     stacks: tuple[str, ...] = ()  # hung: every reporting rank's stacks file, relative to the run dir
     signalled: float | None = None  # preempted: when the signal arrived (a notice: when the ranks agreed)
-    # The failure class the ranks exited with (``lightning_resume.failure_classes``), its exit status, and
-    # the rank it came from (in ``rank``): set when PreemptionHandler or ProgressWatchdog classified it.
+    # The failure class the ranks exited with (``lightning_resume.failure_classes``) and its exit status.
     failure: str | None = None
     exit_code: int | None = None
 
     @property
     def fault(self) -> float:
-        """When the fault happened: the signal's arrival (preempted, when recorded), the hung rank's last
-        progress, the last sign of life (killed), else the end's time (the exception, the stop)."""
+        """When the fault happened: the signal's arrival, a hung rank's last progress, else :attr:`time`."""
         if self.signalled is not None:
             return self.signalled
         if self.cause is Cause.HUNG and self.seconds is not None:
@@ -106,8 +77,7 @@ class End:
 
 
 #: The fields of :class:`End` that its JSON object holds only when set.
-_END_OPTIONAL: tuple[str, ...] = ("signal", "notice", "error", "section", "step", "seconds", "timeout")
-_END_OPTIONAL += ("rank", "signalled", "failure", "exit_code")
+_END_OPTIONAL = tuple(f.name for f in fields(End) if f.name not in ("time", "cause", "detail", "stacks"))
 
 
 @dataclass(frozen=True)
@@ -191,8 +161,7 @@ class Attempt:
     pid: int
     launch: str | None  # what the scheduler calls this launch (``None`` outside one)
     started: float  # when rank 0's process started
-    # Launches of the job since the attempt before that left no record (killed while starting up):
-    # gaps in the restart count in ``launch`` (:func:`unrecorded_between`); in the file when > 0.
+    # Launches since the previous attempt that left no record (:func:`unrecorded_between`); written if > 0.
     unrecorded_launches: int = 0
     resumed_from: int | None = None  # the step training resumed from (``None``: fresh, or not reached)
     checkpoint_at_start: Checkpoint | None = None  # the newest durable checkpoint when it began
@@ -202,16 +171,15 @@ class Attempt:
     checkpoint: Checkpoint | None = None  # the newest durable checkpoint it saw
     saves: Saves = field(default_factory=Saves)
     last_ckpt_saves: LastCkptSaves = field(default_factory=LastCkptSaves)
-    # The interval ``every_n_train_steps="auto"`` chose last (``Choice.to_dict()`` of
-    # ``lightning_resume.last_ckpt.interval``, with ``time`` and ``changes``), if any.
+    # The interval ``every_n_train_steps="auto"`` chose last (``Choice.to_dict()``, ``time``, ``changes``).
     cadence: dict[str, Any] | None = None
     # The resume's self-check: "exact (checked: ...)", "differs: ...", "unchecked"; None: no resume.
     self_check: str | None = None
     end: End | None = None  # ``None``: running, or ended without a word (until the next attempt)
-    # When our code first ran in rank 0's process (``RunDir`` constructed): after the imports.
-    code_started: float | None = None
-    # The checkpoint load it resumed from: ``DurableCheckpointIO.last_restore.to_dict()`` (tier, path,
-    # bytes, seconds, node, host, step, started), else ``{"tier": None, "path", "bytes", "seconds": None}``.
+    # The fields below are in the file only when known (older files lack them).
+    code_started: float | None = None  # when ``RunDir`` was constructed in rank 0's process
+    # The checkpoint load it resumed from: ``DurableCheckpointIO.last_restore.to_dict()``, else
+    # ``{"tier": None, "path", "bytes", "seconds": None}``.
     restore: dict[str, Any] | None = None
     restored_at: float | None = None  # when that load ended (else when the loaded state reached callbacks)
     exited: float | None = None  # when rank 0's process began to exit (``None``: unknown, e.g. SIGKILL)
@@ -276,9 +244,8 @@ _CASTS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float}
 
 def _numbers(cls: type[_T], data: Mapping[str, Any]) -> _T:
     """A dataclass from its JSON object: absent keys defaulted, ``int`` and ``float`` fields cast."""
-    present = data.keys()
     cast = {f.name: _CASTS.get(str(f.type), lambda v: v) for f in fields(cls)}  # type: ignore[arg-type]
-    return cls(**{name: cast[name](data[name]) for name in cast if name in present})
+    return cls(**{name: cast[name](data[name]) for name in cast if name in data})
 
 
 def _checkpoint(data: Any) -> Checkpoint | None:
@@ -303,6 +270,7 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
     """An :class:`Attempt` from its JSON object."""
     as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time", "self_check")
     known = ("code_started", "restored_at", "exited")  # in the file only when recorded
+    objects = ("cadence", "restore", "stragglers")  # kept as they are
     return Attempt(
         number=int(data["attempt"]),
         host=str(data.get("host", "")),
@@ -313,11 +281,9 @@ def attempt_from_dict(data: dict[str, Any]) -> Attempt:
         checkpoint=_checkpoint(data.get("checkpoint")),
         saves=_numbers(Saves, data.get("saves") or {}),
         last_ckpt_saves=_numbers(LastCkptSaves, data.get("last_ckpt_saves") or {}),
-        cadence=data.get("cadence") if isinstance(data.get("cadence"), dict) else None,
-        restore=data.get("restore") if isinstance(data.get("restore"), dict) else None,
-        stragglers=data.get("stragglers") if isinstance(data.get("stragglers"), dict) else None,
         end=_end(data.get("end")),
         **{key: data.get(key) for key in (*as_is, *known)},
+        **{key: data[key] if isinstance(data.get(key), dict) else None for key in objects},
     )
 
 
@@ -325,24 +291,29 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _checkpoint_to_dict(c: Checkpoint | None) -> dict[str, Any] | None:
+    return None if c is None else {"step": c.step, "time": _rounded(c.time)}
+
+
+def _end_to_dict(end: End | None) -> dict[str, Any] | None:
+    if end is None:
+        return None
+    data: dict[str, Any] = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
+    for key in _END_OPTIONAL:
+        value = getattr(end, key)
+        if value is not None:
+            data[key] = round(value, 3) if isinstance(value, float) else value
+    if end.stacks:
+        data["stacks"] = list(end.stacks)
+    return data
+
+
 def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
-    """The JSON object of an :class:`Attempt` (the format in the module docstring)."""
-
-    def checkpoint(c: Checkpoint | None) -> dict[str, Any] | None:
-        return None if c is None else {"step": c.step, "time": _rounded(c.time)}
-
-    end, last = attempt.end, attempt.last_ckpt_saves
-    end_data: dict[str, Any] | None = None
-    if end is not None:
-        end_data = {"time": _rounded(end.time), "cause": end.cause.value, "detail": end.detail}
-        for key in _END_OPTIONAL:
-            value = getattr(end, key)
-            if value is not None:
-                end_data[key] = round(value, 3) if isinstance(value, float) else value
-        if end.stacks:
-            end_data["stacks"] = list(end.stacks)
+    """The JSON object of an :class:`Attempt` (the optional keys only when set)."""
     unrecorded = {"unrecorded_launches": attempt.unrecorded_launches} if attempt.unrecorded_launches else {}
-    known = {
+    when_set = {
+        "stragglers": attempt.stragglers,
+        "self_check": attempt.self_check,
         "code_started": _rounded(attempt.code_started),
         "restore": attempt.restore,
         "restored_at": _rounded(attempt.restored_at),
@@ -356,18 +327,18 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
         **unrecorded,
         "started": _rounded(attempt.started),
         "resumed_from": attempt.resumed_from,
-        "checkpoint_at_start": checkpoint(attempt.checkpoint_at_start),
+        "checkpoint_at_start": _checkpoint_to_dict(attempt.checkpoint_at_start),
         "first_step": _rounded(attempt.first_step),
         "last_step": attempt.last_step,
         "last_step_time": _rounded(attempt.last_step_time),
-        "checkpoint": checkpoint(attempt.checkpoint),
+        "checkpoint": _checkpoint_to_dict(attempt.checkpoint),
         "saves": {key: _rounded(value) for key, value in asdict(attempt.saves).items()},
-        "last_ckpt_saves": {key: _rounded(getattr(last, key), 4) for key in _LAST_CKPT_KEYS},
+        "last_ckpt_saves": {
+            key: _rounded(getattr(attempt.last_ckpt_saves, key), 4) for key in _LAST_CKPT_KEYS
+        },
         "cadence": attempt.cadence,
-        **({"stragglers": attempt.stragglers} if attempt.stragglers is not None else {}),
-        **({"self_check": attempt.self_check} if attempt.self_check is not None else {}),
-        **{key: value for key, value in known.items() if value is not None},
-        "end": end_data,
+        **{key: value for key, value in when_set.items() if value is not None},
+        "end": _end_to_dict(attempt.end),
     }
 
 
@@ -449,11 +420,7 @@ def hung_end(notes: Sequence[HangNote]) -> End:
 
 
 def with_notes(history: History, notes: Sequence[HangNote]) -> History:
-    """``history`` with the attempts its hang notes tell about marked ``hung``.
-
-    A hang is the root cause of whatever else ended the attempt (a hung rank's peers fail when it
-    exits): it replaces an open record or a ``failed``/``killed`` ending, or makes a record of its own.
-    """
+    """``history`` with the attempts its hang notes tell about marked ``hung``."""
     by_attempt: dict[int, list[HangNote]] = {}
     for note in notes:
         by_attempt.setdefault(note.attempt, []).append(note)
@@ -470,6 +437,7 @@ def with_notes(history: History, notes: Sequence[HangNote]) -> History:
             attempt = Attempt(
                 number, first.host, first.pid, None, started, checkpoint_at_start=start, checkpoint=start
             )
+        # A hang is the root cause of a peer's failure as it exits: it replaces those endings.
         elif attempt.end is not None and attempt.end.cause not in (Cause.FAILED, Cause.KILLED, Cause.HUNG):
             continue
         reached = [s for s in (attempt.last_step, end.step) if s is not None]
@@ -523,8 +491,7 @@ def begin(
     notes: Sequence[HangNote] = (),
     beat: Beat | None = None,
 ) -> History:
-    """``history`` with ``attempt`` added, starting from the durable ``checkpoint``, and every earlier
-    attempt closed: one without an end was killed (at its step ``beat``), or hung (``notes``)."""
+    """``history`` with ``attempt`` added from the durable ``checkpoint``, every open record closed."""
     history = with_notes(history, notes)
     for earlier in history.attempts:
         if earlier.end is None:
@@ -550,8 +517,7 @@ _COUNTED = re.compile(r"^(?P<job>(?:slurm|elastic)-.+)-r(?P<count>\d+)$")
 
 
 def unrecorded_between(before: str | None, launch: str | None) -> int:
-    """How many launches of the job between two consecutive attempts' launch keys left no record (killed
-    before ``RunDir`` recorded them: a gap in the restart count). ``before=None``: ``launch`` is the first."""
+    """How many launches between two attempts' launch keys left no record (a gap in the restart count)."""
     now = _COUNTED.match(launch or "")
     if now is None:
         return 0
@@ -564,8 +530,7 @@ def unrecorded_between(before: str | None, launch: str | None) -> int:
 
 
 def exposure(history: History) -> tuple[float, int]:
-    """Seconds the closed attempts ran (start to end, ``earlier`` included) and how many of them were
-    interrupted (:data:`INTERRUPTIONS`): the run's mean time between interruptions is their ratio."""
+    """Seconds the closed attempts ran (``earlier`` included) and how many were :data:`INTERRUPTIONS`."""
     seconds, interruptions = history.earlier.seconds, history.earlier.interruptions
     for attempt in history.attempts:
         if attempt.end is None:

@@ -1,9 +1,7 @@
 """Where callbacks meet the run dir of their process, whatever order they were constructed in.
 
-A tracker callback must hand its recorded run back before ``Trainer.fit`` creates the tracker run, when
-no ``Trainer`` exists yet: the callbacks share only the process. So ``RunDir`` announces its choice to
-:data:`PROCESS`, and a callback waits on it with :meth:`Binding.when_ready`.
-"""
+Before a ``Trainer`` exists, ``RunDir`` announces its choice to :data:`PROCESS`, and a tracker callback
+waits on it with :meth:`Binding.when_ready` (it hands its run back before ``fit`` creates one)."""
 
 from __future__ import annotations
 

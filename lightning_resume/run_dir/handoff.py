@@ -1,13 +1,7 @@
 """Rank 0's run dir for the other ranks of one launch: asked for, then answered, through the runs root.
 
-Before any process group exists, the ranks of a launch share only their environment and the runs
-root. Their launch key (:func:`~.scheduler.launch_key`) may repeat an earlier launch's (torchrun with
-the same ``--rdzv-id``, a recreated pod, a rerun by hand), so a rank never reads a file written before
-it asked: each rank but 0 writes ``.handoff/<launch>.<nonce>.ask`` and waits for the ``.answer`` beside
-it (then removes both); rank 0 answers every request of its launch (:class:`Answerer`, a thread) from
-claiming its run dir until every rank joined its process group. Of two launches of one key, the second
-rank 0 is refused the run dir's lock. Every file records its writer for ``lightning-resume gc``.
-"""
+Each rank but 0 writes ``.handoff/<launch>.<nonce>.ask`` and waits for the ``.answer`` beside it: a
+launch key may repeat an earlier launch's, so a rank never reads a file written before it asked."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ def _prefix(launch: str) -> str:
 
 
 class Answerer:
-    """Rank 0's side: answer every request of ``launch`` with ``resolution`` until :meth:`stop`
-    (:class:`RunDirError` when ``.handoff`` cannot be created)."""
+    """Rank 0's side: a thread answering each request of ``launch`` with ``resolution`` until :meth:`stop`."""
 
     def __init__(self, root: Path, launch: str, resolution: Resolution) -> None:
         self._folder = folder = root / layout.HANDOFF_DIR
@@ -90,8 +83,7 @@ class Answerer:
 
 
 def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL) -> Resolution:
-    """A rank other than 0: ask rank 0 of this launch for its run dir and wait for the answer
-    (:class:`RunDirError` after ``timeout`` seconds without one)."""
+    """A rank other than 0: ask rank 0 of this launch for its run dir and wait for the answer."""
     folder = root / layout.HANDOFF_DIR
     base = folder / f"{_prefix(launch)}{uuid.uuid4().hex}"
     request, answer = base.with_name(base.name + ASK), base.with_name(base.name + ANSWER)
@@ -102,9 +94,8 @@ def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL)
                 with contextlib.suppress(OSError):  # tried again at the next look
                     folder.mkdir(parents=True, exist_ok=True)
                     write_json_atomic(request, {"rank": rank, "writer": own_record()})
-            found = _read_answer(answer)
-            if found is not None:
-                return found
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # not there, or half-written
+                return Resolution.from_json(answer.read_text())
             if time.monotonic() >= deadline:
                 raise RunDirError(
                     f"Rank 0 did not publish its run dir for this launch under {str(folder)!r} within "
@@ -118,13 +109,6 @@ def ask(root: Path, launch: str, rank: int, timeout: float, poll: float = _POLL)
         for path in (request, answer):
             with contextlib.suppress(OSError):
                 path.unlink()
-
-
-def _read_answer(path: Path) -> Resolution | None:
-    try:
-        return Resolution.from_json(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def writer_of(path: Path) -> dict[str, Any]:

@@ -1,9 +1,6 @@
-"""What a rank leaves in the run dir when its watchdog finds it hung: its stacks and a note.
+"""What a hung rank leaves in the run dir: ``hangs/attempt-<N>-rank-<R>.txt`` (stacks) and ``.json`` (a note).
 
-Each rank writes its own ``hangs/attempt-<N>-rank-<R>.txt`` (every thread's stack) and ``.json`` (a
-:class:`HangNote`), needing nobody else; the attempt history reads the notes. Pure standard library,
-safe on a watchdog thread (no logging, no lock the main thread may hold).
-"""
+Pure standard library, safe on a watchdog thread (no logging, no lock the main thread may hold)."""
 
 from __future__ import annotations
 
@@ -56,7 +53,7 @@ def section_label(value: str | None) -> str:
     return LABELS.get(value or "", value or "unknown section")
 
 
-_NAME = re.compile(r"^attempt-(\d+)-rank-(\d+)\.json$")
+_NAME = re.compile(r"^attempt-(\d+)-rank-(\d+)\.(json|txt)$")
 
 
 @dataclass(frozen=True)
@@ -99,20 +96,28 @@ def write_stacks(path: Path, header: str) -> None:
 
 def write_note(run_dir: Path, note: HangNote) -> Path:
     """Record ``note`` as ``hangs/attempt-<N>-rank-<R>.json``; return the path."""
-    path = layout.hangs_dir(run_dir) / f"attempt-{note.attempt}-rank-{note.rank}.json"
+    path = stacks_path(run_dir, note.attempt, note.rank).with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, note.to_dict())
     return path
 
 
+def _files(run_dir: Path) -> list[tuple[Path, int, int, str]]:
+    """The run dir's hang files: each one's path, attempt, rank and suffix."""
+    folder = layout.hangs_dir(run_dir)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    matches = (_NAME.match(name) for name in names)
+    return [(folder / m[0], int(m[1]), int(m[2]), m[3]) for m in matches if m]
+
+
 def read_notes(run_dir: Path) -> list[HangNote]:
     """Every readable hang note of the run dir, oldest first (unreadable ones are skipped)."""
-    folder = layout.hangs_dir(run_dir)
-    if not folder.is_dir():
-        return []
     notes = []
-    for path in folder.iterdir():
-        if not _NAME.match(path.name):
+    for path, _, _, suffix in _files(run_dir):
+        if suffix != "json":
             continue
         try:
             notes.append(HangNote.from_dict(json.loads(path.read_text())))
@@ -123,22 +128,12 @@ def read_notes(run_dir: Path) -> list[HangNote]:
 
 def reported_ranks(run_dir: Path, attempt: int) -> set[int]:
     """The ranks that have written a hang note for ``attempt``."""
-    folder = layout.hangs_dir(run_dir)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return set()
-    matches = (_NAME.match(name) for name in names)
-    return {int(m.group(2)) for m in matches if m and int(m.group(1)) == attempt}
+    return {rank for _, number, rank, suffix in _files(run_dir) if number == attempt and suffix == "json"}
 
 
 def prune(run_dir: Path, keep: set[int]) -> None:
     """Remove the hang files of attempts not in ``keep`` (the history keeps a bounded number)."""
-    folder = layout.hangs_dir(run_dir)
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        match = re.match(r"^attempt-(\d+)-rank-\d+\.(json|txt)$", path.name)
-        if match and int(match.group(1)) not in keep:
+    for path, number, _, _ in _files(run_dir):
+        if number not in keep:
             with contextlib.suppress(OSError):
                 path.unlink()

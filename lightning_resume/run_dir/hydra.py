@@ -1,9 +1,7 @@
 """Hydra's output dir of this launch, and whether a runs root inside it survives a restart.
 
-Hydra gives each local launch a new output dir (and with ``hydra.job.chdir=true`` makes it the working
-dir), so a relative runs root in it is not found by the next launch; only hydra-submitit-launcher keeps
-it across requeues. Hydra is read only when the application has imported it.
-"""
+Hydra gives each local launch a new output dir; only hydra-submitit-launcher keeps it across requeues.
+Hydra is read only when the application has imported it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""What the launcher configured, kept with the run (called by ``RunDir.setup``).
+"""What the launcher configured, kept with the run: LightningCLI's and Hydra's configuration.
 
-LightningCLI's ``SaveConfigCallback`` saves into the run dir, overwriting (Lightning's own
-``RuntimeError`` on an existing file would stop every restart); Hydra's composed configuration is
-copied as ``hydra_config.yaml``, and a runs root inside its per-launch output dir is warned about. A
-restart's changed configuration keeps the earlier file as ``config.1.yaml`` (``hydra_config.1.yaml``)
-and warns with the changed keys. ``RunDir.setup`` runs first: LightningCLI appends its callback last.
-"""
+A restart's changed configuration keeps the earlier file as ``config.1.yaml`` and warns with the changed
+keys. ``RunDir.setup`` calls it before LightningCLI's callback, which it appends last."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ HYDRA_CONFIG = "hydra_config.yaml"  # Hydra's composed configuration, as kept in
 
 
 def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first: bool = True) -> None:
-    """Keep LightningCLI's and Hydra's configuration in ``run_dir``; check Hydra's output dir (``first``
-    setup of this process only: a later one would find its own copy)."""
+    """Keep LightningCLI's and Hydra's configuration in ``run_dir``; check Hydra's (``first`` setup only)."""
     for callback in _save_config_callbacks(trainer):
         _save_into_run_dir(run_dir, run_id, trainer, callback)
     launch = hydra.current_launch()
@@ -61,6 +56,7 @@ def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback
         return  # nothing to save, or the user chose the place
     target = run_dir / callback.config_filename
     # SaveConfigCallback saves to os.path.join(trainer.log_dir, config_filename): an absolute name wins.
+    # It overwrites: Lightning's RuntimeError on an existing file would stop every restart.
     callback.config_filename = str(target)
     # On every rank: with overwrite=False the callback broadcasts, and ranks must agree on collectives.
     callback.overwrite = True
@@ -71,8 +67,7 @@ def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback
 
 
 def _compare_with_saved(run_id: str, target: Path, launcher: str, now_text: str) -> bool:
-    """Whether to save ``now_text`` at ``target``: a changed or unusable saved file is kept under the next
-    free ``<name>.<n>.yaml``, with one warning."""
+    """Whether to save ``now_text`` at ``target`` (a changed or unusable saved file is kept aside)."""
     try:
         before = saved_config.read_config(target)
     except ValueError as e:

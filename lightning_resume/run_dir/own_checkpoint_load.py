@@ -1,5 +1,4 @@
-"""``OwnCheckpointLoad``: ``validate``/``test``/``predict`` may load the run's own checkpoints with what
-their saves pickled (the rule of :mod:`.own_hparams`)."""
+"""``OwnCheckpointLoad``: ``validate``/``test``/``predict`` load the run's files by :mod:`.own_hparams`."""
 
 from __future__ import annotations
 
@@ -16,21 +15,13 @@ from lightning_resume._compat.lightning import NextLoad
 from lightning_resume.run_dir import own_hparams
 
 
-class OwnCheckpointLoad:
-    """Apply the rule to the strategy's next ``load_checkpoint`` (a :class:`NextLoad`, gone after one
-    call or :meth:`uninstall`) when it loads a file of the run (:meth:`owns`). Made in ``setup`` of a
-    stage other than ``fit``."""
+class OwnCheckpointLoad(NextLoad):
+    """Apply the rule to the strategy's next ``load_checkpoint`` of a file of the run (:meth:`owns`)."""
 
     def __init__(self, trainer: pl.Trainer, run_dir: Path) -> None:
+        super().__init__(trainer.strategy, self._load)
         self.trainer = trainer
         self.run_dir = run_dir
-        self._next = NextLoad(trainer.strategy, self._load)
-
-    def install(self) -> None:
-        self._next.install()
-
-    def uninstall(self) -> None:
-        self._next.uninstall()
 
     def owns(self, path: str) -> bool:
         """Whether ``path`` is a file of this run: in its run dir or a ``ModelCheckpoint``'s ``dirpath``."""
@@ -61,7 +52,9 @@ class OwnCheckpointLoad:
         try:
             return own_hparams.load(original, path, args, kwargs, self._allowed)
         except Exception as e:
-            why = own_hparams.refusal(path, e, self._allowed(), own_hparams.owner_name(self.trainer))
+            module = self.trainer.lightning_module
+            owner = type(module).__name__ if module is not None else "the module"
+            why = own_hparams.refusal(path, e, self._allowed(), owner)
             if why is None:
                 raise
             raise pickle.UnpicklingError(why) from e

@@ -1,16 +1,7 @@
 """What a load of the run's own checkpoints may unpickle beyond torch's ``weights_only`` set.
 
-torch >= 2.6 reads Lightning's ``torch.load(weights_only=None)`` as ``weights_only=True``, which refuses
-checkpoints holding objects (a pandas DataFrame among the hyperparameters, a loss module that
-``on_save_checkpoint`` adds, Hydra's ``functools.partial``): every restart of such a run would fail.
-The rule: each save of ``last.ckpt`` is censused before it is written (:func:`census`: the classes and
-functions its pickle names and the classes it rebuilds with a state, as ``module:qualname``) and the
-kinds are recorded in the run dir's ``saves.json``. A restart's load of ``last.ckpt`` may unpickle those
-kinds (imported by name); a ``validate``/``test``/``predict`` of a file of the run, those and what the
-module's ``hparams`` are made of now. Anything else stays refused, in one line naming the type and how
-to allow it; an explicit ``weights_only`` gets no allowance. A save the restart could not load is warned
-about once, at the save.
-"""
+Each save of ``last.ckpt`` records the kinds its pickle names (:func:`census`) in ``saves.json``; loads of
+the run's files may unpickle those, and the module's ``hparams`` kinds (docs/src/run_dir.md)."""
 
 from __future__ import annotations
 
@@ -74,8 +65,7 @@ class _Census(pickle.Pickler):
 
 
 def census(checkpoint: Any) -> tuple[bytes, frozenset[str]] | None:
-    """The pickle of ``checkpoint`` without tensor data, and the kinds it names (``None``: it cannot be
-    pickled, and its save raises why)."""
+    """The pickle of ``checkpoint`` without tensor data, and the kinds it names (``None``: unpicklable)."""
     buffer = io.BytesIO()
     pickler = _Census(buffer)
     try:
@@ -86,8 +76,7 @@ def census(checkpoint: Any) -> tuple[bytes, frozenset[str]] | None:
 
 
 def resolve(kind: str) -> Any:
-    """The class or function ``module:qualname`` names, its module imported (``ImportError``,
-    ``AttributeError`` when there is none)."""
+    """The class or function ``module:qualname`` names, its module imported."""
     module, _, qualname = kind.partition(":")
     found: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -122,8 +111,7 @@ def _archive(data: bytes) -> io.BytesIO:
 
 
 def unreadable(data: bytes, kinds: frozenset[str], allowed: Mapping[str, Any]) -> str | None:
-    """Why ``torch.load(weights_only=True)`` with ``kinds`` and ``allowed`` allowed cannot read the census
-    pickle ``data`` (``None``: it can)."""
+    """Why ``weights_only`` with ``kinds`` and ``allowed`` cannot load census ``data`` (``None``: it can)."""
     found = _resolved(kinds)
     missing = sorted(name for name in (k.replace(":", ".", 1) for k in kinds) if name not in found)
     if missing:
@@ -138,8 +126,7 @@ def unreadable(data: bytes, kinds: frozenset[str], allowed: Mapping[str, Any]) -
 
 
 class SavedPickles:
-    """At each save of ``last.ckpt`` (rank 0, before it is written): record its kinds in ``saves.json``;
-    when they change, check once that a restart can load it, and warn once if not."""
+    """Record each ``last.ckpt`` save's kinds (rank 0); warn once if a restart could not load it."""
 
     def __init__(self, run_dir: Callable[[], Path]) -> None:
         self._run_dir = run_dir
@@ -171,21 +158,16 @@ class SavedPickles:
 
 
 def hparams_globals(*hparams: Any) -> dict[str, Any]:
-    """:func:`_resolved` kinds that pickling ``hparams`` names (none when they cannot be pickled: then no
-    checkpoint holds them either)."""
+    """:func:`_resolved` kinds that pickling ``hparams`` names (none when they cannot be pickled)."""
     found = census(list(hparams))
     return _resolved(found[1]) if found is not None else {}
 
 
-def trainer_hparams_globals(trainer: pl.Trainer) -> dict[str, Any]:
-    """:func:`hparams_globals` of the trainer's module and data module."""
-    owners = [trainer.lightning_module, getattr(trainer, "datamodule", None)]
-    return hparams_globals(*(owner.hparams for owner in owners if owner is not None))
-
-
 def own_globals(trainer: pl.Trainer, run_dir: Path) -> dict[str, Any]:
     """What a load of a file of the run may unpickle: the kinds its saves recorded, and the hparams'."""
-    return {**trainer_hparams_globals(trainer), **recorded_globals(run_dir)}
+    owners = [trainer.lightning_module, getattr(trainer, "datamodule", None)]
+    hparams = hparams_globals(*(owner.hparams for owner in owners if owner is not None))
+    return {**hparams, **recorded_globals(run_dir)}
 
 
 # -- the load ----------------------------------------------------------------------------------------
@@ -193,8 +175,7 @@ def own_globals(trainer: pl.Trainer, run_dir: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def allowing(allowed: Mapping[str, Any]) -> Iterator[None]:
-    """Let ``torch.load(weights_only=True)`` unpickle ``allowed`` (objects, or ``(object, name)``) inside
-    the block."""
+    """Let ``torch.load(weights_only=True)`` unpickle ``allowed`` (objects, or ``(object, name)``) inside."""
     # torch's context removes on exit what it added, also what the user had allowed before: skip those.
     already = set(torch.serialization.get_safe_globals()) if SUPPORTED else set()
     extra = [obj for obj in allowed.values() if obj not in already]
@@ -229,9 +210,7 @@ def load(
 def refusal(
     path: str, error: BaseException, allowed: Mapping[str, Any], owner: str | None = None
 ) -> str | None:
-    """One line naming the types ``weights_only`` refused in ``path`` beyond ``allowed`` (the kinds the
-    run's saves recorded, and the hyperparameters of ``owner`` if given), or ``None`` if that is not why
-    loading it raised ``error``."""
+    """The line naming what ``weights_only`` refused in ``path`` beyond ``allowed`` (``None``: not why)."""
     if not isinstance(error, pickle.UnpicklingError):
         return None
     refused = [name for name in unsafe_globals(path) if name not in allowed]
@@ -246,9 +225,3 @@ def refusal(
         f"torch.serialization.add_safe_globals([{listed}]), or pass weights_only=False to the Trainer's "
         "fit/validate/test/predict."
     )
-
-
-def owner_name(trainer: pl.Trainer) -> str:
-    """The trained module's class name, for :func:`refusal`."""
-    module = trainer.lightning_module
-    return type(module).__name__ if module is not None else "the module"

@@ -1,13 +1,7 @@
-"""``RunLock``: one live attempt per run dir.
+"""``RunLock``: one live attempt per run dir, an ``flock`` on ``<run dir>/.lock`` held by global rank 0.
 
-Global rank 0 holds an advisory lock (``flock``) on ``<run dir>/.lock`` while it trains there, so that
-two attempts of one session (a job submitted twice, a rerun while the first runs) never share a run
-dir; the kernel drops it however the process dies, and the file records the holder. A dead holder's
-lock can survive in a forked child (a DataLoader worker outliving an OOM kill): children close their
-copy at once (:func:`os.register_at_fork`). A lock kept by some other process whose recorded owner is a
-dead process of this machine is stale: the file is replaced. Acquisitions run under a short lock on the
-run dir itself, so a record is never read half-written. Filesystems without locks get no protection.
-"""
+The file records the holder; a lock kept by a leftover of a dead process of this machine is stale and
+replaced. Filesystems without locks get no protection (docs/src/run_dir.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +28,8 @@ log = logging.getLogger(__name__)
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # this filesystem has no advisory locks
 _GUARD_TIMEOUT = 30.0  # how long an acquisition waits for another on the run dir (they take microseconds)
 
-# The locks this process holds; a forked child closes its copies.
+# The locks this process holds: a forked child closes its copies (a DataLoader worker outliving an OOM
+# kill would keep a dead attempt's lock).
 _HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
 _AT_FORK_REGISTERED = False
 
@@ -51,8 +46,7 @@ class RunLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock: shared with this very process (a second ``RunDir`` of one job), taken over from
-        a dead process of this machine; :class:`RunDirError` when held by a live one or unusable."""
+        """Take the lock (shared with this very process, taken over from a dead one of this machine)."""
         if self._fd is not None:
             return
         for _ in range(3):  # a stale lock file replaced: take the fresh one
@@ -68,7 +62,10 @@ class RunLock:
 
     def _try_acquire(self) -> bool:
         """One try, under the guard: ``True`` when done (taken or shared), ``False`` to try again."""
-        fd = _open(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise _lock_error(self.path, e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -147,22 +144,14 @@ def live_holder(run_dir: Path) -> dict[str, Any] | None:
 
 
 def in_use(run_dir: Path) -> bool:
-    """Whether an attempt may still be using ``run_dir`` (the tools that delete ask first): its lock's
-    holder is not known to be gone, or (no lock held, or no locks across hosts) ``status.json`` says
-    running and its recorded owner is not a dead process of this machine."""
+    """Whether an attempt may still be using ``run_dir`` (the tools that delete ask first)."""
     owner = _holder(run_dir)
     if owner is not None:
         return not is_gone(owner)
+    # No lock held (or no locks across hosts): running, by an owner not known to be gone.
     if read_status(run_dir)["status"] != RunStatus.RUNNING.value:
         return False
-    return not is_gone(read_owner(run_dir / layout.LOCK))
-
-
-def _open(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-        raise _lock_error(path, e) from e
+    return not is_gone(_json_object((run_dir / layout.LOCK).read_text))
 
 
 @contextlib.contextmanager
@@ -253,11 +242,6 @@ def _read_record(fd: int) -> dict[str, Any]:
     return _json_object(lambda: os.pread(fd, 4096, 0))
 
 
-def read_owner(path: Path) -> dict[str, Any]:
-    """Who wrote the lock file last (``{}`` when it cannot be read)."""
-    return _json_object(path.read_text)
-
-
 def _json_object(read: Callable[[], str | bytes]) -> dict[str, Any]:
     try:
         data = json.loads(read())
@@ -279,8 +263,7 @@ def own_record() -> dict[str, Any]:
 
 
 def is_gone(owner: dict[str, Any]) -> bool:
-    """Whether the recorded owner is a process of this machine (host, boot and pid namespace) that no
-    longer runs (or is a zombie, or its pid is reused). Unknown, or another machine's, is never gone."""
+    """Whether the recorded owner is a process of this machine that no longer runs (unknown: never)."""
     pid = owner.get("pid")
     if not isinstance(pid, int) or pid <= 0 or owner.get("host") != socket.gethostname():
         return False

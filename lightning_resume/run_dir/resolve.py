@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from lightning_resume._scheduler.environment import KeySource, Session
 from lightning_resume._storage.atomic import create_text_exclusive, write_json_atomic
@@ -21,7 +21,7 @@ from lightning_resume._version import __version__
 from lightning_resume._warnings import warn
 from lightning_resume.exceptions import RunDirError
 from lightning_resume.run_dir import layout
-from lightning_resume.run_dir.owner import RunLock, in_use_error, live_holder
+from lightning_resume.run_dir.owner import RunLock, in_use_error, live_holder, process_start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,6 @@ def index_path(root: Path, key: str) -> Path:
     return root / layout.INDEX_DIR / key_filename(key)
 
 
-def entry_text(root: Path, run_dir: Path) -> str:
-    """What the index records for ``run_dir``: its path relative to ``root`` (a moved root keeps working),
-    or the absolute path of a dir outside it."""
-    try:
-        return run_dir.relative_to(root).as_posix()
-    except ValueError:
-        return str(run_dir)
-
-
 def entry_target(root: Path, text: str) -> Path:
     """The run dir an index entry names: relative to the root, or absolute (a dir outside it)."""
     path = Path(text)
@@ -137,7 +128,9 @@ def write_index(root: Path, key: str, run_dir: Path) -> bool:
     """Record ``key -> run_dir`` unless an entry exists; an existing entry is never overwritten."""
     entry = index_path(root, key)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    return create_text_exclusive(entry, f"{entry_text(root, run_dir)}\n")
+    # Relative to the root (a moved root keeps working); a dir outside it by its absolute path.
+    text = run_dir.relative_to(root).as_posix() if run_dir.is_relative_to(root) else str(run_dir)
+    return create_text_exclusive(entry, f"{text}\n")
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -160,8 +153,7 @@ def _read_meta_strict(run_dir: Path) -> dict[str, Any] | str:
 
 
 def own_run_dirs(root: Path, key: str) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """The run dirs under ``root`` stamped with session ``key``, and ``(dir, why)`` for those whose
-    ``run_meta.json`` cannot be read (they might be ``key``'s too)."""
+    """The run dirs under ``root`` stamped with ``key``, and ``(dir, why)`` for the unreadable ones."""
     stamped, unreadable = [], []
     for run_dir in layout.run_dirs(root):
         meta = _read_meta_strict(run_dir)
@@ -206,8 +198,7 @@ def prepare_root(root: Path) -> None:
 
 
 def create_run(root: Path, session: Session, now: datetime | None = None) -> tuple[Path, str, RunLock]:
-    """Create a new run dir, locked before ``run_meta.json`` makes it one (a racing launch never finds it
-    unlocked); return ``(path, run_id, lock)``. :class:`RunDirError`: refused, nothing left behind."""
+    """A new run dir, locked before ``run_meta.json`` makes it one: ``(path, run_id, lock)``."""
     now = now or datetime.now()
     run_id = uuid.uuid4().hex[:12]
     path = layout.new_run_dir(root, now, run_id)
@@ -276,14 +267,7 @@ _TRIES = 5
 
 
 def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
-    """Choose and lock the run dir for the global-zero process of a launch.
-
-    An explicit key, or a restart the scheduler reports, continues the key's run: the dir its index
-    entry names, else the one run dir stamped with the key (the entry is recreated), else a fresh run.
-    Of simultaneous launches of one explicit key, one trains. A scheduler key without a restart (a
-    rerun inside one allocation) gets a fresh run dir; the index keeps naming the first.
-    :class:`RunDirError`: the key's run is in use, ambiguous or wrongly indexed; the root is unwritable.
-    """
+    """Choose and lock the run dir for the global-zero process of a launch (docs/src/run_dir.md)."""
     key = session.key
     if key is None:
         path, run_id, lock = create_run(root, session, now)
@@ -297,7 +281,7 @@ def claim(root: Path, session: Session, now: datetime | None = None) -> Claim:
             return _beside(create_run(root, session, now), key, indexed)
         if continues:
             found = _adopt(root, key)
-            if found is _AGAIN:
+            if found == "again":
                 continue
             if isinstance(found, Claim):
                 return found
@@ -340,23 +324,15 @@ def _continue(root: Path, key: str, indexed: Path) -> Claim:
     return Claim(Resolution(indexed, indexed.name, True, reason, True), lock)
 
 
-class _Again:
-    """A race was lost: look at the index again."""
-
-
-_AGAIN = _Again()
-
-
-def _adopt(root: Path, key: str) -> Claim | _Again | None:
-    """Without an index entry: the one run dir stamped with ``key``, locked and recorded again (``None``:
-    there is none); :class:`RunDirError` when it is ambiguous or in use."""
+def _adopt(root: Path, key: str) -> Claim | Literal["again"] | None:
+    """Without an index entry: the one run dir stamped with ``key``, locked and recorded again."""
     stamped, unreadable = own_run_dirs(root, key)
     if not stamped and not unreadable:
         return None
     entry = index_path(root, key)
     if len(stamped) > 1 or unreadable:
         if entry.exists():
-            return _AGAIN  # a racing launch recorded the key meanwhile
+            return "again"  # a racing launch recorded the key meanwhile
         for run_dir in stamped:  # a racing launch that has not recorded the key yet: it is the one
             holder = live_holder(run_dir)
             if holder is not None:
@@ -387,7 +363,7 @@ def _adopt(root: Path, key: str) -> Claim | _Again | None:
         raise _root_error(root, f"record session {key!r} in the index", e) from e
     if not recorded:  # a racing launch recorded the key meanwhile
         lock.release()
-        return _AGAIN
+        return "again"
     log.warning(
         "Session %r had no index entry: resuming the one run dir stamped with this key, %s, and recording "
         "it again in %s.",
@@ -400,8 +376,7 @@ def _adopt(root: Path, key: str) -> Claim | _Again | None:
 
 
 def _fresh(root: Path, session: Session, now: datetime | None, continues: bool) -> Claim | None:
-    """A fresh run dir recorded for the session key; ``None`` (and the dir removed) when a racing launch
-    of the same continuing key recorded its own first."""
+    """A fresh run dir recorded for the key; ``None`` when a racing launch recorded its own first."""
     key = str(session.key)
     path, run_id, lock = create_run(root, session, now)
     try:
@@ -425,8 +400,7 @@ def _beside(created: tuple[Path, str, RunLock], key: str, owner: Path | None) ->
 
 
 def check_run_dir(root: Path, key: str, run_dir: Path, found_by_key: bool = False) -> None:
-    """Raise :class:`RunDirError` unless ``run_dir`` is a run dir of ``key`` under ``root`` (with its own
-    ``run_meta.json``); ``found_by_key``: found by its stamp, not through the index entry."""
+    """Raise :class:`RunDirError` unless ``run_dir`` is a run dir of ``key`` (``found_by_key``: its stamp)."""
     entry = index_path(root, key)
     where = (
         f"The run dir {str(run_dir)!r} stamped with session {key!r}"
@@ -485,14 +459,13 @@ def check_index(root: Path, key: str, run_dir: Path) -> None:
 
 def process_start_time() -> float:
     """Wall-clock start time of this process (Linux ``/proc``; now, elsewhere)."""
+    ticks = process_start_ticks(os.getpid())
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])
         # Boot time from the uptime (10 ms), not /proc/stat's btime (whole s): compared with time.time().
         boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.time()
+    return time.time() if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

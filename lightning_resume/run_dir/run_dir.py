@@ -44,8 +44,7 @@ _LIVE: weakref.WeakSet[RunDir] = weakref.WeakSet()
 
 
 def attempts_of(run_dir: RunDir) -> AttemptRecorder:
-    """This attempt's record in ``attempts.json`` (written by global rank 0), for the features that add
-    to it: the one way into it from outside ``run_dir/`` (architecture.md); not user API."""
+    """This attempt's record in ``attempts.json``: the one way into it from outside ``run_dir/``."""
     return run_dir._attempts
 
 
@@ -204,8 +203,7 @@ class RunDir(Callback):
         self._attempts.begin(trainer, stage)
 
     def _check_ranks_agree(self, trainer: pl.Trainer) -> None:
-        """Every rank is in the process group now: stop answering, and raise on every rank when they
-        disagree on the run dir or the restart (they would wait on each other's collectives for good)."""
+        """Stop answering; raise on every rank when they disagree on the run dir (they would hang)."""
         mine = (self.run_id, str(self.path), self.is_resumed)
         theirs = broadcast(trainer.strategy, mine)
         split = any_rank(trainer.strategy, tuple(theirs) != mine)
@@ -276,8 +274,7 @@ class RunDir(Callback):
             answerer.stop()
 
     def _record_status(self, trainer: pl.Trainer, status: RunStatus, detail: str | None = None) -> None:
-        """Write ``status.json`` on rank 0; never raises: an error here (a full disk) must not replace
-        the error ending ``fit``, or fail a finished run."""
+        """Write ``status.json`` on rank 0; never raises (a full disk must not replace ``fit``'s error)."""
         if not trainer.is_global_zero:
             return
         try:

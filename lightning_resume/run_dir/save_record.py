@@ -1,6 +1,5 @@
-"""``saves.json``: what the run's saves leave in its run dir, beside the checkpoint folder (which may be
-lost): whether the run has committed a checkpoint (the restart rule) and what its checkpoints pickle
-(``module:qualname`` kinds a restart may unpickle, :mod:`.own_hparams`). Written by rank 0, atomically."""
+"""``saves.json`` (beside the checkpoint folder, which may be lost): whether the run has committed a
+checkpoint (the restart rule) and what its checkpoints pickle (:mod:`.own_hparams`). Written by rank 0."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ class SaveRecord:
 
 
 def read(run_dir: Path) -> SaveRecord:
-    """The record (none yet: nothing saved); an unreadable one counts as committed, so that a restart
-    raises rather than start over."""
+    """The record; an unreadable one counts as committed (a restart raises rather than start over)."""
     try:
         data = json.loads(layout.saves_record(run_dir).read_text())
     except FileNotFoundError:

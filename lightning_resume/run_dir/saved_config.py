@@ -1,8 +1,4 @@
-"""A launcher's saved configuration in the run dir, compared across attempts: pure functions.
-
-A restart whose configuration differs keeps the earlier one beside the newest as ``config.1.yaml``,
-``config.2.yaml``, ... (:func:`kept_name`); :func:`changes` names the differing keys as dotted paths.
-"""
+"""A launcher's saved configuration in the run dir, compared across attempts: pure functions."""
 
 from __future__ import annotations
 
@@ -21,19 +17,14 @@ Change = tuple[str, Any, Any]
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"trainer.max_steps": 5, "trainer.callbacks[0].class_path": ...}`` for nested dicts and lists
-    (an empty one is a value of its own: ``{}`` and a missing key differ)."""
+    """``{"trainer.max_steps": 5, "trainer.callbacks[0].class_path": ...}`` (an empty dict/list: a value)."""
     if isinstance(data, Mapping) and data:
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    if isinstance(data, list) and data:
-        flat = {}
-        for i, value in enumerate(data):
-            flat.update(flatten(value, f"{prefix}[{i}]"))
-        return flat
-    return {prefix: data}
+        items = [(f"{prefix}.{key}" if prefix else str(key), value) for key, value in data.items()]
+    elif isinstance(data, list) and data:
+        items = [(f"{prefix}[{i}]", value) for i, value in enumerate(data)]
+    else:
+        return {prefix: data}
+    return {key: leaf for path, value in items for key, leaf in flatten(value, path).items()}
 
 
 def changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:

@@ -33,8 +33,7 @@ def write_status(
     detail: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Record ``status`` at ``step`` (atomically), with this process's id and the time; ``extra`` adds
-    fields (a hang's ``{"hang": {...}}``), never replacing the standard ones."""
+    """Record ``status`` at ``step`` atomically; ``extra`` adds fields, never replacing the standard ones."""
     record: dict[str, Any] = {
         **(extra or {}),
         "status": status.value,

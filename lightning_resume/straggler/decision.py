@@ -1,12 +1,6 @@
-"""When a rank is a straggler: a pure rule over the ranks' summaries of one window (no Trainer, no torch).
-
-Every window of N steps, each rank reports the seconds per step it spent on its own in each part of
-:data:`PARTS` (waiting for its next batch, the forward and backward compute, the optimizer step) and
-waiting in the backward's collectives (:class:`RankTimes`). A rank is slow in a window when one of its
-own parts exceeds the median of the other ranks' by more than ``threshold`` times that median and by
-more than ``floor`` seconds (:func:`slow_ranks`); it is named once it has been slow ``patience`` windows
-in a row (:func:`advance`).
-"""
+"""When a rank is a straggler, a pure rule over the ranks' seconds per step by part in one window: slow when
+one of its own :data:`PARTS` exceeds the others' median by over ``threshold`` times it and ``floor`` seconds
+(:func:`slow_ranks`); named once slow ``patience`` windows in a row (:func:`advance`)."""
 
 from __future__ import annotations
 
@@ -99,9 +93,7 @@ class Straggler:
         return f"rank {self.rank} on node {self.host}: {slow}, {self.windows} windows"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()
-        }
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Straggler:
@@ -154,8 +146,7 @@ def slow_ranks(window: Sequence[RankTimes], rule: Rule) -> dict[int, Slow]:
 def advance(
     streaks: Mapping[int, int], window: Sequence[RankTimes], rule: Rule
 ) -> tuple[dict[int, int], list[tuple[Slow, int]]]:
-    """The streaks after ``window`` (windows in a row each rank was slow; one that was not drops out) and
-    the ranks whose streak reaches ``rule.patience`` in it, with their slow part and their streak."""
+    """The streaks (windows slow in a row) after ``window``, and the ranks whose streak reaches patience."""
     slow = slow_ranks(window, rule)
     after = {rank: streaks.get(rank, 0) + 1 for rank in slow}
     due = [(found, after[rank]) for rank, found in sorted(slow.items()) if after[rank] >= rule.patience]
@@ -169,8 +160,7 @@ def waits(window: Sequence[RankTimes], rank: int) -> tuple[float | None, float |
 
 
 def named(slow: Slow, host: str, windows: int, step: int, window: Sequence[RankTimes]) -> Straggler:
-    """The :class:`Straggler` that ``slow`` (on ``host``, slow ``windows`` in a row) is named as at
-    ``step``, with its collective wait in ``window`` and the other ranks' median."""
+    """``slow`` named at ``step``, with its collective wait in ``window`` and the other ranks' median."""
     waited, others_waited = waits(window, slow.rank)
     return Straggler(
         slow.rank, host, slow.part, slow.seconds, slow.median, windows, step, waited, others_waited

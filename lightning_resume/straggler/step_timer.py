@@ -1,13 +1,6 @@
-"""``StepTimer``: where one rank's time goes in the steps of a window, from the marks its callback sets.
-
-A step's marks: its start (its batch is here), the last parameter gradient of its backward (this rank's
-compute is done; :class:`LastGrads`), the end of its backward (DDP has waited there for every rank's
-gradients), each optimizer step's start and end, and its end. A step's parts are the spans between them:
-data wait (the previous step's end to this start), compute (start to the last gradient), collective wait
-(the last gradient to the end of backward) and the optimizer step, summed when the window closes. On a
-CUDA device the marks are events on the current stream, read after one synchronize at the window's end:
-the device's times, not the host's, which runs ahead of it.
-"""
+"""``StepTimer``: where one rank's time goes in a window's steps: data wait (previous end to start), compute
+(to the last parameter gradient, :class:`LastGrads`), collective wait (to the backward's end) and optimizer
+step. On CUDA the marks are events on the current stream (the device's times), read once per window."""
 
 from __future__ import annotations
 
@@ -74,8 +67,7 @@ class StepTimer:
         self._optimizer: list[tuple[Any, Any]] = []
 
     def interrupt(self) -> None:
-        """Something other than data loading comes before the next step (validation, a save, an epoch's
-        end): its data wait is not counted."""
+        """Not only data loading comes before the next step (a validation, a save): no data wait counted."""
         self._end = None
 
     def start(self) -> None:
@@ -109,8 +101,7 @@ class StepTimer:
             self._end = self._mark()
 
     def close(self) -> list[float]:
-        """The window's seconds and steps per part: ``[data, n, compute, n, collective, n, optimizer, n]``;
-        its steps are forgotten."""
+        """The window's seconds and steps per part, ``[data, n, compute, n, collective, n, optimizer, n]``."""
         self.clock.settle()
         seconds = self.clock.seconds
         sums = [0.0] * 8
@@ -135,10 +126,9 @@ class StepTimer:
 
 
 class LastGrads:
-    """Calls ``on_grad`` as the backward gives gradients to the parameters of ``module`` that get theirs
-    last: every trainable one in the first backward, which tells which come last, then only the last
-    :data:`KEEP` (one call per gradient costs ~1 us); all of them again after a backward in which none of
-    those got one (a changed graph, frozen parameters)."""
+    """Calls ``on_grad`` as the parameters of ``module`` that get their gradients last get one: learnt from
+    every trainable one in the first backward (~1 us a call), then the last :data:`KEEP`; all again after a
+    backward where none of those got one (a changed graph, frozen parameters)."""
 
     def __init__(self, module: torch.nn.Module, on_grad: Callable[..., None]) -> None:
         self._module = module

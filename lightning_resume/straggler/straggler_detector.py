@@ -216,8 +216,7 @@ class StragglerDetector(Callback):
     # -- deciding -------------------------------------------------------------------------------------
 
     def _close_window(self, trainer: pl.Trainer) -> None:
-        """Exchange the window's times (every rank, at the same step), then judge them alike on every rank;
-        global rank 0 reports."""
+        """Exchange the window's times (every rank, same step) and judge them alike; rank 0 reports."""
         assert self._timer is not None
         sums = self._timer.close()
         rows = gather_numbers(trainer.strategy, sums)
@@ -228,8 +227,6 @@ class StragglerDetector(Callback):
         self._add_to_summary(window)
         rule = Rule(self.threshold, self.floor_ms / 1000.0, self.patience)
         self._streaks, due = advance(self._streaks, window, rule)
-        if trainer.is_global_zero and log.isEnabledFor(logging.DEBUG):
-            log.debug("straggler window %d at step %d: %s", self._windows, trainer.global_step, window)
         before = {(s.rank, s.host) for s in self._named}
         found = [
             named(slow, self._hosts[slow.rank], windows, trainer.global_step, window)
@@ -239,6 +236,7 @@ class StragglerDetector(Callback):
         self._named += found
         self._named_here += found
         if trainer.is_global_zero:
+            log.debug("straggler window %d at step %d: %s", self._windows, trainer.global_step, window)
             self._report(found)
 
     def _add_to_summary(self, window: list[RankTimes]) -> None:

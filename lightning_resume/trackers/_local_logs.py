@@ -1,15 +1,5 @@
-"""Where TensorBoard and CSV logs stand at a moment of a run (a *position*), and cutting them back to one.
-
-A position records what the logs of a version dir held: the length of each TensorBoard event file
-(relative path -> bytes) and the number of rows of ``metrics.csv``. A restart continuing from that
-moment cuts the logs back to it, since it logs what followed again: every event is then there once,
-whatever step it was logged at.
-
-- TensorBoard: each recorded event file is cut to its recorded length, to whole records (a kill may
-  leave half of one at the end); event files made since are removed.
-- CSV: ``CSVLogger`` deletes ``metrics.csv`` before any callback hook, so a restart moves it aside
-  (:data:`KEPT`) before ``fit`` and writes its first rows back.
-"""
+"""Where TensorBoard and CSV logs of a version dir stand (a *position*: each event file's length, the rows
+of ``metrics.csv``), and cutting them back to one: a restart logs again what followed its checkpoint."""
 
 from __future__ import annotations
 
@@ -45,9 +35,6 @@ _RECENT = 16  # saves whose positions are kept (a restart loads the newest commi
 _HEADER = struct.Struct("<QI")  # a TFRecord: length, its crc; then the data and the data's crc
 
 
-# -- TensorBoard ------------------------------------------------------------------------------------
-
-
 def event_files(log_dir: Path) -> dict[str, int]:
     """Every TensorBoard event file under ``log_dir`` (path relative to it) and its length."""
     found = {}
@@ -59,7 +46,7 @@ def event_files(log_dir: Path) -> dict[str, int]:
 
 
 def whole_records(path: Path, limit: float = math.inf) -> int:
-    """The length of the whole TFRecords that start ``path`` and end within ``limit`` bytes."""
+    """The length of the whole TFRecords (a kill may leave half of one) starting ``path``, up to ``limit``."""
     size = min(path.stat().st_size, limit)
     end = 0
     with open(path, "rb") as f:
@@ -73,8 +60,7 @@ def whole_records(path: Path, limit: float = math.inf) -> int:
 
 
 def cut_events(log_dir: Path, keep: Mapping[str, float]) -> None:
-    """Cut each event file named in ``keep`` to its whole records within the length given; remove the
-    others. (A truncation is all-or-nothing, and a cut done twice is the same cut.)"""
+    """Cut each event file named in ``keep`` to its whole records within that length; remove the others."""
     for name in event_files(log_dir):
         path = log_dir / name
         if name not in keep:
@@ -85,19 +71,9 @@ def cut_events(log_dir: Path, keep: Mapping[str, float]) -> None:
         fsync_dir(path.parent)
 
 
-def new_event_files(log_dir: Path, before: Mapping[str, int]) -> dict[str, float]:
-    """The event files under ``log_dir`` not in ``before`` (made since), each kept whole."""
-    return {name: math.inf for name in event_files(log_dir) if name not in before}
-
-
-# -- CSV --------------------------------------------------------------------------------------------
-
-
 def set_aside_metrics(log_dir: Path) -> bool:
-    """Move ``metrics.csv`` out of ``CSVLogger``'s way; return whether rows are kept for the restart.
-
-    A kept file already there is that of a restart that died before cutting it: it stays, and the
-    ``metrics.csv`` beside it holds only what that restart logged before its first resume point."""
+    """Move ``metrics.csv`` aside (``CSVLogger`` deletes it before any hook); whether rows are kept for the
+    restart. A kept file there already is a dead restart's, which had not cut it yet: it stays."""
     current, kept = log_dir / METRICS, log_dir / KEPT
     if kept.is_file():
         if current.is_file():
@@ -143,9 +119,8 @@ def _rows(path: Path, limit: float = math.inf) -> list[dict[str, str]]:
 
 
 def cut_metrics(log_dir: Path, rows: float, own: bool) -> list[str]:
-    """Make ``metrics.csv`` the first ``rows`` rows of the kept file, then (``own``) this attempt's rows,
-    atomically, and remove the kept file. Returns the header (every column with a value, sorted, as
-    ``CSVLogger`` orders them), which the logger's writer must use from now on."""
+    """Make ``metrics.csv`` the kept file's first ``rows`` rows, then (``own``) this attempt's; return the
+    header (the columns with a value, sorted as ``CSVLogger`` does) the logger's writer must use now."""
     kept, current = log_dir / KEPT, log_dir / METRICS
     merged = _rows(kept, rows) + (_rows(current) if own else [])
     header = sorted({key for row in merged for key in row})
@@ -160,9 +135,6 @@ def cut_metrics(log_dir: Path, rows: float, own: bool) -> list[str]:
     kept.unlink(missing_ok=True)
     fsync_dir(log_dir)
     return header
-
-
-# -- the positions after each save --------------------------------------------------------------------
 
 
 def read_cuts(path: Path) -> dict[str, Any]:
@@ -183,12 +155,8 @@ def record_cuts(path: Path, tokens: list[str], position: dict[str, Any]) -> None
     write_json_atomic(path, {"saves": [{"token": t, "position": p} for t, p in recent]})
 
 
-# -- a version dir made by this process ----------------------------------------------------------------
-
-
 def remove_new_log_dir(log_dir: Path, written_here: tuple[str, ...] = ()) -> bool:
-    """Remove a version dir that this process just made: empty, or only its own event files and
-    ``written_here``."""
+    """Remove a version dir this process just made: empty, or only its event files and ``written_here``."""
     if not log_dir.is_dir():
         return False
     mine = f".{socket.gethostname()}.{os.getpid()}."

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import CometLogger, Logger
+from lightning.pytorch.loggers import CometLogger
 from typing_extensions import override
 
 from lightning_resume.trackers.tracker_resume import TrackerResume
@@ -61,6 +61,7 @@ class CometResume(TrackerResume):
 
     tracker = "comet"
     package = "comet_ml"
+    extra = "comet"
     logger_class = CometLogger
     place_fields = ("project", "workspace", "mode", "dir")
     placement_env = (ENV["project"], ENV["workspace"], ENV["online"], ENV["dir"])
@@ -69,7 +70,6 @@ class CometResume(TrackerResume):
         "construct RunDir and CometResume before it, or use lightning_resume.loggers.CometLogger"
     )
 
-    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,
@@ -86,8 +86,7 @@ class CometResume(TrackerResume):
         super().__init__()
 
     @override
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
-        assert isinstance(logger, CometLogger)
+    def _identity_of(self, logger: CometLogger) -> dict[str, Any]:
         experiment = logger.experiment
         if getattr(experiment, "disabled", False):
             self._warn(

@@ -37,8 +37,7 @@ from lightning_resume.trackers.sidecar import write_sidecar as _write_sidecar
 log = logging.getLogger(__name__)
 
 TENSORBOARD, CSV = "tensorboard", "csv"
-#: The state key of ``RequeueCheckpoint``'s exact resume, whose state says whether a save was made
-#: inside a validation (which the restart then runs again).
+#: The state key of the exact resume, whose state says whether a save was made inside a validation.
 _EXACT_RESUME = "ExactResume"
 #: Identity fields that say where a logger's version dirs live.
 PLACE_FIELDS = ("dir", "name")
@@ -48,9 +47,7 @@ def kind_of(logger: Logger) -> str | None:
     """``"tensorboard"``, ``"csv"`` or ``None`` (a logger this callback does not handle)."""
     if isinstance(logger, TensorBoardLogger):
         return TENSORBOARD
-    if isinstance(logger, CSVLogger):
-        return CSV
-    return None
+    return CSV if isinstance(logger, CSVLogger) else None
 
 
 def identity_of(logger: Logger) -> dict[str, Any]:
@@ -61,14 +58,6 @@ def identity_of(logger: Logger) -> dict[str, Any]:
         "name": logger.name,
         "version": logger.version,
     }
-
-
-def _is_remote(logger: Logger) -> bool:
-    return "://" in str(logger.save_dir)
-
-
-def _in_fit_validation(trainer: pl.Trainer) -> bool:
-    return trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking
 
 
 class LocalLoggerResume(Callback):
@@ -172,7 +161,7 @@ class LocalLoggerResume(Callback):
             kind = kind_of(logger)
             if kind is None or kind in self._loggers:
                 continue
-            if _is_remote(logger):
+            if "://" in str(logger.save_dir):
                 log.info("LocalLoggerResume leaves %s logs on %s as they are", kind, logger.save_dir)
                 continue
             recorded = self._recorded.get(kind)
@@ -200,7 +189,10 @@ class LocalLoggerResume(Callback):
         if str(now["version"]) != str(recorded["version"]):
             new_dir = Path(now["id"])
             # Hyperparameters logged before fit (lightning-hydra-template does) went to the new dir.
-            carried = _csv_hparams(logger) if trainer.is_global_zero and kind == CSV else {}
+            carried: dict[str, Any] = {}
+            if trainer.is_global_zero and kind == CSV:
+                hparams = getattr(logger.experiment, "hparams", None)  # (another writer may have none)
+                carried = dict(hparams) if isinstance(hparams, dict) else {}
             if trainer.is_global_zero and kind == TENSORBOARD:
                 logger.experiment.close()
             point_logger_at_version(logger, recorded["version"])
@@ -256,7 +248,7 @@ class LocalLoggerResume(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if _in_fit_validation(trainer):
+        if trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking:
             self._at_resume_point(trainer)
             if trainer.is_global_zero and self._loggers:
                 self._at_validation = self._position()
@@ -283,7 +275,7 @@ class LocalLoggerResume(Callback):
         self._quiet = []
 
     def _at_resume_point(self, trainer: pl.Trainer) -> None:
-        """A hook a restart may resume at: cut a restart's logs (once); record the pending saves' position."""
+        """A hook a restart may resume at: cut a restart's logs (once), record the pending saves' position."""
         if not trainer.is_global_zero:
             return
         self._cut_if_due(trainer)
@@ -309,8 +301,7 @@ class LocalLoggerResume(Callback):
         return position
 
     def _resume_position(self) -> tuple[dict[str, Any] | None, bool]:
-        """The loaded checkpoint's position, and whether to keep all the interrupted attempt logged
-        (it stopped before that save's resume point was recorded)."""
+        """The loaded checkpoint's position, and whether to keep it whole (no resume point recorded)."""
         state = self._loaded
         if not state or not isinstance(state.get("position"), dict):
             return None, False
@@ -320,8 +311,7 @@ class LocalLoggerResume(Callback):
         return (found, False) if isinstance(found, dict) else (state["position"], True)
 
     def _cut_if_due(self, trainer: pl.Trainer) -> None:
-        """At this attempt's first resume point: cut what the interrupted attempt logged after the loaded
-        checkpoint's, and what this attempt logged before it (its start, which the logs hold once)."""
+        """At the first resume point: cut what was logged after the checkpoint's, and this attempt's start."""
         if not self._cut_due:
             return
         self._cut_due = False
@@ -351,8 +341,8 @@ class LocalLoggerResume(Callback):
         if mark is not None:
             files: dict[str, int] = mark.get("files") or {}
             keep: dict[str, float] = {n: math.inf for n in files} if whole else dict(files)
-        elif fresh:
-            keep = _local_logs.new_event_files(log_dir, self._before)
+        elif fresh:  # only the event files made since this process started, whole
+            keep = {name: math.inf for name in _local_logs.event_files(log_dir) if name not in self._before}
         else:
             return
         logger.experiment.close()  # this attempt's writer: a new one (a new file) at the next event
@@ -369,15 +359,8 @@ class LocalLoggerResume(Callback):
         self._kept.discard(CSV)
 
 
-def _csv_hparams(logger: Any) -> dict[str, Any]:
-    """The hyperparameters a ``CSVLogger``'s writer has logged so far (``{}`` for another writer)."""
-    hparams = getattr(logger.experiment, "hparams", None)
-    return dict(hparams) if isinstance(hparams, dict) else {}
-
-
 def _link(link: Path, target: Path) -> None:
-    """``link`` -> ``target``, replaced atomically (relative inside the run dir, so it can be moved);
-    a filesystem without symlinks goes without."""
+    """``link`` -> ``target``, replaced atomically, relative inside the run dir; skipped without symlinks."""
     run_dir = link.parent.parent
     value = Path(os.path.relpath(target, link.parent)) if target.is_relative_to(run_dir) else target
     try:

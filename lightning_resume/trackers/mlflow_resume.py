@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from typing_extensions import override
 
@@ -46,8 +44,7 @@ class MLflowResume(TrackerResume):
     )
 
     @override
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
-        assert isinstance(logger, LightningMLFlowLogger)
+    def _identity_of(self, logger: LightningMLFlowLogger) -> dict[str, Any]:
         client = logger.experiment
         run = client.get_run(logger.run_id)
         identity = {
@@ -57,10 +54,7 @@ class MLflowResume(TrackerResume):
             "tracking_uri": normalize_uri(mlflow_target(logger).tracking_uri),
             "run_name": run.info.run_name,
         }
+        # No hand-back: our MLFlowLogger continues a recorded run itself; Lightning's starts a new one.
         if self._outcome is Handback.DELEGATED and not isinstance(logger, MLFlowLogger):
-            self._check_continued(identity)  # Lightning's own logger: a new run, said once here
+            self._check_continued(identity)
         return identity
-
-    @override
-    def _hand_back(self, identity: Mapping[str, Any]) -> None:
-        return None  # lightning_resume.loggers.MLFlowLogger continues the recorded run when it starts

@@ -1,15 +1,11 @@
-"""Tracker resume sidecars, ``<run dir>/<tracker>_resume.json``: the tracker run the run dir logs to,
-and the variables that decided where it went. Written atomically by rank 0::
-
-    {"format": 1, "tracker": "wandb", "global_step": 120, "written": "2026-01-01T12:00:00+00:00",
-     "identity": {"id": "3kx9a2", "project": "mnist", "mode": "offline", "dir": "/scratch/me", ...},
-     "environment": {"WANDB_PROJECT": null, "WANDB_ENTITY": "lab", "WANDB_MODE": "offline"}}
-"""
+"""Tracker resume sidecars, ``<run dir>/<tracker>_resume.json``, written atomically by rank 0: the tracker run
+the run dir logs to (``identity``) and the variables that decided where it went (``environment``, ``None``:
+unset); and the check of one before a restart continues its run."""
 
 from __future__ import annotations
 
-import enum
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,19 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from lightning_resume._storage.atomic import write_json_atomic
+from lightning_resume._warnings import warn
+from lightning_resume.run_dir.binding import PROCESS
+from lightning_resume.run_dir.resolve import Resolution
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 SUFFIX = "_resume.json"
-# Identity fields compared as resolved paths.
-PATH_FIELDS = frozenset({"dir"})
 
 Conflict = tuple[str, Any, Any]
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    """What a sidecar records: the run's ``identity`` (``None``: not known), the placement ``environment``
-    when it was created (``None``: unset) and the ``global_step`` at the last write."""
+    """A sidecar's run ``identity``, placement ``environment`` and ``global_step`` at the last write."""
 
     identity: dict[str, Any]
     environment: dict[str, str | None] = field(default_factory=dict)
@@ -41,7 +39,6 @@ def sidecar_path(run_dir: str | Path, tracker: str) -> Path:
 
 
 def write_sidecar(path: str | Path, tracker: str, sidecar: Sidecar) -> None:
-    """Write ``sidecar`` atomically."""
     write_json_atomic(
         path,
         {
@@ -56,8 +53,8 @@ def write_sidecar(path: str | Path, tracker: str, sidecar: Sidecar) -> None:
 
 
 def read_sidecar(path: str | Path, tracker: str, required: Iterable[str] = ("id",)) -> Sidecar | None:
-    """Read a sidecar back (``None`` when there is none); ``ValueError`` when it is unreadable, not JSON,
-    another tracker's or lacks a ``required`` identity field (a non-empty string)."""
+    """A sidecar (``None``: there is none); ``ValueError`` when it is unreadable, not JSON, another
+    tracker's or lacks a ``required`` identity field (a non-empty string)."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -78,8 +75,7 @@ def read_sidecar(path: str | Path, tracker: str, required: Iterable[str] = ("id"
         if not isinstance(value, str) or not value:
             raise ValueError(f"{str(path)!r} has no usable {name!r} (found {value!r})")
     environment = data.get("environment")
-    if not isinstance(environment, dict):
-        environment = {}
+    environment = environment if isinstance(environment, dict) else {}
     step = data.get("global_step")
     env = {str(k): None if v is None else str(v) for k, v in environment.items()}
     return Sidecar(identity, env, step if isinstance(step, int) else 0)
@@ -88,7 +84,7 @@ def read_sidecar(path: str | Path, tracker: str, required: Iterable[str] = ("id"
 def _same(name: str, left: Any, right: Any) -> bool:
     if left in (None, "") or right in (None, ""):
         return left in (None, "") and right in (None, "")
-    if name in PATH_FIELDS:
+    if name == "dir":  # a path: compared resolved
         return Path(str(left)).expanduser().resolve() == Path(str(right)).expanduser().resolve()
     return str(left) == str(right)
 
@@ -118,20 +114,11 @@ def describe(conflicts: Iterable[Conflict]) -> str:
     return ", ".join(f"{name} {then!r} (recorded) vs {now!r} (now)" for name, then, now in conflicts)
 
 
-class Recorded(enum.Enum):
-    """What a restart found in a tracker sidecar."""
-
-    MISSING = "missing"
-    UNREADABLE = "unreadable"  # see RecordedRun.error
-    ELSEWHERE = "elsewhere"  # the run would now be created elsewhere: see RecordedRun.conflicts
-    CONTINUABLE = "continuable"
-
-
 @dataclass(frozen=True)
 class RecordedRun:
-    """The one check of a sidecar before a restart continues its tracker run."""
+    """The one check of a sidecar before a restart continues its tracker run: unreadable (``error``),
+    missing (no ``sidecar``), configured for another place (``conflicts``) or continuable."""
 
-    found: Recorded
     path: Path
     sidecar: Sidecar | None = None
     conflicts: list[Conflict] = field(default_factory=list)
@@ -163,11 +150,33 @@ def check_recorded(
     try:
         recorded = read_sidecar(path, tracker, required)
     except ValueError as e:
-        return RecordedRun(Recorded.UNREADABLE, path, error=str(e))
+        return RecordedRun(path, error=str(e))
     if recorded is None:
-        return RecordedRun(Recorded.MISSING, path)
+        return RecordedRun(path)
     conflicts = place_conflicts(recorded.identity, now, fields, known_only=known_only)
     if environment is not None:
         conflicts += environment_conflicts(recorded.environment, environment)
-    found = Recorded.ELSEWHERE if conflicts else Recorded.CONTINUABLE
-    return RecordedRun(found, path, recorded, conflicts)
+    return RecordedRun(path, recorded, conflicts)
+
+
+def to_continue(
+    tracker: str,
+    required: Iterable[str],
+    now: Mapping[str, Any],
+    fields: Iterable[str],
+    who: str,
+    stacklevel: int,
+) -> tuple[Resolution, Path, dict[str, Any]] | None:
+    """For a logger (``who``) that continues its recorded run itself: the restart, its sidecar and the
+    identity to continue, or ``None`` (no restart, no usable sidecar, or it would go elsewhere: warned)."""
+    resolution = PROCESS.current
+    if resolution is None or not resolution.is_resumed:
+        return None
+    check = check_recorded(resolution.path, tracker, required, now, fields, known_only=False)
+    if check.error:
+        log.debug("not resuming from %s: %s", check.path, check.error)  # the resume callback warns about it
+    elif check.conflicts:
+        warn(f"{who}: {check.refusal(tracker)}", all_ranks=True, stacklevel=stacklevel + 1)
+    elif check.sidecar is not None:
+        return resolution, check.path, check.sidecar.identity
+    return None

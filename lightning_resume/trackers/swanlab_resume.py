@@ -67,7 +67,6 @@ class SwanLabResume(TrackerResume):
     place_fields = ("project", "workspace", "mode", "dir")
     placement_env = (ENV["project"], ENV["workspace"], ENV["mode"], ENV["dir"])
 
-    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,
@@ -87,13 +86,11 @@ class SwanLabResume(TrackerResume):
     def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
         # No SwanLabLogger can exist unless its module was imported: no need to import swanlab here.
         logger_class = getattr(sys.modules.get(_LOGGER_MODULE), "SwanLabLogger", None)
-        if logger_class is None:
-            return []
-        return [logger for logger in trainer.loggers if isinstance(logger, logger_class)]
+        return [logger for logger in trainer.loggers if logger_class and isinstance(logger, logger_class)]
 
     @override
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
-        run = logger.experiment  # type: ignore[attr-defined]  # swanlab's logger is not typed
+    def _identity_of(self, logger: Any) -> dict[str, Any]:
+        run = logger.experiment
         project, workspace = swanlab_place(run)
         return {
             "id": run.id,

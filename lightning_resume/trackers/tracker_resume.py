@@ -20,9 +20,7 @@ from lightning_resume._warnings import warn
 from lightning_resume.run_dir.binding import PROCESS
 from lightning_resume.run_dir.resolve import Resolution
 from lightning_resume.run_dir.run_dir import RunDir
-from lightning_resume.trackers.env_overlay import EnvOverlay
 from lightning_resume.trackers.sidecar import (
-    Recorded,
     Sidecar,
     check_recorded,
     describe,
@@ -35,24 +33,11 @@ log = logging.getLogger(__name__)
 
 
 class Handback(enum.Enum):
-    """What binding to the run dir did about the recorded tracker run."""
+    """What binding to the run dir did about the recorded tracker run (``None``: nothing to continue)."""
 
-    UNBOUND = "unbound"
-    FRESH = "fresh"
     MISSING = "missing"  # a restart without a sidecar
-    UNREADABLE = "unreadable"
-    REFUSED = "refused"  # the run would go elsewhere, or a variable already decides it
     HANDED_BACK = "handed back"  # the tracker's variables now name the recorded run
     DELEGATED = "delegated"  # the tracker's logger picks the recorded run up itself
-
-
-def require_tracker(package: str, extra: str) -> None:
-    """Raise ``ModuleNotFoundError`` with the install command, without importing, when ``package`` is
-    missing."""
-    if importlib.util.find_spec(package) is None:
-        raise ModuleNotFoundError(
-            f'{package!r} is not installed. Install it with: pip install "lightning-resume[{extra}]"'
-        )
 
 
 class TrackerResume(Callback):
@@ -84,8 +69,10 @@ class TrackerResume(Callback):
 
     #: Tracker name, for the sidecar file and messages.
     tracker: ClassVar[str] = ""
-    #: The tracker package's import name, and the ``lightning-resume`` extra that installs it.
+    #: The tracker package's import name.
     package: ClassVar[str] = ""
+    #: The ``lightning-resume`` extra that installs it (default: :attr:`package`).
+    extra: ClassVar[str] = ""
     #: Identity fields that say where a run lives.
     place_fields: ClassVar[tuple[str, ...]] = ()
     #: Identity fields a usable sidecar must have.
@@ -98,24 +85,27 @@ class TrackerResume(Callback):
     logger_class: ClassVar[type[Logger]]
 
     def __init__(self) -> None:
-        require_tracker(self.package, self.package)
+        if importlib.util.find_spec(self.package) is None:
+            raise ModuleNotFoundError(
+                f"{self.package!r} is not installed. Install it with: "
+                f'pip install "lightning-resume[{self.extra or self.package}]"'
+            )
         self._run_dir: Path | None = None
         self._restart = False
-        self._outcome = Handback.UNBOUND
+        self._outcome: Handback | None = None
         self._recorded: Sidecar | None = None
         self._environment: dict[str, str | None] = {}
+        self._env_before: dict[str, str | None] = {}  # the hand-back's variables before it set them
         self._identity: dict[str, Any] | None = None
-        self._overlay = EnvOverlay()
         self._warned_no_logger = False
         PROCESS.when_ready(self._on_run_dir)
 
     # -- what each tracker fills in ---------------------------------------------------------------
 
     def _loggers(self, trainer: pl.Trainer) -> list[Logger]:
-        """The trainer's loggers of this tracker."""
         return [logger for logger in trainer.loggers if isinstance(logger, self.logger_class)]
 
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
+    def _identity_of(self, logger: Any) -> dict[str, Any]:
         """The identity of the run ``logger`` logs to (creating it if needed; rank 0 only)."""
         raise NotImplementedError
 
@@ -125,7 +115,7 @@ class TrackerResume(Callback):
 
     def _hand_back(self, identity: Mapping[str, Any]) -> dict[str, str] | None:
         """The variables that make the tracker continue ``identity`` (``None``: its logger does it)."""
-        raise NotImplementedError
+        return None
 
     # -- binding: before the tracker creates its run ----------------------------------------------
 
@@ -139,30 +129,25 @@ class TrackerResume(Callback):
         self._restart = resolution.is_resumed
         self._environment = {name: os.environ.get(name) for name in self.placement_env}
         if not resolution.is_resumed:
-            self._outcome = Handback.FRESH
             return
         check = check_recorded(
             path, self.tracker, self.required_fields, self._expected(), self.place_fields, self._environment
         )
-        if check.found is Recorded.UNREADABLE:
-            self._outcome = Handback.UNREADABLE
+        if check.error:
             self._warn(
                 f"the {self.tracker} sidecar of this restarted run is unusable: {check.error}. Training "
                 f"still resumes from its checkpoint, but {self.tracker} starts a new run; the sidecar is "
                 "rewritten for it once it exists."
             )
             return
-        if check.found is Recorded.MISSING:
+        self._recorded = recorded = check.sidecar
+        if recorded is None:
             self._outcome = Handback.MISSING
             log.info(
                 "No %s in restarted run %s: a new %s run", check.path.name, resolution.run_id, self.tracker
             )
             return
-        recorded = check.sidecar
-        assert recorded is not None
-        self._recorded = recorded
-        if check.found is Recorded.ELSEWHERE:
-            self._outcome = Handback.REFUSED
+        if check.conflicts:
             self._warn(
                 check.refusal(self.tracker) + " If the change is unintended, restore the original setting "
                 "and restart; to follow the new setting on later restarts, do nothing."
@@ -176,7 +161,6 @@ class TrackerResume(Callback):
             name: os.environ[name] for name, value in env.items() if os.environ.get(name) not in (None, value)
         }
         if taken:
-            self._outcome = Handback.REFUSED
             self._warn(
                 f"not continuing {self.tracker} run {recorded.identity['id']!r}: "
                 + ", ".join(f"{name}={value!r}" for name, value in taken.items())
@@ -185,7 +169,8 @@ class TrackerResume(Callback):
             )
             return
         for name, value in env.items():
-            self._overlay.set(name, value)
+            self._env_before.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
         self._outcome = Handback.HANDED_BACK
         log.info(
             "Restart of run %s: %s continues run %s (%s)",
@@ -197,7 +182,12 @@ class TrackerResume(Callback):
 
     def _restore_env(self) -> None:
         """Put back the hand-back's variables: later runs in this process must not inherit them."""
-        self._overlay.restore()
+        for name, value in self._env_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._env_before.clear()
 
     def _warn(self, message: str) -> None:
         warn(f"{type(self).__name__}: {message}", all_ranks=True, stacklevel=3)
@@ -228,10 +218,9 @@ class TrackerResume(Callback):
                 f"{len(loggers)} {self.tracker} loggers log to {len(identities)} different runs ({listed}). "
                 f"Use one {self.tracker} logger, or let them share one run."
             )
-        identity = identities[0]
+        self._identity = identities[0]
         if self._outcome is Handback.HANDED_BACK:
-            self._check_continued(identity)
-        self._identity = identity
+            self._check_continued(self._identity)
         self._write(trainer.global_step)
 
     def _use_trainers_run_dir(self, trainer: pl.Trainer) -> None:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
-from lightning_resume.trackers.loggers.trackio_logger import (
-    PLACE_FIELDS,
-    TRACKER,
-    TrackioLogger,
-    run_identity,
-)
+from lightning_resume.trackers.loggers.trackio_logger import PLACE_FIELDS, TRACKER, TrackioLogger, storage_dir
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
 
@@ -44,10 +37,13 @@ class TrackioResume(TrackerResume):
     required_fields = ("id", "name")
 
     @override
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
-        assert isinstance(logger, TrackioLogger)
-        return run_identity(logger.experiment)
-
-    @override
-    def _hand_back(self, identity: Mapping[str, Any]) -> None:
-        return None  # the TrackioLogger continues the recorded run when it creates its experiment
+    def _identity_of(self, logger: TrackioLogger) -> dict[str, Any]:
+        run = logger.experiment  # (no hand-back: the logger continues a recorded run itself)
+        return {
+            "id": run.id,
+            "name": run.name,
+            "project": run.project,
+            "group": run.group,
+            "dir": str(storage_dir()),
+            "url": getattr(run, "url", None),
+        }

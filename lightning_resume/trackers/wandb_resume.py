@@ -7,20 +7,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
 from lightning_resume.trackers.tracker_resume import TrackerResume
 
 # wandb's documented variables this callback reads or sets.
-ENV = {
-    "run_id": "WANDB_RUN_ID",
-    "project": "WANDB_PROJECT",
-    "entity": "WANDB_ENTITY",
-    "mode": "WANDB_MODE",
-}
-# wandb's aliases for its modes.
-_MODES = {"dryrun": "offline", "run": "online"}
+ENV = {"run_id": "WANDB_RUN_ID", "project": "WANDB_PROJECT", "entity": "WANDB_ENTITY", "mode": "WANDB_MODE"}
+_MODES = {"dryrun": "offline", "run": "online"}  # wandb's aliases for its modes
 
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 
@@ -74,7 +68,6 @@ class WandbResume(TrackerResume):
         "or wandb.init() earlier in this process): wandb reads WANDB_RUN_ID once, when its session starts"
     )
 
-    # Alike in every tracker on purpose: explicit, typed place arguments are what LightningCLI parses.
     def __init__(
         self,
         project: str | None = None,
@@ -91,8 +84,7 @@ class WandbResume(TrackerResume):
         super().__init__()
 
     @override
-    def _identity_of(self, logger: Logger) -> dict[str, Any]:
-        assert isinstance(logger, WandbLogger)
+    def _identity_of(self, logger: WandbLogger) -> dict[str, Any]:
         run = logger.experiment
         settings = run.settings
         root = getattr(settings, "root_dir", None)

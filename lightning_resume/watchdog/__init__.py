@@ -1,3 +1,1 @@
-"""``ProgressWatchdog``: a watchdog thread per rank (``monitor``), learned timeouts per section
-(``timeouts``), what a hung rank does (``action``) and the crash-loop rule.
-"""
+"""``ProgressWatchdog`` and its parts: the thread, timeouts, what a hung rank does, the crash-loop rule."""

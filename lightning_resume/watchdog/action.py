@@ -1,7 +1,5 @@
-"""What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit.
-
-Runs on the watchdog thread while the main thread may hold any lock: no logging (lines go straight
-to fd 2), no Lightning, no collective.
+"""What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit. Runs on
+the watchdog thread while the main thread may hold any lock: no logging (fd 2), Lightning or collective.
 """
 
 from __future__ import annotations
@@ -47,15 +45,8 @@ def _say(line: str) -> None:
         os.write(2, f"lightning_resume: {line}\n".encode(errors="replace"))
 
 
-def _attempt_number(run_dir: Path) -> int:
-    """This attempt's number, for a hang before ``setup`` (where rank 0 records it)."""
-    history = attempts.read(run_dir)
-    return history.next_number(hangs.read_notes(run_dir))
-
-
 def _failed_peer(run_dir: Path, attempt: int, rank: int) -> FailureRecord | None:
-    """The first failure a peer recorded in this attempt as its own (no collective's, no hang): a rank that
-    makes no progress then waits on that peer in a collective, and is not hung."""
+    """The first failure of a peer of its own (not a collective's, no hang): this rank waits on it."""
     found = [r for r in records.read(run_dir, attempt) if r.rank != rank and r.original]
     found = [r for r in found if r.failure not in (FailureClass.COMMUNICATION, FailureClass.HANG)]
     return min(found, key=lambda r: r.time, default=None)
@@ -86,9 +77,8 @@ def act_on_hang(
 ) -> NoReturn:
     """Write this rank's stacks and note, record the hang and requeue once (rank 0), exit with ``exit_code``.
 
-    ``seconds`` is the time without progress; ``requeue`` lets rank 0 requeue a SLURM job; before
-    exiting, a rank waits up to ``linger`` seconds for its peers' notes (their collectives fail once it
-    exits). ``exit`` ends the process (a test passes something that raises).
+    ``seconds``: the time without progress. Before exiting, a rank waits up to ``linger`` seconds for its
+    peers' notes (their collectives fail once it exits); a test passes an ``exit`` that raises.
     """
     where = f"{progress.section.label} " + (
         "before training" if progress.step is None else f"at step {progress.step}"
@@ -100,7 +90,8 @@ def act_on_hang(
     run_dir, attempt = who.run_dir, who.attempt
     try:
         if run_dir is not None:
-            attempt = attempt if attempt is not None else _attempt_number(run_dir)
+            if attempt is None:  # a hang before setup, where rank 0 records the number
+                attempt = attempts.read(run_dir).next_number(hangs.read_notes(run_dir))
             peer = _failed_peer(run_dir, attempt, who.rank) if who.world_size > 1 else None
             if peer is not None:  # the root cause wins: this rank exits as the failed peer did
                 _say(

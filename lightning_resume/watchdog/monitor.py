@@ -1,8 +1,7 @@
 """A per-rank watchdog thread: acts when the main thread reports no progress within its section's timeout.
 
-A report replaces one immutable :class:`Progress` (no lock, well under a microsecond); the thread
-sleeps until the deadline, so it runs while the main thread is blocked in C. If the main thread never
-releases the GIL, a :class:`Backstop` (faulthandler's C thread) dumps the stacks and exits.
+A report replaces one immutable :class:`Progress` (no lock). If the main thread never releases the GIL, a
+:class:`Backstop` (faulthandler's C thread) dumps the stacks and exits.
 """
 
 from __future__ import annotations
@@ -88,15 +87,11 @@ class Watchdog:
         self._backstop = Backstop() if backstop else None
         self.fired: Progress | None = None
 
-    @property
-    def progress(self) -> Progress | None:
-        """The progress last reported (``None``: not watching)."""
-        return self._progress
-
     def report(self, progress: Progress | None) -> None:
         """Replace the progress the thread watches (``None``: watch nothing until the next report)."""
         self._progress = progress
-        if progress is not None and self._backstop is not None and self._watching:
+        watching = self._thread is not None and not self._stop.is_set()  # cheaper than asking the thread
+        if progress is not None and self._backstop is not None and watching:
             self._backstop.keep_after(progress.deadline)
 
     def start(self) -> None:
@@ -116,11 +111,6 @@ class Watchdog:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self.fired is None:
             thread.join(timeout=5)
-
-    @property
-    def _watching(self) -> bool:
-        """Started and not stopped (cheaper than asking the thread, at every report)."""
-        return self._thread is not None and not self._stop.is_set()
 
     @property
     def alive(self) -> bool:

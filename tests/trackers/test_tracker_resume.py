@@ -172,12 +172,28 @@ def test_importing_the_package_imports_no_tracker() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_missing_tracker_gives_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_resume import WandbResume
+@pytest.mark.parametrize(
+    ("name", "package", "extra"),
+    [
+        ("WandbResume", "wandb", "wandb"),
+        ("SwanLabResume", "swanlab", "swanlab"),
+        ("TrackioResume", "trackio", "trackio"),
+        ("MLflowResume", "mlflow", "mlflow"),
+        ("CometResume", "comet_ml", "comet"),
+    ],
+)
+def test_missing_tracker_gives_the_install_command_of_a_declared_extra(
+    monkeypatch: pytest.MonkeyPatch, name: str, package: str, extra: str
+) -> None:
+    import tomllib
 
-    monkeypatch.setitem(sys.modules, "wandb", None)  # what the import system reports for a missing package
-    with pytest.raises(ModuleNotFoundError, match=r'pip install "lightning-resume\[wandb\]"'):
-        WandbResume()
+    import lightning_resume
+
+    pyproject = Path(lightning_resume.__file__).parent.parent / "pyproject.toml"
+    assert extra in tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    monkeypatch.setitem(sys.modules, package, None)  # what the import system reports for a missing package
+    with pytest.raises(ModuleNotFoundError, match=rf'pip install "lightning-resume\[{extra}\]"'):
+        getattr(lightning_resume, name)()
 
 
 def test_without_a_run_dir_setup_explains_what_is_missing(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from lightning_resume._scheduler.machine import on_aws
-from lightning_resume.preemption.notices._http import fetch
 from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.preemption.notices._notice import Notice, parse_iso_time
 
@@ -49,19 +48,12 @@ class AwsSpotNotice(MetadataServerNotice):
     """
 
     name = "aws-spot"
-
-    def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(endpoint, interval=interval, timeout=timeout)
-        self._token: tuple[str, float] | None = None  # the token and when to renew it
-
     _on_this_cloud = staticmethod(on_aws)
+    _token: tuple[str, float] | None = None  # the session token and when to renew it
 
     def _poll(self, now: float) -> Notice | None:
-        status, body = fetch(
-            f"{self.base_url}/latest/meta-data/spot/instance-action",
-            headers={"X-aws-ec2-metadata-token": self._session_token(now)},
-            timeout=self.timeout,
-        )
+        token = {"X-aws-ec2-metadata-token": self._session_token(now)}
+        status, body = self._fetch("/latest/meta-data/spot/instance-action", headers=token)
         if status == 401:
             self._token = None  # expired or revoked: a new one at the next poll
         if status == 404:
@@ -72,12 +64,8 @@ class AwsSpotNotice(MetadataServerNotice):
 
     def _session_token(self, now: float) -> str:
         if self._token is None or now >= self._token[1]:
-            status, body = fetch(
-                f"{self.base_url}/latest/api/token",
-                method="PUT",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)},
-                timeout=self.timeout,
-            )
+            ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)}
+            status, body = self._fetch("/latest/api/token", method="PUT", headers=ttl)
             if status != 200 or not body.strip():
                 raise ValueError(f"the IMDSv2 token request answered HTTP {status}")
             self._token = (body.strip(), now + TOKEN_TTL / 2)

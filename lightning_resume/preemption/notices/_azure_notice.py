@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass
 
 from lightning_resume._scheduler.machine import on_azure
-from lightning_resume.preemption.notices._http import fetch
 from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.preemption.notices._notice import Notice, parse_http_time
 
@@ -69,13 +68,9 @@ class AzureNotice(MetadataServerNotice):
     """
 
     name = "azure"
-
-    def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(endpoint, interval=interval, timeout=timeout)
-        self._vm_name: str | None = None
-        self._first_seen: dict[str, float] = {}  # by event id: when a started event was first seen
-
+    _headers = {"Metadata": "true"}
     _on_this_cloud = staticmethod(on_azure)
+    _vm_name: str | None = None  # read once
 
     def _poll(self, now: float) -> Notice | None:
         stops = parse_scheduled_events(self._get(EVENTS_PATH), self._machine_name())
@@ -98,9 +93,3 @@ class AzureNotice(MetadataServerNotice):
                 raise ValueError(f"unexpected compute/name answer {name[:200]!r}")
             self._vm_name = name
         return self._vm_name
-
-    def _get(self, path: str) -> str:
-        status, body = fetch(f"{self.base_url}{path}", headers={"Metadata": "true"}, timeout=self.timeout)
-        if status != 200:
-            raise ValueError(f"{path.split('?')[0]} answered HTTP {status}")
-        return body

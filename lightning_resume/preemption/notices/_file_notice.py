@@ -22,12 +22,7 @@ class FileNotice(NoticeSource):
     process (left by an earlier attempt) is ignored with one warning: delete it between attempts. One
     written since the process started counts, even before this source existed. Node-local: the first
     process of each node polls it. In a Kubernetes pod, a ``preStop`` hook that writes the file and
-    then sleeps gives the job the hook's time before the SIGTERM::
-
-        lifecycle:
-          preStop:
-            exec:
-              command: ["sh", "-c", "date -d '+25 seconds' +%s > /tmp/preempted; sleep 20"]
+    then sleeps gives the job the hook's time before the SIGTERM (the notices guide shows one).
 
     Args:
         path: The file. Default: ``$LIGHTNING_RESUME_NOTICE`` (read at each poll); without either, the
@@ -81,7 +76,7 @@ class FileNotice(NoticeSource):
         except FileNotFoundError:
             return None
         if modified < self._since:
-            self._complain(
+            self.last_error = (
                 f"{target} is older than this process (left by an earlier attempt?): ignored. Delete it "
                 "between attempts; a notice is a file created while the job runs"
             )
@@ -90,7 +85,7 @@ class FileNotice(NoticeSource):
             deadline = parse_deadline(content)
         except ValueError:
             deadline = None
-            self._complain(
+            self.last_error = (
                 f"{target} holds {content.strip()[:100]!r}, not a deadline (seconds since the epoch, or an "
                 "ISO 8601 time such as 2026-05-01T12:00:00Z): taken as a notice without a deadline"
             )

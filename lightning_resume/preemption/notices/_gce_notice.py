@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from lightning_resume._scheduler.machine import on_gce
-from lightning_resume.preemption.notices._http import fetch
 from lightning_resume.preemption.notices._metadata_server_notice import MetadataServerNotice
 from lightning_resume.preemption.notices._notice import Notice
 
@@ -54,28 +53,17 @@ class GceNotice(MetadataServerNotice):
     """
 
     name = "gce"
-
-    def __init__(self, endpoint: str | None = None, interval: float = 5.0, timeout: float = 1.0) -> None:
-        super().__init__(endpoint, interval=interval, timeout=timeout)
-        self._first_seen: dict[str, float] = {}  # the deadline counts from the first sighting
-
+    _headers = {"Metadata-Flavor": "Google"}
     _on_this_cloud = staticmethod(on_gce)
 
     def _poll(self, now: float) -> Notice | None:
-        if parse_preempted(self._get("preempted")):
+        if parse_preempted(self._instance("preempted")):
             return self._notice("preempted", PREEMPTION_SECONDS, now)
-        event = parse_maintenance_event(self._get("maintenance-event"))
+        event = parse_maintenance_event(self._instance("maintenance-event"))
         return self._notice(event, MAINTENANCE_SECONDS, now) if event is not None else None
 
-    def _get(self, key: str) -> str:
-        status, body = fetch(
-            f"{self.base_url}/computeMetadata/v1/instance/{key}",
-            headers={"Metadata-Flavor": "Google"},
-            timeout=self.timeout,
-        )
-        if status != 200:
-            raise ValueError(f"instance/{key} answered HTTP {status}")
-        return body
+    def _instance(self, key: str) -> str:
+        return self._get(f"/computeMetadata/v1/instance/{key}", f"instance/{key}")
 
     def _notice(self, kind: str, seconds: float, now: float) -> Notice:
         first = self._first_seen.setdefault(kind, now)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 from typing import ClassVar, Literal
@@ -78,10 +77,6 @@ class NoticeSource:
         """Seconds until the next poll (:attr:`interval`; a source may ask for sooner)."""
         return self.interval
 
-    def _complain(self, message: str) -> None:
-        """Report a problem with an answer that still gave a result (the handler warns once)."""
-        self.last_error = message
-
     def describe(self) -> str:
         """Where the source reads its notices from, for log lines."""
         return self.name
@@ -89,7 +84,7 @@ class NoticeSource:
     def _reason(self, error: Exception) -> str:
         if isinstance(error, urllib.error.URLError):
             error = error.reason if isinstance(error.reason, Exception) else error
-        if isinstance(error, (TimeoutError, socket.timeout)):
+        if isinstance(error, TimeoutError):
             return f"no answer within {self.timeout:g} s"
         if isinstance(error, ConnectionRefusedError):
             return "connection refused"

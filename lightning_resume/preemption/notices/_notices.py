@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from lightning_resume._checks import positive_number
@@ -15,6 +15,9 @@ from lightning_resume.preemption.notices._gce_notice import GceNotice
 from lightning_resume.preemption.notices._notice_source import NoticeSource
 from lightning_resume.preemption.notices._policy import ON_NOTICE
 from lightning_resume.preemption.notices._slurm_time_limit_notice import SlurmTimeLimitNotice
+
+#: Where users import the sources: lightning_resume.notices, or its pytorch_lightning mirror.
+_PACKAGE = __name__.rsplit(".", 1)[0].replace(".preemption.notices", ".notices")
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,10 @@ class Notices:
                 f"Notices sources must be 'auto', None or a list of notice sources, got {sources!r}: e.g. "
                 "Notices([AwsSpotNotice()]) from lightning_resume.notices."
             )
-        if not isinstance(sources, (str, type(None))):
+        if sources is not None and not isinstance(sources, str):
             if not isinstance(sources, Sequence) or not all(isinstance(s, NoticeSource) for s in sources):
-                # lightning_resume.notices, or its pytorch_lightning mirror: where users import the sources
-                package = __name__.rsplit(".", 1)[0].replace(".preemption.notices", ".notices")
                 raise TypeError(
-                    f"Notices sources must be 'auto', None or a list of notice sources from {package} "
+                    f"Notices sources must be 'auto', None or a list of notice sources from {_PACKAGE} "
                     f"(AwsSpotNotice(), GceNotice(), ...), got {sources!r}."
                 )
             sources = list(sources)
@@ -92,10 +93,13 @@ def as_notices(notices: Any, on_notice: str | None, margin: float | None) -> Not
     flat = not isinstance(notices, Notices) and (
         notices == "auto" or isinstance(notices, (list, tuple, NoticeSource))
     )
-    if not flat and on_notice is None and margin is None:
-        return notices if notices is None or isinstance(notices, Notices) else _refuse(notices)
     if notices is not None and not flat and not isinstance(notices, Notices):
-        return _refuse(notices)
+        raise TypeError(
+            f"notices must be Notices(...) from {_PACKAGE}, or None, got {notices!r}: e.g. "
+            "notices=Notices([AwsSpotNotice()])."
+        )
+    if not flat and on_notice is None and margin is None:
+        return notices
     warnings.warn(
         "PreemptionHandler(notices=[...]/'auto', on_notice=, notice_margin=) will go: pass "
         "notices=Notices(sources, on_notice=..., margin=...) from lightning_resume.notices.",
@@ -103,16 +107,5 @@ def as_notices(notices: Any, on_notice: str | None, margin: float | None) -> Not
         stacklevel=3,
     )
     base = notices if isinstance(notices, Notices) else Notices(sources=notices)
-    return Notices(
-        sources=base.sources,
-        on_notice=on_notice or base.on_notice,  # type: ignore[arg-type]
-        margin=base.margin if margin is None else margin,
-    )
-
-
-def _refuse(notices: object) -> Notices:
-    package = __name__.rsplit(".", 1)[0].replace(".preemption.notices", ".notices")  # or its mirror
-    raise TypeError(
-        f"notices must be Notices(...) from {package}, or None, got {notices!r}: e.g. "
-        "notices=Notices([AwsSpotNotice()])."
-    )
+    margin = base.margin if margin is None else margin
+    return replace(base, on_notice=on_notice or base.on_notice, margin=margin)  # type: ignore[arg-type]

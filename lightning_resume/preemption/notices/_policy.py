@@ -31,8 +31,7 @@ def stop_time(deadline: float, seconds_to_durable: float, margin: float) -> floa
 
 
 def expected_seconds_to_durable(*measured: float | None, recorded: float | None = None) -> float:
-    """The longest time to durable measured in this attempt, else the one ``recorded`` in the run's attempt
-    history, else the default."""
+    """The longest time to durable measured in this attempt, else the run's ``recorded``, else the default."""
     known = [seconds for seconds in measured if seconds is not None]
     if known:
         return max(known)
@@ -49,17 +48,15 @@ def decide(
     on_notice: str,
     saved: bool,
 ) -> tuple[Act, Notice | None]:
-    """What the notices ask for at a check at ``now``, and the notice that asks: ``STOP`` when waiting
-    ``period`` (to the next check) would start the last save too late for a deadline, or for a warning when
-    ``on_notice`` is ``"stop"`` or there is no room for a save now and one more later; ``SAVE`` for a
-    warning not yet ``saved`` for; else ``NONE`` (a time limit asks for nothing until its stop time)."""
+    """What the notices ask for at a check at ``now`` (``period``: until the next), and the notice asking."""
     warning: Notice | None = None
     for notice in sorted(notices, key=lambda n: n.deadline if n.deadline is not None else math.inf):
+        # Waiting for the next check would start the last save too late for this deadline.
         if notice.deadline is not None and now + period >= stop_time(
             notice.deadline, seconds_to_durable, margin
         ):
             return Act.STOP, notice
-        if warning is None and not notice.is_time_limit:
+        if warning is None and not notice.is_time_limit:  # a time limit asks for nothing before that
             warning = notice
     if warning is None:
         return Act.NONE, None
@@ -67,6 +64,7 @@ def decide(
         return Act.STOP, warning
     if saved:
         return Act.NONE, None
+    # A warning not yet saved for: save, unless there is no room for a save now and one more later.
     no_room = warning.deadline is not None and now + seconds_to_durable + period >= stop_time(
         warning.deadline, seconds_to_durable, margin
     )

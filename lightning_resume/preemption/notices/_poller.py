@@ -19,9 +19,7 @@ FAILURES_TO_WARN = 3
 
 
 class NoticePoller:
-    """Polls each source every ``source.interval`` s on a daemon thread, keeping its newest notice (with
-    when it was first seen). An empty answer takes a notice back only from a source that is not
-    :attr:`~NoticeSource.standing`; :data:`FAILURES_TO_WARN` failed polls in a row are warned about once."""
+    """Polls each source every ``source.interval`` s on a daemon thread, keeping its newest notice."""
 
     def __init__(self, sources: Sequence[NoticeSource]) -> None:
         self.sources = list(sources)
@@ -70,7 +68,7 @@ class NoticePoller:
             )
         elif source.last_error is not None:
             log.debug("notice source %s: %s", source.describe(), source.last_error)
-        if notice is None:
+        if notice is None:  # takes a notice back only when the source is not standing and answered
             if not source.standing and source.last_error is None:
                 with self._lock:
                     taken_back = self._notices.pop(index, None)
@@ -81,6 +79,6 @@ class NoticePoller:
             earlier = self._notices.get(index)
             if earlier is None:
                 log.debug("notice from %s: %s", source.describe(), notice.describe())
-            else:
+            else:  # first seen then
                 notice = dataclasses.replace(notice, received=earlier.received)
             self._notices[index] = notice

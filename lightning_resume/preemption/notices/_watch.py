@@ -6,10 +6,10 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from lightning_resume._warnings import warn
+from lightning_resume.io._protocol import HurryingCheckpointIO
 from lightning_resume.preemption.notices._notice import Notice, format_time
 from lightning_resume.preemption.notices._notice_source import NoticeSource
 from lightning_resume.preemption.notices._notices import Notices
@@ -77,13 +77,13 @@ class NoticeWatch:
         self._last_check: float | None = None
         self._periods: collections.deque[float] = collections.deque(maxlen=PERIOD_WINDOW)
 
-    def start(self, local_rank: int, global_rank: int, recorded: float | None) -> list[NoticeSource]:
-        """Start polling the sources this process polls (node-wide ones on local rank 0, job-wide ones on
-        global rank 0, each where it applies); return them. ``recorded``: the run's time to durable."""
+    def start(self, local_rank: int, global_rank: int, recorded: float | None) -> None:
+        """Poll this rank's sources where they apply (``recorded``: the run's time to durable, if known)."""
         self.stop()
         self.record, self.measured, self._last_check = None, None, None  # a new fit
         self.recorded = recorded
         self._periods.clear()
+        # Node-wide sources on each node's local rank 0, job-wide ones on global rank 0.
         mine = [s for s in self.sources if (global_rank if s.scope == "job" else local_rank) == 0]
         polled = [source for source in mine if _applies(source)]
         for source in mine:
@@ -93,34 +93,36 @@ class NoticeWatch:
             self.poller = NoticePoller(polled)
             self.poller.start()
             log.info("preemption notices polled here: %s", ", ".join(source.describe() for source in polled))
-        return polled
 
-    def stop(self, wait: float = 0.0) -> None:
+    def stop(self) -> None:
         if self.poller is not None:
-            self.poller.stop(wait)
+            self.poller.stop()
             self.poller = None
 
-    def wanted(self, written: Callable[[], float | None]) -> tuple[Act, Notice | None]:
-        """What the notices seen by this process ask for now (``written``: the plugin's last write time)."""
+    def wanted(self, checkpoint_io: object) -> tuple[Act, Notice | None]:
+        """What the notices seen by this process ask for now."""
         if self.poller is None:
             return Act.NONE, None  # the common case, once per batch: nothing to compute
-        self._tick()
+        now = time.monotonic()
+        if self._last_check is not None:
+            self._periods.append(now - self._last_check)
+        self._last_check = now
         notices = self.poller.notices()
         if not notices:
             return Act.NONE, None
         return decide(
             notices,
             now=time.time(),
-            seconds_to_durable=self.seconds_to_durable(written()),
+            seconds_to_durable=self.seconds_to_durable(checkpoint_io),
             margin=self.margin,
             period=max(self._periods, default=0.0),
             on_notice=self.on_notice,
             saved=self.record is not None and self.record.saved_step is not None,
         )
 
-    def seconds_to_durable(self, written: float | None) -> float:
+    def seconds_to_durable(self, checkpoint_io: object) -> float:
         """Expected seconds from the start of a save until it is durable."""
-        return expected_seconds_to_durable(self.measured, written, recorded=self.recorded)
+        return expected_seconds_to_durable(self.measured, _written(checkpoint_io), recorded=self.recorded)
 
     def acting_on(self, notice: Notice) -> NoticeRecord:
         """The record of the first notice the ranks act on (begun now for ``notice`` if none is)."""
@@ -137,12 +139,12 @@ class NoticeWatch:
         self._last_check = None  # the save is no interval between two steps
         return record
 
-    def describe_save(self, record: NoticeRecord, written: float | None) -> str:
+    def describe_save(self, record: NoticeRecord, checkpoint_io: object) -> str:
         """The log line of a save for a notice: what, when durable, until when training goes on."""
         notice = record.notice
         until = "a preemption signal"
         if notice.deadline is not None:
-            seconds = self.seconds_to_durable(written)
+            seconds = self.seconds_to_durable(checkpoint_io)
             stop = stop_time(notice.deadline, seconds, self.margin)
             until = (
                 f"about {format_time(stop)} (the deadline less {seconds:.1f} s to durable and the "
@@ -157,11 +159,11 @@ class NoticeWatch:
             f"training goes on until {until}"
         )
 
-    def _tick(self) -> None:
-        now = time.monotonic()
-        if self._last_check is not None:
-            self._periods.append(now - self._last_check)
-        self._last_check = now
+
+def _written(checkpoint_io: object) -> float | None:
+    """Seconds the checkpoint plugin's newest save took to be written, if the plugin says."""
+    write = checkpoint_io.last_write if isinstance(checkpoint_io, HurryingCheckpointIO) else None
+    return write.seconds if write is not None else None
 
 
 def _applies(source: NoticeSource) -> bool:

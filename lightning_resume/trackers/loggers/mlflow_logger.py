@@ -12,8 +12,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from lightning_resume._compat.lightning import mlflow_target, set_mlflow_run
 from lightning_resume._warnings import warn
-from lightning_resume.run_dir.binding import PROCESS
-from lightning_resume.trackers.sidecar import Recorded, check_recorded
+from lightning_resume.trackers.sidecar import to_continue
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +71,16 @@ class MLFlowLogger(_LightningMLFlowLogger):
 
     def _recorded_run(self, tracking_uri: str, experiment_name: str) -> str | None:
         """The run id recorded in the run dir to continue, or ``None`` for a new run."""
-        resolution = PROCESS.current
-        if resolution is None or not resolution.is_resumed:
-            return None
         now = {"tracking_uri": normalize_uri(tracking_uri), "experiment_name": experiment_name}
-        check = check_recorded(resolution.path, TRACKER, ("id",), now, PLACE_FIELDS, known_only=False)
-        if check.found is Recorded.UNREADABLE:
-            log.debug("not resuming from %s: %s", check.path, check.error)  # MLflowResume warns about it
+        found = to_continue(TRACKER, ("id",), now, PLACE_FIELDS, "MLFlowLogger", stacklevel=4)
+        if found is None:
             return None
-        if check.found is Recorded.MISSING:
-            return None
-        assert check.sidecar is not None
-        if check.found is Recorded.ELSEWHERE:
-            warn(f"MLFlowLogger: {check.refusal(TRACKER)}", all_ranks=True, stacklevel=4)
-            return None
-        run_id = str(check.sidecar.identity["id"])
+        resolution, path, identity = found
+        run_id = str(identity["id"])
         problem = _unusable_run(tracking_uri, run_id)
         if problem:
             warn(
-                f"MLFlowLogger: the recorded MLflow run {run_id!r} ({str(check.path)!r}) {problem}; a new "
+                f"MLFlowLogger: the recorded MLflow run {run_id!r} ({str(path)!r}) {problem}; a new "
                 "run is created.",
                 all_ranks=True,
                 stacklevel=4,

@@ -13,8 +13,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_resume._warnings import warn
-from lightning_resume.run_dir.binding import PROCESS
-from lightning_resume.trackers.sidecar import Recorded, check_recorded
+from lightning_resume.trackers.sidecar import to_continue
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +36,8 @@ def import_trackio() -> Any:
 
 
 def storage_dir() -> Path:
-    """Where trackio keeps its local databases: ``trackio.utils.TRACKIO_DIR``, read from the variable
-    when trackio is first imported (a test pins it)."""
+    """``trackio.utils.TRACKIO_DIR``: its local databases, read from the variable at trackio's import."""
     return Path(import_trackio().utils.TRACKIO_DIR).expanduser().resolve()
-
-
-def run_identity(run: Any) -> dict[str, Any]:
-    """The identity of a trackio ``Run``: what resuming it needs and where it lives."""
-    return {
-        "id": run.id,
-        "name": run.name,
-        "project": run.project,
-        "group": run.group,
-        "dir": str(storage_dir()),
-        "url": getattr(run, "url", None),
-    }
 
 
 def run_ids_named(project: str, name: str) -> list[str]:
@@ -61,15 +47,6 @@ def run_ids_named(project: str, name: str) -> list[str]:
     except ValueError:  # no such project yet
         return []
     return [str(run.id) for run in runs if run.name == name]
-
-
-def _params_dict(params: Mapping[str, Any] | Namespace) -> dict[str, Any]:
-    """Hyperparameters as a plain dict; callables (e.g. a class or a function) by name."""
-    items = vars(params) if isinstance(params, Namespace) else dict(params)
-    return {
-        str(key): getattr(value, "__name__", repr(value)) if callable(value) else value
-        for key, value in items.items()
-    }
 
 
 class TrackioLogger(Logger):
@@ -176,21 +153,11 @@ class TrackioLogger(Logger):
         if self._finished_name is not None:
             return self._finished_name, "allow", None
         default: tuple[str | None, Resume, dict[str, Any] | None] = (self._name, self._resume, None)
-        resolution = PROCESS.current
-        if resolution is None or not resolution.is_resumed:
-            return default
         now = {"project": self._project, "dir": str(storage_dir())}
-        check = check_recorded(resolution.path, TRACKER, ("id", "name"), now, PLACE_FIELDS, known_only=False)
-        if check.found is Recorded.UNREADABLE:
-            log.debug("not resuming from %s: %s", check.path, check.error)  # TrackioResume warns about it
+        found = to_continue(TRACKER, ("id", "name"), now, PLACE_FIELDS, "TrackioLogger", stacklevel=3)
+        if found is None:
             return default
-        if check.found is Recorded.MISSING:
-            return default
-        assert check.sidecar is not None
-        identity = check.sidecar.identity
-        if check.found is Recorded.ELSEWHERE:
-            warn(f"TrackioLogger: {check.refusal(TRACKER)}", all_ranks=True, stacklevel=3)
-            return default
+        resolution, _, identity = found
         if self._name is not None and self._name != identity["name"]:
             log.info("Explicit trackio run name %r wins over the recorded %r", self._name, identity["name"])
             return default
@@ -219,7 +186,11 @@ class TrackioLogger(Logger):
     @override
     @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
-        self.experiment.config.update(_params_dict(params))
+        items = vars(params) if isinstance(params, Namespace) else dict(params)
+        # Callables (a class, a function) by name.
+        self.experiment.config.update(
+            {str(k): getattr(v, "__name__", repr(v)) if callable(v) else v for k, v in items.items()}
+        )
 
     @override
     @rank_zero_only
