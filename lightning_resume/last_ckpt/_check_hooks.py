@@ -19,22 +19,13 @@ from typing_extensions import override
 from lightning_resume._checks import the_one
 from lightning_resume._scheduler.environment import CheckSettings, check_settings, final_path, timeline_path
 from lightning_resume._storage.atomic import atomic_open
+from lightning_resume._storage.commit import process_alive
 from lightning_resume.exact_resume.self_check import batch_digest
 
 #: Without ``steps``: at most two epochs, at most this many steps.
 DEFAULT_STEPS, DEFAULT_EPOCHS = 200, 2
 #: The points an attempt can be killed at: ``kind:step`` (``first-step``: the attempt's first step).
 KILLS = ("step", "sigterm", "save", "in-save", "validation", "first-step")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        pass
-    return True
 
 
 class CheckHooks(Callback):
@@ -123,7 +114,7 @@ class CheckHooks(Callback):
         self._record("step", trainer, loss=batch_digest(outputs), w=batch_digest(weights))
         if trainer.global_step >= self._limit:
             trainer.should_stop = True
-        if self._settings.driver is not None and not _alive(self._settings.driver):
+        if self._settings.driver is not None and not process_alive(self._settings.driver):
             os.killpg(os.getpgrp(), signal.SIGKILL)  # the check was killed: nobody waits for this run
         if self._first:
             self._first = False
