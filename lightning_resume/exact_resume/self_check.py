@@ -239,7 +239,7 @@ def _described(field: str, saved: Any, now: Any) -> str:
             uses = "adds to the gradients held" if now[0] else "starts from zero gradients"
             return f"the step {uses}, the interrupted run's did not"
         return "accumulated gradients are " + ("held" if now[1] else "missing")
-    return f"{_WHAT[field]} differs"
+    return f"{_WHAT.get(field, field)} differs"
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
