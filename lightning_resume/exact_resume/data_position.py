@@ -1,17 +1,6 @@
-"""Exact mid-epoch resume for plain ``DataLoader``s, without changing what an uninterrupted run draws.
-
-A plain loader's epoch comes from two draws: the workers' base seed, as its iterator is made, and
-``RandomSampler``'s permutation, as the sampler starts (``DistributedSampler`` uses its seed and epoch).
-:func:`watch` records the random state at both moments and changes nothing else; :func:`replay` makes
-the interrupted epoch's iterator again from them, the sampler skipping the consumed batches' *indices*
-without loading them; :mod:`.worker_streams` continues the workers' random streams.
-
-An ``IterableDataset`` without state has no indices to skip: its epoch is made again from the random
-state and the dataset's own generators (``torch.Generator``, ``numpy.random.Generator``,
-``random.Random`` attributes) as its iterator was made, and the consumed batches are drawn again and
-dropped (:func:`replay_iterable`; the time is logged). Several loaders (``CombinedLoader``'s
-``max_size_cycle``) are each put back inside their current cycle (:func:`positions`).
-"""
+"""Exact mid-epoch resume for plain ``DataLoader``s: :func:`watch` records the random state an epoch's
+iterator (workers' base seed) and sampler (order) were drawn from; :func:`replay` draws them again, skipping
+the consumed indices; an ``IterableDataset``'s consumed batches are drawn again and dropped."""
 
 from __future__ import annotations
 
@@ -56,8 +45,7 @@ def loader_problem(loader: Any) -> str | None:
 
 
 def persistent(loader: Any) -> bool:
-    """Whether ``loader``'s workers live across epochs (their random streams go on from epoch to epoch;
-    :mod:`.persistent_workers` records them for a map-style dataset)."""
+    """Whether ``loader``'s workers live across epochs (their streams: :mod:`.persistent_workers`)."""
     return isinstance(loader, DataLoader) and bool(loader.persistent_workers and loader.num_workers)
 
 
@@ -67,31 +55,16 @@ def is_iterable(loader: DataLoader) -> bool:
 
 
 def positions(skip: int, lengths: Sequence[int | None], mode: str) -> list[int]:
-    """How many batches of its current pass each of several loaders has given when the combined
-    loader has given ``skip``: ``max_size_cycle`` starts a shorter loader again once it is exhausted
-    (at its end it stays exhausted until the next batch asks), ``max_size``/``min_size`` do not."""
+    """The batches of its current pass each of several loaders gave when the combined one gave ``skip``."""
     found = []
     for length in lengths:
         if length is None or length <= 0 or skip <= length:
             found.append(skip)
-        elif mode == "max_size_cycle":
+        elif mode == "max_size_cycle":  # a shorter loader starts again when the next batch asks
             found.append((skip - 1) % length + 1)
         else:
             found.append(length)
     return found
-
-
-def dataset_states(loader: DataLoader) -> dict[str, Any]:
-    """The states of the generators of ``loader``'s dataset (in this process; with workers, the
-    dataset is copied into each epoch's workers from this one, which never draws)."""
-    return rng.generator_states(loader.dataset)
-
-
-def put_back_dataset_states(loader: DataLoader, states: dict[str, Any] | None) -> None:
-    """Put back what :func:`dataset_states` returned (a resume between epochs: the next epoch draws on
-    from where the interrupted run's dataset was)."""
-    if states:
-        rng.set_generator_states(loader.dataset, states)
 
 
 def _state(generator: torch.Generator | None) -> torch.Tensor | None:
@@ -109,8 +82,7 @@ def _capture(generator: torch.Generator | None) -> dict[str, Any]:
 
 
 class EpochSampler(Sampler[Any]):
-    """Wraps a loader's sampler: records the random state each epoch's order is drawn from (and tells
-    ``on_start``); after :meth:`resume`, the next epoch is a recorded one again."""
+    """A loader's sampler, wrapped: records the random state each epoch's order is drawn from."""
 
     def __init__(self, sampler: Any, on_start: Callable[[], None] | None = None) -> None:
         self.sampler = sampler
@@ -120,8 +92,8 @@ class EpochSampler(Sampler[Any]):
         self._rewind: dict[str, Any] | None = None  # the state to start the next epoch from
 
     def resume(self, start: dict[str, Any], skip: int) -> list[Any]:
-        """Draw the epoch that started from ``start`` again (in :func:`rng.scoped`; the sampler's own
-        generator ends where the interrupted run's did) and skip ``skip`` indices; return those."""
+        """Draw the epoch that started from ``start`` again and skip (return) its first ``skip`` indices."""
+        # (its own generator ends where the interrupted run's did)
         _set(getattr(self.sampler, "generator", None), start["generator"])
         with rng.scoped(start["rng"]):
             iterator = iter(self.sampler)
@@ -155,8 +127,7 @@ class EpochSampler(Sampler[Any]):
 
 
 class RecordIterator:
-    """Makes a loader's iterators in its place (``_compat.torch.replace_iterator_factory``): records the
-    random state each iterator is made from, or makes it from a given one (:meth:`replay_next`)."""
+    """Makes a loader's iterators: records the random state each is made from, or uses a given one."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
@@ -166,8 +137,7 @@ class RecordIterator:
         self._drop = 0  # batches of the next iterator to draw and drop (an IterableDataset)
 
     def replay_next(self, start: dict[str, Any], drop: int = 0) -> None:
-        """Make the next iterator from ``start`` (the workers' base seed is drawn from it); draw and
-        drop its first ``drop`` batches."""
+        """Make the next iterator (and its workers' seed) from ``start``; draw and drop ``drop`` batches."""
         self._pending, self._drop = start, drop
 
     def __call__(self) -> Any:
@@ -224,9 +194,7 @@ def draws(loader: DataLoader) -> EpochDraws | None:
 
 
 def make_next_quietly(loader: DataLoader) -> None:
-    """Have ``loader``'s next iterator draw only what its epoch draws: it stands in for the reset of
-    persistent workers' iterator, which draws no new base seed (its epoch's order starts from the random
-    state of now, the base seed drawn before it undone)."""
+    """Have ``loader``'s next iterator draw its order from now, no base seed (a persistent workers' reset)."""
     sampler = getattr(loader.batch_sampler, "sampler", None)
     if _watched(loader) and isinstance(sampler, EpochSampler):
         sampler.start_next_from(
@@ -235,8 +203,7 @@ def make_next_quietly(loader: DataLoader) -> None:
 
 
 def replay_iterable(loader: DataLoader, recorded: EpochDraws, batches: int) -> bool:
-    """Make ``loader``'s next iterator (an ``IterableDataset``'s) the recorded epoch, ``batches``
-    batches in (drawn again and dropped as it is made); ``False`` when nothing was recorded."""
+    """Make an ``IterableDataset``'s next iterator the recorded epoch ``batches`` in (``False``: none)."""
     if not _watched(loader) or recorded.get("iterator") is None:
         return False
     replaced_iterator_factory(loader).replay_next(recorded["iterator"], drop=batches)
@@ -244,9 +211,7 @@ def replay_iterable(loader: DataLoader, recorded: EpochDraws, batches: int) -> b
 
 
 def replay(loader: DataLoader, recorded: EpochDraws, batches: int, drop: int = 0) -> list[list[Any]]:
-    """Make ``loader``'s next iterator the recorded epoch, ``batches`` batches in (its first ``drop``
-    batches made and dropped); return the skipped batches' indices (for :mod:`.worker_streams`). The
-    caller then has Lightning make the iterator."""
+    """Make the next iterator the recorded epoch ``batches`` in (``drop``: made, dropped); skipped indices."""
     batch_sampler: Any = loader.batch_sampler
     if not _watched(loader) or recorded.get("sampler") is None:
         raise ValueError("replay needs a loader watched since its epoch started")

@@ -1,11 +1,6 @@
-"""What is logged at an epoch's end, and what callbacks read, saved with a checkpoint and put back.
-
-Three things accumulate outside any ``state_dict`` Lightning saves: the module's ``torchmetrics.Metric``
-states (``persistent=False`` by default), what ``self.log(..., on_epoch=True)`` summed so far, and
-``trainer.callback_metrics`` (read by ``EarlyStopping``, ``ModelCheckpoint(monitor=...)``,
-``ReduceLROnPlateau``). Without them a resumed epoch logs the mean of its resumed batches only, and a
-callback finds no validation metric before the next validation.
-"""
+"""What an epoch logs at its end and callbacks read, saved and put back: ``torchmetrics.Metric`` states,
+what ``self.log(..., on_epoch=True)`` summed so far, and ``trainer.callback_metrics`` (no state_dict holds
+them: a resumed epoch would log the mean of its resumed batches, and callbacks find no metric)."""
 
 from __future__ import annotations
 
@@ -13,6 +8,7 @@ from typing import Any, TypedDict
 
 import lightning.pytorch as pl
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_resume._compat.lightning import (
     callback_metrics,
@@ -21,6 +17,7 @@ from lightning_resume._compat.lightning import (
     put_back_epoch_accumulators,
 )
 from lightning_resume._compat.torchmetrics import set_update_count
+from lightning_resume.exact_resume.per_rank_states import cpu_copy
 
 
 class EpochMetrics(TypedDict):
@@ -40,29 +37,10 @@ def _metrics(module: torch.nn.Module) -> dict[str, Any]:
     return {name: m for name, m in module.named_modules() if isinstance(m, Metric)}
 
 
-def _copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, list):  # a "cat" state: a list of tensors
-        return [_copy(v) for v in value]
-    return value
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, list):
-        return [_to(v, device) for v in value]
-    return value
-
-
 def metric_states(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """Every ``torchmetrics.Metric``'s accumulated state and update count, copied to the CPU."""
     return {
-        name: {
-            "state": {k: _copy(v) for k, v in metric.metric_state.items()},
-            "update_count": int(metric.update_count),
-        }
+        name: {"state": cpu_copy(dict(metric.metric_state)), "update_count": int(metric.update_count)}
         for name, metric in _metrics(module).items()
     }
 
@@ -73,10 +51,9 @@ def put_back_metric_states(module: torch.nn.Module, states: dict[str, dict[str, 
         saved = states.get(name)
         if saved is None:
             continue
-        device = metric.device
         for key, value in saved["state"].items():
             if key in metric.metric_state:
-                setattr(metric, key, _to(value, device))
+                setattr(metric, key, apply_to_collection(value, torch.Tensor, torch.Tensor.to, metric.device))
         set_update_count(metric, saved["update_count"])
 
 
@@ -86,17 +63,17 @@ def capture(trainer: pl.Trainer, module_states: dict[str, dict[str, Any]] | None
     return {
         "module": metric_states(module) if module_states is None else module_states,
         "logged": epoch_accumulators(trainer),
-        "callback": {k: _copy(v) for k, v in callback_metrics(trainer).items()},
+        "callback": cpu_copy(callback_metrics(trainer)),
     }
 
 
 def restore(trainer: pl.Trainer, saved: EpochMetrics | None, mid_epoch: bool) -> None:
-    """Put back what :func:`capture` returned; the epoch's accumulators only ``mid_epoch`` (between
-    epochs Lightning has logged and reset them)."""
+    """Put back what :func:`capture` returned; the accumulators only ``mid_epoch`` (else logged and reset)."""
     if not saved:
         return
     device = trainer.strategy.root_device
-    put_back_callback_metrics(trainer, {k: _to(v, device) for k, v in saved.get("callback", {}).items()})
+    callback = apply_to_collection(saved.get("callback", {}), torch.Tensor, torch.Tensor.to, device)
+    put_back_callback_metrics(trainer, callback)
     put_back_metric_states(trainer.lightning_module, saved.get("module", {}))
     if mid_epoch:
         put_back_epoch_accumulators(trainer, saved.get("logged", []))

@@ -1,13 +1,6 @@
-"""``ExactResume``: the random and data state of a run, saved in every checkpoint and put back exactly.
-
-A private callback that ``RequeueCheckpoint`` puts just before itself for each ``fit`` (its state
-between hooks: :class:`~.resume_state.ResumeState`); a run that does not resume draws exactly what it
-draws without it. At train start go back the epoch's metrics (:mod:`.epoch_metrics`), the data position
-(plain loaders: :mod:`.data_position`, :mod:`.worker_streams`; stateful ones under DDP:
-:mod:`.stateful_loaders`) and a deferred stop (:mod:`.stop_request`); the random state as the next epoch
-starts (a checkpoint between epochs), before the first resumed batch, or as a validation to redo starts;
-under DDP, each rank's scheduler and callback states as Lightning loads them (:mod:`.per_rank_states`).
-"""
+"""``ExactResume``: the private callback ``RequeueCheckpoint`` puts just before itself in each ``fit``; it
+saves the run's random and data state in every checkpoint and puts each back at its moment (its state
+between hooks: :mod:`.resume_state`). A run that does not resume draws exactly what it draws without it."""
 
 from __future__ import annotations
 
@@ -90,8 +83,7 @@ class _Recording:
 
 @dataclass(frozen=True)
 class _Checking:
-    """The first resumed step after the save of ``step``: the ``fields`` compared as it started, what
-    differs, and what the interrupted run's step produced (to compare as it ends)."""
+    """The first resumed step: the ``fields`` compared, what differs, what the interrupted run's produced."""
 
     step: int | None
     fields: list[str]
@@ -99,9 +91,9 @@ class _Checking:
     outcome: dict[str, Any] | None
 
 
-def _train_loaders(trainer: pl.Trainer | None) -> list[Any]:
+def _train_loaders(trainer: pl.Trainer) -> list[Any]:
     """The training loaders in Lightning's order (``CombinedLoader.flattened``, as its loader states)."""
-    source = trainer.train_dataloader if trainer is not None else None
+    source = trainer.train_dataloader
     return [] if source is None else list(CombinedLoader(source, "max_size_cycle").flattened)
 
 
@@ -113,20 +105,30 @@ def _write_next(*args: Any) -> None:
         log.debug("self-check fingerprint not written: %s", e)
 
 
-def _plain(trainer: pl.Trainer | None) -> list[DataLoader]:
+def _plain(trainer: pl.Trainer) -> list[DataLoader]:
     return [dl for dl in _train_loaders(trainer) if isinstance(dl, DataLoader)]
 
 
+def _workers_to_save(trainer: pl.Trainer, batches: int, between: bool) -> list[Any]:
+    """Each plain loader's persistent workers, as a resume starts them (:mod:`.persistent_workers`)."""
+    loaders = _plain(trainer)
+    lengths = [None if data_position.is_iterable(dl) else len(dl) for dl in loaders]
+    owns = data_position.positions(batches, lengths, train_loader_mode(trainer))
+    return [
+        persistent_workers.save(dl, own, between or (n is not None and own >= n))
+        for dl, own, n in zip(loaders, owns, lengths, strict=True)
+    ]
+
+
 class ExactResume(Callback):
-    """Save and restore the random and data state of a run (private: ``RequeueCheckpoint`` inserts it);
-    ``last_save_step``: the step ``RequeueCheckpoint`` saved last (``-1``: none yet)."""
+    """Save and restore a run's random and data state; ``last_save_step``: the step saved last (-1: none)."""
 
     def __init__(self, keep_global_batch: bool, last_save_step: Callable[[], int]) -> None:
         self._world = WorldChange(keep_global_batch)  # another number of ranks (issue 25)
         self._last_save_step = last_save_step
         self.state = ResumeState()
         self._trainer: pl.Trainer | None = None
-        self._validated_after: Path | None = None
+        self._validated_after: Path | None = None  # holds the step of the last save a validation followed
         self._saves_mid_epoch = False
         self._restart = False  # this fit continues the run that saved what it loads
         self._stop_asked: Mapping[str, Any] | None = None  # the loaded stop request
@@ -173,9 +175,7 @@ class ExactResume(Callback):
         fingerprints: Path,
         on_verdict: Callable[[str], None],
     ) -> None:
-        """In ``setup`` of ``fit``: join the callbacks just before ``before``; record every epoch's draws.
-        ``validated_after`` records the step of the last save a validation followed; ``fingerprints``
-        the first step after each save (:mod:`.self_check`), whose verdict goes to ``on_verdict``."""
+        """In ``setup`` of ``fit``: join the callbacks just before ``before``; record every epoch's draws."""
         put_callback(trainer, self, before=before)
         self._trainer, self._validated_after = trainer, validated_after
         self._fingerprints, self._on_verdict = fingerprints, on_verdict
@@ -193,60 +193,51 @@ class ExactResume(Callback):
             give_back()
         self._tuners_back = []
 
-    # -- saving ------------------------------------------------------------------------------------
-
     @override
     def state_dict(self) -> dict[str, Any]:
         """This rank's random and data state (every rank's are gathered in :meth:`on_save_checkpoint`)."""
         trainer = self._trainer
+        assert trainer is not None, "saved during fit only"
+        module = trainer.lightning_module
         in_validation = self.state.stage is Stage.SAVING_IN_VALIDATION and self._validation_rng is not None
+        # Batches of the epoch whose step has run (what a mid-epoch resume skips).
+        batches = int(getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0))
+        # Between epochs: the last epoch's end has run in full and nothing of the next; a save in
+        # validation resumes inside the epoch (the validation and epoch-end hooks run again).
+        between = not in_validation and between_epochs(trainer)
         mine: RankState = {
             "rng": self._validation_rng if in_validation else rng.capture(),  # type: ignore[typeddict-item]
             "draws": [data_position.draws(dl) for dl in _plain(trainer)],
-            "datasets": [data_position.dataset_states(dl) for dl in _plain(trainer)],
-            "workers": self._workers_to_save(trainer, in_validation),
-            "metrics": None,
+            "datasets": [rng.generator_states(dl.dataset) for dl in _plain(trainer)],
+            "workers": _workers_to_save(trainer, batches, between),
+            "metrics": dict(
+                epoch_metrics.capture(trainer, self._validation_metrics if in_validation else None)
+            ),
+            "frozen": trainable.frozen(module),
+            # in a validation, the modes it gives back as it ends
+            "modes": trainable.modes(module, modes_before_validation(trainer) if in_validation else None),
+            # in a validation, as it started: the restart runs it again
+            "val_log_steps": self._validation_log_steps if in_validation else validation_log_steps(trainer),
         }
-        if trainer is not None and trainer.lightning_module is not None:
-            states = self._validation_metrics if in_validation else None
-            mine["metrics"] = dict(epoch_metrics.capture(trainer, states))
-        # Batches of the epoch whose step has run (what a mid-epoch resume skips).
-        batches = (
-            getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0) if trainer else 0
-        )
-        # Between epochs: the last epoch's end has run in full and nothing of the next; a save in
-        # validation resumes inside the epoch (the validation and epoch-end hooks run again).
-        between = trainer is not None and not in_validation and between_epochs(trainer)
         # which save: with gradient accumulation, saves share a step (-1: a save between epochs or in
         # a validation, which carries no fingerprint)
         fingerprinted = not (between or in_validation)
-        self._saved_at = [trainer.global_step if trainer else -1, int(batches) if fingerprinted else -1]
-        if trainer is not None and trainer.lightning_module is not None:
-            module = trainer.lightning_module
-            mine["frozen"] = trainable.frozen(module)
-            # in a validation, the modes it gives back as it ends
-            training = modes_before_validation(trainer) if in_validation else None
-            mine["modes"] = trainable.modes(module, training)
-            # in a validation, as it started: the restart runs it again
-            mine["val_log_steps"] = (
-                self._validation_log_steps if in_validation else validation_log_steps(trainer)
-            )
-        if trainer is not None and not in_validation and trainer.lightning_module is not None:
-            if not between:
-                mine["check"] = self._fingerprint(trainer, int(batches))
-                if self._stopping:  # the next step runs in the restart only: its batch, taken now
-                    self._add_next_batch(trainer, mine["check"])
-            if self._next_step_uses_grads(trainer, 0 if between else int(batches)):
-                mine["grads"] = held_grads.capture(trainer.lightning_module)
+        self._saved_at = [trainer.global_step, batches if fingerprinted else -1]
+        if fingerprinted:
+            mine["check"] = self._fingerprint(trainer, batches)
+            if self._stopping:  # the next step runs in the restart only: its batch, taken now
+                self._add_next_batch(trainer, mine["check"])
+        if not in_validation and self._next_step_uses_grads(trainer, 0 if between else batches):
+            mine["grads"] = held_grads.capture(module)
         return {
-            "ranks": [mine],  # every rank's, with its loader states, are gathered in at_save
-            "mid_epoch": trainer is not None and not between,
+            "ranks": [mine],  # every rank's, with its loader states, are gathered in on_save_checkpoint
+            "mid_epoch": not between,
             "between_epochs": between,
             "in_validation": in_validation,
-            "batches": int(batches),
-            **self._world.to_save(trainer, _train_loaders(trainer), int(batches)),  # issue 25
+            "batches": batches,
+            **self._world.to_save(trainer, _train_loaders(trainer), batches),  # issue 25
             **stop_request.to_save(trainer),
-            "tuned": self._tuned(trainer),
+            "tuned": [tuner_result(tuner, module) for tuner in tuners(trainer)],
         }
 
     @contextlib.contextmanager
@@ -277,8 +268,6 @@ class ExactResume(Callback):
             mine["owned"] = per_rank_states.capture(checkpoint, self.state_key)
             state["ranks"] = gather_objects(trainer.strategy, mine)
 
-    # -- restoring ---------------------------------------------------------------------------------
-
     @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -291,7 +280,7 @@ class ExactResume(Callback):
         self._loaded_step = int(step) if isinstance(step, int) else None
         # Saved at the end of a step a validation followed: redo it from the checkpoint's random state
         # (nothing draws between the step's end and validation).
-        followed = state.get("mid_epoch", True) and self._validation_followed(checkpoint.get("global_step"))
+        followed = state.get("mid_epoch", True) and self._validation_followed(step)
         if state and not state.get("in_validation") and followed and redo_validation_on_restart(checkpoint):
             state["before_validation"] = True
         ranks = state.get("ranks") or []
@@ -325,25 +314,29 @@ class ExactResume(Callback):
         redo_first = loaded is not None and loaded.before_validation
         loaders = self._inspect_loaders(trainer)
         if loaded is not None:
-            epoch_metrics.restore(trainer, self._mine(trainer).get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
+            mine = self._mine(trainer)
+            epoch_metrics.restore(trainer, mine.get("metrics"), mid_epoch=loaded.mid_epoch)  # type: ignore[arg-type]
             self._settle_restart = loaded.mid_epoch
             if loaded.mid_epoch and not loaded.between_epochs and restart_swa_epochs(trainer):
                 log.info("StochasticWeightAveraging's epoch start run again (skipped on a mid-epoch restart)")
             self._check_pending = loaded if self._restart and self._loaded_step is not None else None
-            self._grads = self._mine(trainer).get("grads")
+            self._grads = mine.get("grads")
             if self._restart:
-                self._put_back_trainable(trainer, self._mine(trainer))
-                steps = self._mine(trainer).get("val_log_steps")
+                self._put_back_trainable(trainer, mine)
+                steps = mine.get("val_log_steps")
                 self._val_log_steps = None if steps is None else (trainer.current_epoch, steps)
         if loaded is not None and load_pending_train_loader_states(trainer):
             restart_train_iterator(trainer)  # Lightning's #21765: its loader was made too early
             log.info("the train loaders' restored states loaded (Lightning made the loaders before them)")
         # Issue 25: on another number of ranks, the rest of the epoch split over them.
         positioned = self._world.at_train_start(trainer, loaded, _train_loaders(trainer))
-        if positioned is Positioned.RESPLIT:
-            self._resplit(trainer)
+        if positioned is Positioned.RESPLIT:  # a new iterator; this rank's random state
+            self._loader_states = None
+            restart_train_iterator(trainer)
+            if self._positioned:
+                self._continue_quietly(trainer)
         elif loaded is not None and loaded.mid_epoch and self._positioned:
-            self._position_plain_loaders(trainer, loaders)
+            self._position_plain_loaders(trainer, loaders, loaded.batches)
             self._continue_quietly(trainer)
         elif self._stateful and (trainer.world_size > 1 or positioned is Positioned.SAMPLER):
             self._position_stateful_loaders(trainer, changed=positioned is Positioned.SAMPLER)
@@ -361,15 +354,14 @@ class ExactResume(Callback):
             )
 
     def at_epoch_boundary(self, trainer: pl.Trainer) -> None:
-        """As an epoch starts, before its hooks: a checkpoint saved at this moment goes back, and Lightning
-        starts the epoch as an uninterrupted run does (not "restarting")."""
+        """As an epoch starts, before its hooks: a checkpoint saved at this moment goes back (as if fresh)."""
         loaded = self.state.loaded
         if loaded is None or not loaded.between_epochs or self.state.stage is not Stage.LOADED:
             return
-        rng.restore(self._mine(trainer)["rng"])
-        datasets = self._mine(trainer).get("datasets") or []
-        for loader, states in zip(_plain(trainer), datasets, strict=False):
-            data_position.put_back_dataset_states(loader, states)
+        mine = self._mine(trainer)
+        rng.restore(mine["rng"])
+        for loader, states in zip(_plain(trainer), mine.get("datasets") or [], strict=False):
+            rng.set_generator_states(loader.dataset, states)  # the next epoch draws on as the run's would
         self._restart_workers(trainer, _plain(trainer), None)
         start_epoch_afresh(trainer)
         self.state = self.state.applied()
@@ -410,8 +402,7 @@ class ExactResume(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A validation to redo starts from its saved random state; one that follows a save of this step
-        is recorded, for a restart from that save to run it again (Lightning would skip it)."""
+        """A validation to redo starts from its saved random state; one after a save at this step is noted."""
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         self._continue_validation_log_steps(trainer)
@@ -436,12 +427,9 @@ class ExactResume(Callback):
             settle_validation_progress(trainer)
             self.state = self.state.validation_redone()
 
-    # -- what a resume skips: the hooks that set requires_grad, the count of logged validation steps --
-
     @staticmethod
     def _put_back_trainable(trainer: pl.Trainer, saved: RankState) -> None:
-        """``requires_grad``, train/eval modes and ``track_running_stats`` as saved (``BaseFinetuning``
-        freezes again in ``setup``)."""
+        """``requires_grad``, modes and ``track_running_stats`` as saved (``BaseFinetuning`` set them)."""
         module = trainer.lightning_module
         frozen = saved.get("frozen")
         unfrozen = [] if frozen is None else trainable.put_back(module, frozen)
@@ -457,16 +445,8 @@ class ExactResume(Callback):
                     ", ..." if len(changed) > 3 else "",
                 )
 
-    def _tuned(self, trainer: pl.Trainer | None) -> list[dict[str, Any]]:
-        """What each tuner callback's search left (a resume puts it back instead of searching again)."""
-        if trainer is None or trainer.lightning_module is None:
-            return []
-        return [tuner_result(tuner, trainer.lightning_module) for tuner in tuners(trainer)]
-
     def _skip_tuner_searches(self, tuned: Any) -> None:
-        """A resume of a run whose tuner callbacks searched: they put their results back instead (a
-        search restores its own start after it, and with it Lightning would drop the loaded loops,
-        optimizers and schedulers: a silent restart from step 0)."""
+        """The tuners put their saved results back instead of searching again (and restoring step 0)."""
         trainer = self._trainer
         found = tuners(trainer) if trainer is not None else []
         if trainer is None or not isinstance(tuned, list) or len(tuned) != len(found):
@@ -488,16 +468,13 @@ class ExactResume(Callback):
             self._tuners_back.append(instead_of_tuner_search(tuner, instead))
 
     def _continue_validation_log_steps(self, trainer: pl.Trainer) -> None:
-        """The first validation after a restart logs its steps where the interrupted run's left off
-        (unless its loaders are made anew since, which starts the count again in any run)."""
+        """The first validation after a restart logs its steps on from the interrupted run's."""
         pending, self._val_log_steps = self._val_log_steps, None
         if pending is None:
             return
         epoch, steps = pending
         if not getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or trainer.current_epoch == epoch:
             put_back_validation_log_steps(trainer, steps)
-
-    # -- the self-check ----------------------------------------------------------------------------
 
     def _fingerprint(
         self, trainer: pl.Trainer, batch_idx: int, batch: Any = None
@@ -514,8 +491,7 @@ class ExactResume(Callback):
 
     @staticmethod
     def _next_step_uses_grads(trainer: pl.Trainer, batch_idx: int) -> bool:
-        """Whether the step at ``batch_idx`` adds to the gradients held now (at an epoch's start under
-        ``StochasticWeightAveraging``: its BatchNorm epoch steps with the last epoch's gradients)."""
+        """Whether the step at ``batch_idx`` adds to the gradients held now (or SWA's BatchNorm epoch's)."""
         epoch = trainer.current_epoch  # (an epoch boundary: the epoch about to start)
         callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
         swa = [cb for cb in callbacks if isinstance(cb, StochasticWeightAveraging)]
@@ -524,13 +500,14 @@ class ExactResume(Callback):
         return next_step_uses_held_grads(trainer, batch_idx)
 
     def _record_next(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        """The uninterrupted run's first step after a save, as it starts: its fingerprint (written with
-        what the step produced as it ends, for a resume to compare)."""
+        """The uninterrupted run's first step after a save: its fingerprint, written now and as it ends."""
         self._next_taken = trainer.global_step
         fingerprint = self._fingerprint(trainer, batch_idx, batch)
         if fingerprint is not None and self._fingerprints is not None:
             self._recording = _Recording(list(self._saved_at), fingerprint)
-            self._write_record(trainer, self._recording)  # kept if the step is interrupted
+            args = (self._fingerprints, trainer.global_rank, self._recording.saved_at, fingerprint)
+            self._writer = threading.Thread(target=_write_next, args=args, name="self-check", daemon=True)
+            self._writer.start()
 
     def _finish_record(self, trainer: pl.Trainer, outputs: Any) -> None:
         """The step ended: its record again, with what it produced (written now, once per save)."""
@@ -542,12 +519,6 @@ class ExactResume(Callback):
             if self._writer is not None:
                 self._writer.join()
             _write_next(self._fingerprints, trainer.global_rank, recording.saved_at, fingerprint)
-
-    def _write_record(self, trainer: pl.Trainer, recording: _Recording) -> None:
-        """Write off the training thread (its file is a hint: never an error)."""
-        args = (self._fingerprints, trainer.global_rank, recording.saved_at, recording.fingerprint)
-        self._writer = threading.Thread(target=_write_next, args=args, name="self-check", daemon=True)
-        self._writer.start()
 
     def _add_next_batch(self, trainer: pl.Trainer, check: self_check.Fingerprint | None) -> None:
         """A stop's save: the batch the next step takes (in the restart), as the loader gives it."""
@@ -571,8 +542,7 @@ class ExactResume(Callback):
             self._stopping = False
 
     def _check(self, trainer: pl.Trainer, loaded: Loaded, batch: Any, batch_idx: int) -> None:
-        """The first resumed step, as it starts: its inputs compared with the interrupted run's (the
-        verdict comes as it ends, with what it produced)."""
+        """The first resumed step, as it starts: its inputs compared with the interrupted run's."""
         self._check_pending = None
         self._next_taken = trainer.global_step
         step = self._loaded_step
@@ -591,14 +561,13 @@ class ExactResume(Callback):
             if saved is None and loaded.mid_epoch and not (loaded.before_validation or loaded.in_validation):
                 saved = at_save
             if now is not None and saved is not None:
-                fields = self_check.compared(saved, now, candidates)
+                fields = [field for field in candidates if field in saved and field in now]
                 found = self_check.differences(saved, now, fields)
         outcome = saved.get("outcome") if saved is not None and not found else None
         self._checking = _Checking(step, fields, found, outcome)
 
     def _finish_check(self, trainer: pl.Trainer, outputs: Any) -> None:
-        """The first resumed step ended: what it produced compared too (when every input matched); the
-        verdict (every rank; one warning on rank 0)."""
+        """The first resumed step ended: what it produced compared too; the verdict (warned on rank 0)."""
         checking, self._checking = self._checking, None
         assert checking is not None
         fields, found = list(checking.fields), list(checking.found)
@@ -619,8 +588,6 @@ class ExactResume(Callback):
         else:
             log.info("resume self-check after step %s: exact (%s compared)", step, ", ".join(sorted(fields)))
 
-    # -- the pieces --------------------------------------------------------------------------------
-
     def _settle(self, trainer: pl.Trainer) -> None:
         if self._settle_restart:
             self._settle_restart = False
@@ -638,8 +605,7 @@ class ExactResume(Callback):
         self._continue(trainer, at_batch=False)
 
     def _continue(self, trainer: pl.Trainer, at_batch: bool) -> None:
-        """Where the interrupted run was after its saved step: its random state, or the validation to
-        redo (a checkpoint between epochs waits for :meth:`at_epoch_boundary`)."""
+        """Where the interrupted run was after its saved step: its random state, or the validation to redo."""
         loaded = self.state.loaded
         if loaded is None or loaded.between_epochs:
             return
@@ -678,25 +644,10 @@ class ExactResume(Callback):
             )
         return loaders
 
-    def _workers_to_save(self, trainer: pl.Trainer | None, in_validation: bool) -> list[Any]:
-        """Each plain loader's persistent workers, as a resume starts them (:mod:`.persistent_workers`)."""
-        if trainer is None:
-            return []
-        loaders = _plain(trainer)
-        done = getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0)
-        between = not in_validation and between_epochs(trainer)
-        lengths = [None if data_position.is_iterable(dl) else len(dl) for dl in loaders]
-        owns = data_position.positions(int(done), lengths, train_loader_mode(trainer))
-        return [
-            persistent_workers.save(dl, own, between or (n is not None and own >= n))
-            for dl, own, n in zip(loaders, owns, lengths, strict=True)
-        ]
-
     def _restart_workers(
         self, trainer: pl.Trainer, loaders: list[DataLoader], owns: list[int] | None
     ) -> None:
-        """Persistent workers made anew from their saved states: at the round of ``owns`` batches of this
-        epoch (the round made again, its first batches dropped), or (``None``) for the next epoch."""
+        """Persistent workers made anew from their saved states: in the round of ``owns``, or next epoch."""
         saved = self._mine(trainer).get("workers") or []
         for i, (loader, workers) in enumerate(zip(loaders, saved, strict=False)):
             init = persistent_workers.recording(loader)
@@ -708,11 +659,8 @@ class ExactResume(Callback):
             if next_epoch:  # the new workers' iterator stands in for the reset of the old one
                 data_position.make_next_quietly(loader)
 
-    def _position_plain_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader]) -> None:
-        """Make the interrupted epoch's iterator again from its recorded draws, skipping what it consumed."""
-        loaded = self.state.loaded
-        assert loaded is not None
-        skip = loaded.batches
+    def _position_plain_loaders(self, trainer: pl.Trainer, loaders: list[DataLoader], skip: int) -> None:
+        """Make the interrupted epoch's iterator again from its recorded draws, skipping ``skip`` batches."""
         # A save in the epoch-end validation consumed the whole epoch: skipping it all would leave an
         # exhausted iterator for the next epoch.
         if not 0 < skip < trainer.num_training_batches:
@@ -722,7 +670,8 @@ class ExactResume(Callback):
         iterable = [data_position.is_iterable(dl) for dl in loaders]
         lengths = [None if it else len(dl) for dl, it in zip(loaders, iterable, strict=True)]
         owns = data_position.positions(skip, lengths, train_loader_mode(trainer))
-        records = list(self._mine(trainer).get("draws") or [None] * len(loaders))
+        mine = self._mine(trainer)
+        records = list(mine.get("draws") or [None] * len(loaders))
         needed = ["iterator" if it else "sampler" for it in iterable]
         if len(records) != len(loaders) or any(
             r is None or r.get(key) is None for r, key in zip(records, needed, strict=False)
@@ -735,7 +684,7 @@ class ExactResume(Callback):
             )
             return
         user_fns = [dl.worker_init_fn for dl in loaders]
-        saved = list(self._mine(trainer).get("workers") or [])
+        saved = list(mine.get("workers") or [])
         saved += [None] * (len(loaders) - len(saved))
         self._restart_workers(trainer, loaders, owns)
         replayed = 0
@@ -769,16 +718,8 @@ class ExactResume(Callback):
                 time.perf_counter() - started,
             )
 
-    def _resplit(self, trainer: pl.Trainer) -> None:
-        """The epoch's rest was split over the ranks (issue 25): a new iterator, this rank's random state."""
-        self._loader_states = None
-        restart_train_iterator(trainer)
-        if self._positioned:
-            self._continue_quietly(trainer)
-
     def _position_stateful_loaders(self, trainer: pl.Trainer, changed: bool = False) -> None:
-        """Under DDP: an order of seed and epoch only, this rank's state, a new iterator (see
-        :mod:`.stateful_loaders`); fresh runs go through this too, so both draw alike."""
+        """Under DDP: an order of seed and epoch, this rank's state, a new iterator (fresh runs alike)."""
         loaders = _plain(trainer)
         for loader in loaders:
             changed |= stateful_loaders.unwrap_random_sampler(loader)

@@ -1,12 +1,6 @@
-"""The global order of an epoch, and how much of it a checkpoint consumed, whatever the number of ranks.
-
-A ``DistributedSampler`` orders the whole data set with one permutation (``randperm(n)`` seeded with
-``seed + epoch``, or ``range(n)``) whatever the ranks ``W``, pads or cuts it to a multiple of ``W``, and
-rank ``r`` takes every ``W``-th index from ``r``: after ``k`` batches of ``B`` the ranks consumed exactly
-its first ``k * B * W`` indices. A restart on other ranks splits the rest alike (:func:`split`), so every
-sample of the interrupted epoch is seen once. One process's ``RandomSampler`` order is drawn again from
-the recorded random state (:func:`sampler_order`). Pure functions, no Lightning.
-"""
+"""An epoch's global order and how much of it a checkpoint consumed, whatever the number of ranks: a
+``DistributedSampler`` permutes the whole data set alike on any ``W`` ranks, rank ``r`` taking every ``W``-th
+index from ``r``, so ``k`` batches of ``B`` consumed the order's first ``k * B * W`` indices."""
 
 from __future__ import annotations
 
@@ -33,12 +27,7 @@ class OrderKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class GlobalOrder:
-    """How far a checkpoint's epoch went through its global order (saved as plain values).
-
-    ``consumed``: the order's indices the saved batches consumed over all ranks; ``replicas`` and
-    ``batch_size``: the split when saved; ``resplit``: a restart split the epoch's rest anew, so later
-    restarts inside it continue from ``consumed`` too; ``global_batch``: samples per optimizer step.
-    """
+    """How far a checkpoint's epoch went through its global order (saved as plain values)."""
 
     kind: OrderKind
     length: int
@@ -46,11 +35,11 @@ class GlobalOrder:
     seed: int
     drop_last: bool
     epoch: int
-    consumed: int
-    replicas: int
+    consumed: int  # the order's indices the saved batches consumed over all ranks
+    replicas: int  # the split when saved: ranks and per-rank batch size
     batch_size: int
-    resplit: bool = False
-    global_batch: int = 0
+    resplit: bool = False  # a restart split the epoch's rest anew: later restarts go on from ``consumed``
+    global_batch: int = 0  # samples per optimizer step
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (Lightning loads checkpoints with ``weights_only=True``)."""
@@ -85,27 +74,17 @@ def permutation(length: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
 
 
 def sampler_order(length: int, start_rng: dict[str, Any], generator: torch.Tensor | None) -> list[int]:
-    """The order a one-process ``RandomSampler`` drew for an epoch from the states it started from (the
-    process's, and its own ``generator``'s); the process's own is left as it was."""
-    before = rng.capture()
-    try:
-        rng.restore(start_rng)
-        return list(RandomSampler(range(length), generator=_generator(generator)))
-    finally:
-        rng.restore(before)
-
-
-def _generator(state: torch.Tensor | None) -> torch.Generator | None:
-    if state is None:
-        return None
-    generator = torch.Generator()
-    generator.set_state(state)
-    return generator
+    """A one-process ``RandomSampler``'s order drawn again from the global and its own ``generator`` state."""
+    own = None
+    if generator is not None:
+        own = torch.Generator()
+        own.set_state(generator)
+    with rng.scoped(start_rng):
+        return list(RandomSampler(range(length), generator=own))
 
 
 def split(remaining: list[int], replicas: int, rank: int, drop_last: bool) -> list[int]:
-    """Rank ``rank``'s share of ``remaining`` over ``replicas`` ranks, split as ``DistributedSampler``
-    splits an epoch (padded with its head or cut, ``drop_last``; every ``replicas``-th from ``rank``)."""
+    """Rank ``rank``'s share of ``remaining`` over ``replicas`` ranks, as ``DistributedSampler`` splits it."""
     if not remaining:
         return []
     if drop_last:

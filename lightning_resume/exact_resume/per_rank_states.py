@@ -1,10 +1,6 @@
-"""The states Lightning writes for the saving rank only, kept for every rank under DDP.
-
-Every rank loads rank 0's checkpoint, but a ``ReduceLROnPlateau``, ``EarlyStopping`` or
-``ModelCheckpoint(monitor=...)`` following a ``val_loss`` logged without ``sync_dist=True`` has its own
-state on each rank: resumed with rank 0's, the ranks' learning rates and weights part. Callback states
-over :data:`SMALL_STATE_BYTES` of tensors (SWA, EMA weights) are equal and model-sized: left to rank 0's.
-"""
+"""The states Lightning saves for rank 0 only, kept for every rank under DDP: schedulers and callbacks that
+follow an unsynced metric (``ReduceLROnPlateau``, ``EarlyStopping``) differ per rank. Callback states over
+:data:`SMALL_STATE_BYTES` of tensors (SWA, EMA weights) are equal and model-sized: left to rank 0's."""
 
 from __future__ import annotations
 
@@ -36,19 +32,18 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-def _cpu(value: Any) -> Any:
+def cpu_copy(value: Any) -> Any:
     """``value`` with its tensors copied to the CPU (another rank may lack this device), containers kept."""
     return apply_to_collection(value, torch.Tensor, lambda t: t.detach().cpu().clone())
 
 
 def capture(checkpoint: Mapping[str, Any], own_key: str) -> RankOwned:
-    """This rank's scheduler and small callback states in the ``checkpoint`` Lightning built, but for
-    ``own_key``'s (the caller's, which holds every rank's already)."""
+    """This rank's scheduler and small callback states in ``checkpoint`` but ``own_key``'s (the caller's)."""
     callbacks = checkpoint.get("callbacks") or {}
     return {
-        "schedulers": _cpu(list(checkpoint.get("lr_schedulers") or [])),
+        "schedulers": cpu_copy(list(checkpoint.get("lr_schedulers") or [])),
         "callbacks": {
-            key: _cpu(state)
+            key: cpu_copy(state)
             for key, state in callbacks.items()
             if key != own_key and tensor_bytes(state) <= SMALL_STATE_BYTES
         },
@@ -56,8 +51,7 @@ def capture(checkpoint: Mapping[str, Any], own_key: str) -> RankOwned:
 
 
 def put_back(checkpoint: dict[str, Any], saved: RankOwned | None) -> None:
-    """Make Lightning load ``saved`` (one rank's :func:`capture`) instead of rank 0's states; schedulers
-    of another number and callbacks the checkpoint does not hold are left to Lightning."""
+    """Have Lightning load ``saved`` (one rank's :func:`capture`) instead of rank 0's, where the two match."""
     if not saved:
         return
     schedulers = saved.get("schedulers") or []

@@ -1,16 +1,6 @@
-"""The random streams of persistent data-loader workers, recorded as each batch is made and put back.
-
-With ``persistent_workers=True`` a loader's workers live for the whole ``fit``: each one's streams
-(torch's, numpy's and Python's generators, the dataset's own) go on from epoch to epoch, and batch ``j``
-of every epoch goes to worker ``j % n``. Each worker writes its streams into shared memory
-(:class:`Records`) as it starts and after every batch it makes, numbered from its start: entry ``c`` is
-the state before its ``c``-th batch. The main process notes each worker's entry as an epoch starts
-(:meth:`RecordingInit.epoch_started`). A save keeps, for each worker, the entry before its batch in
-the current round of ``n`` batches (between epochs: before its first batch of the next epoch, after
-the batches the last one made ahead and never gave); a resume starts fresh workers from those states
-and makes the round again from its start, its first batches dropped, so that worker ``w`` goes on
-making batches ``w, w + n, ...`` as in the uninterrupted run. Nothing travels in the user's batches.
-"""
+"""The random streams of persistent data-loader workers, which go on from epoch to epoch: each worker writes
+them to shared memory as it starts and after each batch; a save keeps each worker's before its batch of the
+current round, and a resume starts fresh workers from those and makes the round again."""
 
 from __future__ import annotations
 
@@ -32,8 +22,7 @@ SLOT_BYTES = 1 << 15
 
 
 class Records:
-    """Shared memory for ``workers`` workers' states, a ring of ``slots`` entries each. A reader checks
-    an entry's number before and after copying it (a write in between makes it retry)."""
+    """Shared memory for each worker's states, a ring of ``slots`` entries (``c``: before its batch ``c``)."""
 
     def __init__(self, workers: int, slots: int) -> None:
         self.slots = slots
@@ -53,15 +42,14 @@ class Records:
         self.latest[worker] = entry
 
     def read(self, worker: int, entry: int, wait: float = 10.0) -> bytes | None:
-        """Entry ``entry`` of ``worker`` (waiting up to ``wait`` seconds for it to be written); ``None``
-        when it is gone from the ring, too large, or never comes."""
+        """``worker``'s ``entry``, waited for up to ``wait`` s (``None``: overwritten, too big, or never)."""
         slot, deadline = entry % self.slots, time.monotonic() + wait
         while True:
             number = int(self.numbers[worker, slot])
             if number == entry:
                 length = int(self.lengths[worker, slot])
                 payload = bytes(self.data[worker, slot, :length].numpy())
-                if int(self.numbers[worker, slot]) == entry:
+                if int(self.numbers[worker, slot]) == entry:  # not written over while copied
                     return payload if length else None
             elif number > entry or time.monotonic() > deadline:  # written over, or never written
                 return None
@@ -72,19 +60,12 @@ def _state(dataset: Any) -> bytes:
     return pickle.dumps({"rng": rng.capture(), "dataset": rng.generator_states(dataset)})
 
 
-def _put_back(dataset: Any, payload: bytes) -> None:
-    state = pickle.loads(payload)
-    rng.restore(state["rng"])
-    rng.set_generator_states(dataset, state["dataset"])
-
-
 _ENTRY: dict[str, int] = {}  # in a worker process: the number of its next entry
 
 
 @dataclass(eq=False)
 class RecordingInit:
-    """A persistent loader's ``worker_init_fn``: the user's, then (on a resume) the saved states, then the
-    first entry. In the main process it keeps the epoch's starting entries (:attr:`starts`)."""
+    """A persistent loader's ``worker_init_fn``: the user's, the saved states (a resume), the first entry."""
 
     user_fn: Callable[[int], None] | None
     records: Records
@@ -99,20 +80,21 @@ class RecordingInit:
         if self.user_fn is not None:
             self.user_fn(worker_id)
         if self.states is not None:
-            _put_back(info.dataset, self.states[worker_id])
+            saved = pickle.loads(self.states[worker_id])
+            rng.restore(saved["rng"])
+            rng.set_generator_states(info.dataset, saved["dataset"])
         _ENTRY["next"] = self.first[worker_id]
         self.records.write(worker_id, _ENTRY["next"], _state(info.dataset))
 
     def epoch_started(self) -> None:
-        """As an epoch's order is drawn (every worker idle: the last epoch's batches are all made)."""
+        """In the main process, as an epoch's order is drawn (every worker idle): its starting entries."""
         if self.fresh:
             self.starts, self.fresh = list(self.first), False
         else:
             self.starts = [int(v) for v in self.records.latest]
 
     def restart(self, entries: list[int], states: list[bytes], round_start: int, next_epoch: bool) -> None:
-        """Fresh workers from ``states`` at ``entries``: for the next epoch, or for this one made again
-        from batch ``round_start``."""
+        """Fresh workers from ``states`` at ``entries``: for the next epoch, or this one from a round."""
         workers = len(entries)
         self.first, self.states, self.fresh = list(entries), states, next_epoch
         self.starts = [e - round_start // workers for e in entries]
@@ -148,8 +130,7 @@ def recording(loader: Any) -> RecordingInit | None:
 
 
 def save(loader: DataLoader, batches: int, between: bool) -> dict[str, Any] | None:
-    """Each worker's entry number and state a resume starts it from: before its batch in the round of
-    ``batches`` (the epoch's batches given so far), or before its next epoch (``between``)."""
+    """Each worker's entry and state to resume from: in the round of ``batches``, or before the next epoch."""
     init = recording(loader)
     if init is None or not init.starts:
         return None

@@ -1,6 +1,5 @@
-"""``RemainingOrder``: a ``DistributedSampler`` whose interrupted epoch yields this rank's share of the
-rest of the global order after a restart on another number of ranks (see :mod:`.global_order`).
-"""
+"""``RemainingOrder``: a ``DistributedSampler`` that yields this rank's share of the rest of an interrupted
+epoch's global order after a restart on another number of ranks (see :mod:`.global_order`)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from torch.utils.data import Sampler
 
 
 class RemainingOrder(Sampler[int]):
-    """Yield ``indices`` (this rank's share of the epoch's rest) while ``sampler`` is at ``epoch``, else
-    ``sampler``'s own order. Its length stays the sampler's: Lightning counts from the epoch's start."""
+    """``indices`` while ``sampler`` is at ``epoch``, else its own order; its length stays the sampler's."""
 
     def __init__(self, sampler: Any, epoch: int, indices: list[int]) -> None:
         self.sampler = sampler
@@ -28,5 +26,5 @@ class RemainingOrder(Sampler[int]):
             return iter(list(self.indices))
         return iter(self.sampler)
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # Lightning counts the epoch's batches from its start
         return len(self.sampler)

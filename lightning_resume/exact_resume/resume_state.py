@@ -1,19 +1,6 @@
-"""What an exact resume holds between hooks: the saved format, and one state with named transitions.
-
-A checkpoint's states go back at different moments (see :mod:`.exact_resume`), and a save from inside a
-validation stores that validation's starting random state. :class:`ResumeState` says which is under way::
-
-    IDLE ──load──> LOADED ──applied──> IDLE
-                     ├──redo_validation_from(rng)──> VALIDATION_TO_REDO ──redo_validation_now──┐
-                     └──redo_validation_now──> REDOING_VALIDATION <─────────────────────────────┘
-    IDLE ──redo_validation_now──> REDOING_VALIDATION ──validation_redone──> IDLE
-    any ──saving_in_validation──> SAVING_IN_VALIDATION ──saved──> the state before it
-
-``VALIDATION_TO_REDO``: a validation the checkpoint interrupted runs again from its first batch and
-starting random state; ``REDOING_VALIDATION``: it (or the one after the saved step) runs, and as it ends
-Lightning's validation progress is settled (it counted a batch that never ran). ``load`` is allowed from
-any stage; any other transition not drawn raises ``RuntimeError`` (a hook order not known here).
-"""
+"""What an exact resume holds between hooks: the saved format, and one state whose transitions each name
+the stages they may start from (``load`` and ``saving_in_validation``: any); from another stage they raise
+``RuntimeError`` (a hook order not known here)."""
 
 from __future__ import annotations
 
@@ -26,40 +13,36 @@ from lightning_resume.exact_resume.trainable import Modes
 
 
 class RankState(TypedDict, total=False):
-    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``): ``draws`` per plain
-    loader (:class:`.EpochDraws`), ``metrics`` (:mod:`.epoch_metrics`) and, under DDP, its ``loaders``
-    states and ``owned`` scheduler and callback states (:mod:`.per_rank_states`)."""
+    """What one rank stores in the checkpoint (``state_dict()["ranks"][i]``)."""
 
     rng: dict[str, Any]
-    draws: list[Any]
-    datasets: list[dict[str, Any]]  # the generators of each plain loader's dataset (:mod:`.data_position`)
-    metrics: dict[str, Any] | None
-    loaders: list[Any] | None
-    owned: RankOwned
-    check: dict[str, Any] | None  # the self-check's fingerprint at the save (:mod:`.self_check`)
-    grads: list[Any]  # gradients the next step adds to (:mod:`.held_grads`)
-    frozen: list[str]  # the parameters without requires_grad (:mod:`.trainable`)
-    modes: Modes  # the submodules in eval mode, the norm layers not tracking stats (:mod:`.trainable`)
+    draws: list[Any]  # per plain loader, the random states its epoch was drawn from (.data_position)
+    datasets: list[dict[str, Any]]  # the generators of each plain loader's dataset
+    metrics: dict[str, Any] | None  # (.epoch_metrics)
+    loaders: list[Any] | None  # under DDP: its loader states
+    owned: RankOwned  # under DDP: its scheduler and callback states (.per_rank_states)
+    check: dict[str, Any] | None  # the self-check's fingerprint at the save (.self_check)
+    grads: list[Any]  # gradients the next step adds to (.held_grads)
+    frozen: list[str]  # the parameters without requires_grad (.trainable)
+    modes: Modes  # the submodules in eval mode, the norm layers not tracking stats (.trainable)
     workers: list[dict[str, Any] | None]  # each plain loader's persistent workers (.persistent_workers)
     val_log_steps: dict[int, int]  # the step of each validation loader's next logged value
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A checkpoint's states still to be applied: every rank's (by global rank), and whether it was
-    written ``mid_epoch`` (``batches`` in), ``in_validation`` (a preemption), ``before_validation`` (at the
-    end of a step a validation followed) or ``between_epochs``."""
+    """A checkpoint's states still to be applied (every rank's) and the moment it was saved at."""
 
     ranks: list[RankState]
     mid_epoch: bool
     batches: int
-    in_validation: bool = False
-    before_validation: bool = False
+    in_validation: bool = False  # a preemption inside a validation: it runs again
+    before_validation: bool = False  # the end of a step a validation followed: it runs again
     between_epochs: bool = False
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Loaded | None:
-        """What ``RequeueCheckpoint.state_dict`` saved (``None`` for a state without ranks)."""
+        """What ``ExactResume.state_dict`` saved (``None`` for a state without ranks)."""
         if not state.get("ranks"):
             return None
         return cls(
@@ -73,24 +56,23 @@ class Loaded:
 
 
 class Stage(enum.Enum):
-    """Where an exact resume stands (see the module's docstring)."""
+    """Where an exact resume stands."""
 
     IDLE = "idle"
     LOADED = "loaded"
-    VALIDATION_TO_REDO = "validation to redo"
-    REDOING_VALIDATION = "redoing validation"
+    VALIDATION_TO_REDO = "validation to redo"  # interrupted: it runs again from its starting random state
+    REDOING_VALIDATION = "redoing validation"  # as it ends, Lightning's validation progress is settled
     SAVING_IN_VALIDATION = "saving in validation"
 
 
 @dataclass(frozen=True)
 class ResumeState:
-    """One stage and the data only it has (``loaded``: ``LOADED``; ``rng``, the validation's start:
-    ``VALIDATION_TO_REDO``; ``before``: ``SAVING_IN_VALIDATION``); each transition returns a new value."""
+    """One stage and the data only it has; each transition returns a new value."""
 
     stage: Stage = Stage.IDLE
-    loaded: Loaded | None = None
-    rng: dict[str, Any] | None = None
-    before: ResumeState | None = None
+    loaded: Loaded | None = None  # LOADED
+    rng: dict[str, Any] | None = None  # VALIDATION_TO_REDO: the validation's starting random state
+    before: ResumeState | None = None  # SAVING_IN_VALIDATION: the state to go back to
 
     def _check(self, transition: str, *allowed: Stage) -> None:
         if self.stage not in allowed:

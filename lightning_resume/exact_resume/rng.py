@@ -1,9 +1,5 @@
-"""Capture and restore the random number generators (the global ones, and an object's own) as tensors
-and plain values.
-
-Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy objects,
-so numpy's state is stored as a tensor plus plain integers and floats.
-"""
+"""Capture and restore the random number generators (the global ones, and an object's own) as tensors and
+plain values: Lightning loads checkpoints with ``weights_only=True``, which refuses numpy objects."""
 
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ def restore(state: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def scoped(state: dict[str, Any]) -> Iterator[None]:
-    """Draw from ``state`` inside the block (an interrupted run's draws made again); the generators get
-    their own state back after it."""
+    """Draw from ``state`` inside the block; the generators get their own state back after it."""
     outside = capture()
     restore(state)
     try:
@@ -63,16 +58,12 @@ def scoped(state: dict[str, Any]) -> Iterator[None]:
 def _generators(owner: Any) -> dict[str, Any]:
     """``owner``'s own generators (its attributes, e.g. a dataset's), by name."""
     kinds = (torch.Generator, np.random.Generator, random.Random)
-    return (
-        {k: v for k, v in sorted(vars(owner).items()) if isinstance(v, kinds)}
-        if hasattr(owner, "__dict__")
-        else {}
-    )
+    items = sorted(vars(owner).items()) if hasattr(owner, "__dict__") else []
+    return {k: v for k, v in items if isinstance(v, kinds)}
 
 
 def generator_states(owner: Any) -> dict[str, Any]:
-    """The states of ``owner``'s own generators (``torch.Generator``, ``numpy.random.Generator`` and
-    ``random.Random`` attributes), as tensors and plain values."""
+    """The states of ``owner``'s own generators (:func:`_generators`), as tensors and plain values."""
     states: dict[str, Any] = {}
     for name, generator in _generators(owner).items():
         if isinstance(generator, torch.Generator):

@@ -1,23 +1,12 @@
-"""The resume that checks itself: fingerprints of the first step after a save, compared on resume.
-
-A fingerprint (:func:`take`) is small and plain (JSON): where the step stands (global step, epoch,
-batch index), which parameters are trainable, which submodules are in eval mode and which BatchNorm
-layers track no running statistics, the optimizers' parameter groups and hyperparameters, whether
-accumulated gradients are held, the random state and, where given, the batch. Each save records this
-rank's fingerprint in the checkpoint; the uninterrupted run's first step after the save records its own
-(with the batch it trains on) and what the step produced (:func:`outcome`: every parameter and buffer
-after it, and its loss) in a file beside the run (:func:`write_next`). The first resumed step takes the
-same fingerprint at the same moments and :func:`differences` names what is not equal: an exact resume
-has none. Digests hash the bytes (a tensor's shape, type and up to 4096 evenly spaced elements), so they
-are the same on any machine for equal values.
-"""
+"""The resume that checks itself: a small plain fingerprint (:func:`take`) of the first step after each save
+(in the checkpoint, and by the uninterrupted run in a file beside it with what the step produced), compared
+with the first resumed step's: an exact resume has no :func:`differences`."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +18,6 @@ import torch
 from lightning_resume._storage.atomic import write_text_replacing
 from lightning_resume.exact_resume import rng
 
-log = logging.getLogger(__name__)
-
 Fingerprint = dict[str, Any]
 
 #: How many elements of each tensor of a batch are hashed (evenly spaced, shape and type always).
@@ -40,16 +27,7 @@ SAMPLED = 4096
 #: the batch the next step would have trained on).
 AT_SAVE = ("position", "trainable", "modes", "optimizers", "grads", "rng", "batch")
 
-_WHAT = {
-    "batch": "the batch",
-    "position": "the position in the epoch",
-    "trainable": "the trainable parameters",
-    "modes": "the submodules' modes",
-    "optimizers": "the optimizers' parameter groups",
-    "grads": "the accumulated gradients",
-    "rng": "the random state",
-    "outcome": "what the step produced",
-}
+_WHAT = {"batch": "the batch", "rng": "the random state"}  # the fields :func:`_described` names plainly
 _REMEDY = {
     "batch": "the train data is not back at its batch: a loader without a state_dict that cannot be "
     "positioned (see the warning at train start), a dataset that draws from a generator of its own, or "
@@ -84,11 +62,9 @@ def _digest(*parts: bytes) -> str:
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """Shape, type, :data:`SAMPLED` evenly spaced elements (the first and last among them) and the first
-    element of each sample along the first dimension (up to 16 times as many), copied to the CPU (of a
-    DTensor: this rank's shard)."""
+    """Shape, type, :data:`SAMPLED` evenly spaced elements and each row's first (up to 16 times as many)."""
     tensor = tensor.detach()
-    if hasattr(tensor, "to_local"):
+    if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
         tensor = tensor.to_local()
     head = f"{tuple(tensor.shape)}{tensor.dtype}".encode()
     if not tensor.numel():
@@ -161,8 +137,7 @@ def _modes(module: torch.nn.Module) -> list[Any]:
 
 
 def untracked_norms(module: torch.nn.Module) -> list[str]:
-    """The names of the norm layers (BatchNorm, InstanceNorm) whose ``track_running_stats`` is off
-    (``BaseFinetuning`` turns it off on the BatchNorm layers it freezes)."""
+    """The names of the norm layers whose ``track_running_stats`` is off (as ``BaseFinetuning`` freezes)."""
     return [n for n, m in module.named_modules() if getattr(m, "track_running_stats", True) is False]
 
 
@@ -200,8 +175,7 @@ def _holds_grads(module: torch.nn.Module) -> bool:
 
 
 def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = None) -> Fingerprint:
-    """This rank's fingerprint of the step about to run at ``batch_idx`` (with ``batch``, if given);
-    ``uses_grads``: whether that step adds to the gradients held now (else they are not compared)."""
+    """This rank's fingerprint of the step about to run; ``uses_grads``: it adds to the gradients held."""
     module = trainer.lightning_module
     found: Fingerprint = {
         "position": [trainer.global_step, trainer.current_epoch, int(batch_idx)],
@@ -217,8 +191,7 @@ def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = Non
 
 
 def deterministic(module: torch.nn.Module) -> bool:
-    """Whether a step of ``module`` computes the same bits again: on the CPU, or with
-    ``torch.use_deterministic_algorithms`` (``Trainer(deterministic=True)``)."""
+    """Whether a step of ``module`` computes the same bits again: on the CPU, or deterministic algorithms."""
     if torch.are_deterministic_algorithms_enabled():
         return True
     return all(p.device.type == "cpu" for p in itertools.islice(module.parameters(), 1))
@@ -266,21 +239,16 @@ def _described(field: str, saved: Any, now: Any) -> str:
             uses = "adds to the gradients held" if now[0] else "starts from zero gradients"
             return f"the step {uses}, the interrupted run's did not"
         return "accumulated gradients are " + ("held" if now[1] else "missing")
-    return f"{_WHAT[field]} differs"
+    return f"{_WHAT.get(field, field)} differs"
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
     """The ``fields`` (those in both fingerprints) whose values differ, each as ``"field: description"``."""
-    found = []
-    for field in fields:
-        if field in saved and field in now and saved[field] != now[field]:
-            found.append(f"{field}: {_described(field, saved[field], now[field])}")
-    return found
-
-
-def compared(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
-    """The ``fields`` both fingerprints hold (what :func:`differences` compares)."""
-    return [field for field in fields if field in saved and field in now]
+    return [
+        f"{field}: {_described(field, saved[field], now[field])}"
+        for field in fields
+        if field in saved and field in now and saved[field] != now[field]
+    ]
 
 
 def position_lost(loaded_step: int, now_step: int) -> str:
@@ -329,11 +297,8 @@ def next_path(folder: Path, rank: int, saved_step: int) -> Path:
 
 
 def write_next(folder: Path, rank: int, saved_at: list[int], fingerprint: Fingerprint) -> None:
-    """Record the fingerprint of the first step after the save at ``saved_at`` (``[global step, batches
-    of the epoch or -1 between epochs]``: with gradient accumulation two saves share a step), this
-    rank's, then remove this rank's earlier ones. A new name each time and no fsync (an ext4 rename
-    over a file flushes it: milliseconds): lost with the page cache, the check falls back to the
-    checkpoint's own fingerprint."""
+    """Record this rank's fingerprint of the first step after the save at ``saved_at``; drop older ones."""
+    # No fsync (an ext4 rename over a file flushes it): lost, the check falls back to the checkpoint's own.
     folder.mkdir(parents=True, exist_ok=True)
     path = next_path(folder, rank, saved_at[0])
     write_text_replacing(path, json.dumps({"saved_at": saved_at, "fingerprint": fingerprint}))

@@ -1,12 +1,6 @@
-"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP (lightning 2.6.6, torchdata 0.11).
-
-The loader restores its position, but around it: (1) Lightning saves rank 0's loader state only, for
-every rank; (2) ``FitLoop.setup_data`` builds the resumed iterator before ``set_epoch``, so a
-``DistributedSampler`` resumes in epoch 0's order; (3) torchdata's own ``RandomSampler`` is wrapped in
-Lightning's ``DistributedSamplerWrapper``, whose permutation comes from an unsaved generator advanced
-once per ``iter()`` (a restore calls it twice more). So: treat torchdata's ``RandomSampler`` as
-Lightning treats torch's (a plain ``DistributedSampler``), set the epoch, rebuild this rank's iterator.
-"""
+"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP: Lightning saves rank 0's loader
+state only, builds the resumed iterator before ``set_epoch``, and wraps torchdata's ``RandomSampler`` in a
+wrapper whose order is not saved; so that sampler becomes a plain ``DistributedSampler``, as torch's does."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ def is_stateful(loader: Any) -> bool:
 
 
 def unwrap_random_sampler(loader: DataLoader) -> bool:
-    """Replace Lightning's wrapper around a torchdata ``RandomSampler`` with the ``DistributedSampler``
-    Lightning gives torch's (``shuffle=True``, the run's seed); whether the loader changed."""
+    """Unwrap a torchdata ``RandomSampler`` to the ``DistributedSampler`` torch's gets; whether it did."""
     batch_sampler = loader.batch_sampler
     wrapper: Any = getattr(batch_sampler, "sampler", None)
     inner = wrapped_sampler(wrapper)

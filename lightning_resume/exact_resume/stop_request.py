@@ -1,8 +1,5 @@
-"""A stop asked for before ``min_steps``/``min_epochs`` are met is asked for again after a restart.
-
-Lightning trains on until the minimum is met but saves no trace of ``trainer.should_stop``: a run
-restored in between would train on to ``max_steps``.
-"""
+"""A stop asked for before ``min_steps``/``min_epochs`` are met is asked for again after a restart (Lightning
+saves no trace of ``trainer.should_stop``: a run restored in between would train on to ``max_steps``)."""
 
 from __future__ import annotations
 
@@ -16,12 +13,11 @@ from lightning_resume._compat.lightning import stop_deferred
 KEY = "stop_deferred"
 
 
-def to_save(trainer: pl.Trainer | None) -> dict[str, bool]:
+def to_save(trainer: pl.Trainer) -> dict[str, bool]:
     """The part of the callback's state that says whether a deferred stop was asked for."""
-    return {KEY: trainer is not None and stop_deferred(trainer)}
+    return {KEY: stop_deferred(trainer)}
 
 
 def requested(state: Mapping[str, Any] | None, restart: bool) -> bool:
-    """Whether the loaded state holds a deferred stop and this restarts the run that saved it (a new run
-    started from its checkpoint decides afresh)."""
+    """Whether ``state`` holds a deferred stop and this restarts the run that saved it (not a new run)."""
     return restart and state is not None and bool(state.get(KEY))

@@ -1,8 +1,5 @@
-"""Module state outside the state_dict, saved and put back: which parameters are trainable, which
-submodules are in eval mode, which norm layers track no running statistics. A callback that changes
-them in ``setup`` or at an epoch's start (``BaseFinetuning`` freezes a backbone, turns
-``track_running_stats`` off on its BatchNorm layers, and undoes both at a milestone) would otherwise
-leave a mid-epoch resume in its first-epoch state."""
+"""Module state outside the state_dict, saved and put back: trainable parameters, submodules in eval mode,
+norm layers tracking no running statistics (``BaseFinetuning`` sets them in hooks a resume skips)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ def frozen(module: torch.nn.Module) -> list[str]:
 
 
 def put_back(module: torch.nn.Module, names: list[str]) -> list[str]:
-    """Make exactly ``names`` frozen (when every one is a parameter of ``module``); the names whose
-    setting changed."""
+    """Make exactly ``names`` frozen (if all are ``module``'s parameters); the names whose setting changed."""
     parameters = dict(module.named_parameters())
     if any(name not in parameters for name in names):
         return []
@@ -39,15 +35,13 @@ def put_back(module: torch.nn.Module, names: list[str]) -> list[str]:
 
 
 def modes(module: torch.nn.Module, training: dict[str, bool] | None = None) -> Modes:
-    """``module``'s modes; ``training``: each submodule's ``training`` flag to record instead (inside a
-    validation, the modes it will give back)."""
+    """``module``'s modes, or those of the ``training`` flags given (in a validation: those it gives back)."""
     flags = training if training is not None else {n: m.training for n, m in module.named_modules()}
     return {"eval": [name for name, on in flags.items() if not on], "untracked": untracked_norms(module)}
 
 
 def put_back_modes(module: torch.nn.Module, saved: Any) -> list[str]:
-    """Set every submodule's mode and ``track_running_stats`` as ``saved`` (when every name is a
-    submodule of ``module``); the names whose setting changed."""
+    """Set each submodule's mode and ``track_running_stats`` as ``saved`` (all names known); those changed."""
     if not isinstance(saved, dict):
         return []
     submodules = dict(module.named_modules())

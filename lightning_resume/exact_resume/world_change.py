@@ -1,13 +1,6 @@
-"""``WorldChange``: resume on another number of ranks than the checkpoint's, every sample seen once.
-
-Every checkpoint records how far its epoch went through the global order (:class:`.GlobalOrder`), the
-run's seed and the global batch. A restart inside an epoch on another number of data-parallel ranks
-splits the rest of that order over the new ranks (:class:`.RemainingOrder`) and sets Lightning's batch
-count to an uninterrupted new-rank run's at that point, so the epoch ends with its data. One process
-continuing a ``DistributedSampler``'s order keeps it (``num_replicas=1`` instead of Lightning's
-``RandomSampler``); random states follow :mod:`.world_change_rng`; ``keep_global_batch`` sets gradient
-accumulation. What cannot be continued exactly gets one warning.
-"""
+"""``WorldChange``: resume on another number of ranks than the checkpoint's, every sample seen once: the
+rest of an interrupted epoch's global order (:mod:`.global_order`) is split over the new ranks, Lightning's
+batch count set to match; random states: :mod:`.world_change_rng`. What cannot be exact gets one warning."""
 
 from __future__ import annotations
 
@@ -91,21 +84,32 @@ def order_problem(loaders: list[Any]) -> str | None:
     return f"the train sampler {type(sampler).__name__} is not a DistributedSampler"
 
 
-def _order_now(loader: DataLoader, epoch: int, consumed: int, accumulate: int, resplit: bool) -> GlobalOrder:
-    """The global order ``loader`` (with no :func:`order_problem`) follows, ``consumed`` into ``epoch``."""
+def _split(loader: DataLoader) -> tuple[Any, int, int]:
+    """``loader``'s sampler (:func:`_sampler`), the ranks it splits the data over and the per-rank batch."""
     sampler = _sampler(loader)
-    length = len(loader.dataset)  # type: ignore[arg-type]
-    batch_size = int(getattr(loader.batch_sampler, "batch_size", None) or 1)
+    replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
+    return sampler, replicas, int(getattr(loader.batch_sampler, "batch_size", None) or 1)
+
+
+def _order_now(
+    loader: DataLoader, epoch: int, batches: int, accumulate: int, origin: tuple[int, int, int] | None
+) -> GlobalOrder:
+    """The global order ``loader`` (with no :func:`order_problem`) follows, ``batches`` into ``epoch``."""
+    sampler, replicas, batch_size = _split(loader)
+    consumed, resplit = batches * batch_size * replicas, False
+    if origin is not None and origin[0] == epoch:  # resplit: counted from where it was split
+        _, start, start_batches = origin
+        consumed, resplit = start + (batches - start_batches) * batch_size * replicas, True
     if isinstance(sampler, DistributedSampler):
         kind, shuffle, seed = OrderKind.PERMUTATION, sampler.shuffle, sampler.seed
-        replicas, drop_last = sampler.num_replicas, sampler.drop_last
+        drop_last = sampler.drop_last
     else:  # one process: sequential, or a RandomSampler replayed from the epoch's start
         shuffle = not isinstance(sampler, SequentialSampler)
         kind = OrderKind.REPLAYED if shuffle else OrderKind.PERMUTATION
-        seed, replicas, drop_last = 0, 1, False
+        seed, drop_last = 0, False
     return GlobalOrder(
         kind=kind,
-        length=length,
+        length=len(loader.dataset),  # type: ignore[arg-type]
         shuffle=shuffle,
         seed=seed,
         drop_last=drop_last,
@@ -125,8 +129,7 @@ def _replicas(trainer: pl.Trainer) -> int:
 
 
 class WorldChange:
-    """The part of exact resume that a change of the number of ranks needs; ``keep_global_batch``: set
-    ``accumulate_grad_batches`` to keep the checkpoint's run's samples per optimizer step."""
+    """What a change of the number of ranks needs; ``keep_global_batch``: keep samples per optimizer step."""
 
     def __init__(self, keep_global_batch: bool = False) -> None:
         self.keep_global_batch = keep_global_batch
@@ -136,28 +139,17 @@ class WorldChange:
         self._origin: tuple[int, int, int] | None = None  # epoch, consumed, batches of a resplit epoch
         self._logged_states = False
 
-    # -- saving ------------------------------------------------------------------------------------
-
-    def to_save(self, trainer: pl.Trainer | None, loaders: list[Any], batches: int) -> dict[str, Any]:
+    def to_save(self, trainer: pl.Trainer, loaders: list[Any], batches: int) -> dict[str, Any]:
         """The checkpoint's entries: ``order`` (``None`` when it cannot be followed), ``seed``, ``step``."""
         order = None
-        if trainer is not None and order_problem(loaders) is None:
-            epoch, loader = trainer.current_epoch, loaders[0]
-            sampler = _sampler(loader)
-            replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
-            batch_size = int(getattr(loader.batch_sampler, "batch_size", None) or 1)
-            consumed, resplit = batches * batch_size * replicas, False
-            if self._origin is not None and self._origin[0] == epoch:
-                _, start, start_batches = self._origin
-                consumed, resplit = start + (batches - start_batches) * batch_size * replicas, True
-            order = _order_now(loader, epoch, consumed, int(trainer.accumulate_grad_batches), resplit)
+        if order_problem(loaders) is None:
+            accumulate = int(trainer.accumulate_grad_batches)
+            order = _order_now(loaders[0], trainer.current_epoch, batches, accumulate, self._origin)
         return {
             "order": order.to_dict() if order is not None else None,
             "seed": world_change_rng.run_seed(os.environ),
-            "step": int(trainer.global_step) if trainer is not None else 0,
+            "step": int(trainer.global_step),
         }
-
-    # -- restoring ---------------------------------------------------------------------------------
 
     def load(self, state: dict[str, Any]) -> None:
         """In ``load_state_dict``: keep what the checkpoint recorded."""
@@ -170,8 +162,7 @@ class WorldChange:
 
     @staticmethod
     def resplits(state: dict[str, Any], trainer: pl.Trainer) -> bool:
-        """Whether a restart from ``state`` splits the rest of its epoch anew (its loader states are then
-        not loaded): known in ``on_load_checkpoint``, before the loaders exist."""
+        """Whether a restart from ``state`` splits its epoch's rest anew (known before the loaders exist)."""
         order = GlobalOrder.from_dict(state.get("order"))
         if order is None or not state.get("mid_epoch", True):
             return False
@@ -198,8 +189,7 @@ class WorldChange:
         return world_change_rng.rank_state(ranks, trainer.global_rank, self._seed, self._step)
 
     def at_train_start(self, trainer: pl.Trainer, loaded: Loaded | None, loaders: list[Any]) -> Positioned:
-        """In ``on_train_start`` of a restart: keep the order, the global batch, and split the rest of
-        an interrupted epoch over the ranks; one log line names both numbers of ranks.
+        """In ``on_train_start``: keep the order and global batch, split an interrupted epoch's rest.
 
         Raises:
             ResumeError: ``keep_global_batch`` and the new ranks do not divide the global batch.
@@ -215,10 +205,9 @@ class WorldChange:
         if loader is None or problem is not None:
             self._warn_if_inexact(trainer, loaded, problem or "no train loader")
             return Positioned.NOTHING
-        sampler = _sampler(loader)
+        sampler, replicas, _ = _split(loader)
         batch_note = self._global_batch(trainer, loader, order)
         mid_epoch = loaded.mid_epoch and order.epoch == trainer.current_epoch
-        replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
         resplit = mid_epoch and (order.resplit or order.replicas != replicas or (kept and stateful))
         if not resplit:
             if len(loaded.ranks) != trainer.world_size and trainer.is_global_zero:
@@ -264,11 +253,8 @@ class WorldChange:
             )
         return Positioned.RESPLIT
 
-    # -- the pieces --------------------------------------------------------------------------------
-
     def _keep_order(self, loader: DataLoader, order: GlobalOrder) -> bool:
-        """On one process, keep a ``DistributedSampler``'s shuffled order (a function of seed and epoch)
-        instead of Lightning's ``RandomSampler`` (a function of everything the run drew before)."""
+        """On one process, keep a ``DistributedSampler``'s order (of seed, epoch), not a ``RandomSampler``."""
         sampler = _sampler(loader)
         if order.kind is not OrderKind.PERMUTATION or not order.shuffle:
             return False
@@ -292,9 +278,7 @@ class WorldChange:
 
     def _global_batch(self, trainer: pl.Trainer, loader: DataLoader, order: GlobalOrder) -> str:
         """Keep the global batch (``keep_global_batch``) or say how it changed."""
-        sampler = _sampler(loader)
-        replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
-        batch_size = int(getattr(loader.batch_sampler, "batch_size", None) or 1)
+        _, replicas, batch_size = _split(loader)
         per_step = batch_size * replicas
         before = order.global_batch
         if not self.keep_global_batch:
