@@ -16,7 +16,8 @@ Columns (seconds; the second of two saves, the first warms the buffers up):
 - **stall**: how long ``save_checkpoint`` held the training thread, and its ratio to the floor;
 - **replica**: from the save until the copy is committed in the peer node's memory (and, in a second
   table, the send alone, from the commit in this node's memory, against a raw TCP copy of the same bytes
-  between the same two nodes: ``sendfile``, ``recv_into`` one buffer, ``write``, ``fsync``);
+  between the same two nodes: ``sendfile``, ``recv_into`` one buffer, ``write``, ``fsync``; and our
+  ``put`` and ``get`` alone, in fresh processes, taken in turns with the raw copies, medians of 3);
 - **durable**: from the save until it is committed on the durable tier;
 - **restart**: restore after the processes restart on the same nodes (memory: each node's own tier);
 - **node loss**: restore after the writer's node is lost and a fresh node joins (memory: the peer's replica;
@@ -37,6 +38,8 @@ import argparse
 import contextlib
 import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -209,6 +212,95 @@ def raw_copy(sender: Any, receiver: Any, size: int, log: Path) -> float:
     return float(next(x for x in log.read_text().splitlines() if x.startswith("FLOOR")).split()[1])
 
 
+# -- the wire alone: our put and get between the same two nodes, each beside a raw copy ------------------
+
+WIRE_PORT = 29660
+REPEATS = 3  # the copies alone, and the raw copies, are each measured this many times (medians)
+_SERVE = """
+import sys, time
+from pathlib import Path
+from lightning_resume.io.memory import wire
+server = wire.TierServer(Path(sys.argv[1]), "bench", WIRE_PORT)
+print("READY", flush=True)
+time.sleep(3600)
+""".replace("WIRE_PORT", str(WIRE_PORT))
+_ENTRY = """
+import glob, json, sys
+from pathlib import Path
+from lightning_resume.io.memory import wire
+(path,) = glob.glob(sys.argv[1] + "/*/node-0/last.ckpt")
+entry = wire.committed_copy(Path(path))
+print("ENTRY", json.dumps({"key": Path(path).parents[1].name, "entry": entry.to_json()}))
+"""
+_PUT = """
+import glob, sys, time
+from pathlib import Path
+from lightning_resume.io.memory import wire
+(path,) = glob.glob(sys.argv[2] + "/*/node-0/last.ckpt")
+entry = wire.committed_copy(Path(path))
+with open(path, "rb") as source:
+    start = time.monotonic()
+    wire.put((sys.argv[1], WIRE_PORT), "bench", "bench-wire", 0, "last.ckpt", source, entry, 600)
+    print("WIRE", time.monotonic() - start, flush=True)
+""".replace("WIRE_PORT", str(WIRE_PORT))
+_GET = """
+import json, shutil, sys, time
+from pathlib import Path
+from lightning_resume._storage.manifest import Entry
+from lightning_resume.io.memory import wire
+found = json.loads(sys.argv[2])
+target = Path("/dev/shm/bench-wire/last.ckpt")
+target.parent.mkdir(parents=True, exist_ok=True)
+entry = Entry.from_json(found["entry"])
+start = time.monotonic()
+wire.get((sys.argv[1], WIRE_PORT), "bench", found["key"], 0, "last.ckpt", entry, target, 600)
+print("WIRE", time.monotonic() - start, flush=True)
+shutil.rmtree(target.parent)
+""".replace("WIRE_PORT", str(WIRE_PORT))
+
+
+def _output(process: Any, log: Path, tag: str) -> str:
+    """What ``process`` printed after ``tag`` (into ``log``), once it ended well."""
+    if process.wait(timeout=600) != 0:
+        raise RuntimeError(f"{tag} failed: {log.read_text()[-2000:]}")
+    return next(x for x in log.read_text().splitlines() if x.startswith(tag)).split(maxsplit=1)[1]
+
+
+def wire_beside_floor(sender: Any, receiver: Any, size: int, log: Path) -> tuple[list[float], list[float]]:
+    """Seconds of ``REPEATS`` copies of ``sender``'s memory copy into ``receiver``'s ``/dev/shm`` by our wire
+    alone (fresh processes: nothing else of the job runs) and of as many raw copies, taken in turns:
+    ``put`` when ``sender`` is node 0 (the replica), else ``get`` by ``receiver`` (the restore's fetch)."""
+    fetch = sender.hostname != "node0"
+    server_node, client = (sender, receiver) if fetch else (receiver, sender)
+    serving = server_node.popen([sys.executable, "-c", _SERVE, TIER], log=log.with_name(f"{log.name}-server"))
+    try:
+        deadline = time.monotonic() + 60
+        while "READY" not in log.with_name(f"{log.name}-server").read_text():
+            if time.monotonic() > deadline or serving.poll() is not None:
+                raise RuntimeError(f"the wire server did not start: {log.with_name(f'{log.name}-server')}")
+            time.sleep(0.05)
+        if fetch:
+            found = log.with_name(f"{log.name}-entry")
+            entry = _output(sender.popen([sys.executable, "-c", _ENTRY, TIER], log=found), found, "ENTRY")
+            command = [sys.executable, "-c", _GET, sender.hostname, entry]
+        else:
+            command = [sys.executable, "-c", _PUT, receiver.hostname, TIER]
+        ours, floors = [], []
+        for turn in range(REPEATS):
+            for which in ("floor", "wire") if turn % 2 == 0 else ("wire", "floor"):
+                name = log.with_name(f"{log.name}-{which}-{turn}")
+                if which == "floor":
+                    floors.append(raw_copy(sender, receiver, size, name))
+                else:
+                    ours.append(float(_output(client.popen(command, log=name), name, "WIRE")))
+    finally:
+        os.killpg(serving.pid, signal.SIGKILL)  # the server and the nsenter that waits for it
+        serving.wait(timeout=60)
+    if not fetch:
+        receiver.run(["rm", "-rf", f"{TIER}/bench-wire"])
+    return ours, floors
+
+
 # -- the driver -----------------------------------------------------------------------------------
 
 
@@ -283,7 +375,9 @@ def measure(mode: str, size_mb: int, workdir: Path) -> dict[str, Any]:
         saved = run_phase([node0, node1], "save", mode, size_mb, root, folder / "save")[0]
         row.update({k: saved.get(k) for k in ("floor", "stall", "replica", "replica_send", "durable")})
         if mode == "memory":  # the same bytes, the same two nodes, side by side
-            row["send_floor"] = raw_copy(node0, node1, saved["file_bytes"], folder / "send-floor")
+            row["send_wire"], row["send_floors"] = wire_beside_floor(
+                node0, node1, saved["file_bytes"], folder / "send"
+            )
         durable = root / "checkpoints" / "last.ckpt"
         drop_caches()
         restart = run_phase([node0, node1], "restore", mode, size_mb, root, folder / "restart")
@@ -291,7 +385,9 @@ def measure(mode: str, size_mb: int, workdir: Path) -> dict[str, Any]:
         node0.kill()  # the writer's node is lost, with its memory
         node2 = cluster.add_node()
         if mode == "memory":
-            row["fetch_floor"] = raw_copy(node1, node2, saved["file_bytes"], folder / "fetch-floor")
+            row["fetch_wire"], row["fetch_floors"] = wire_beside_floor(
+                node1, node2, saved["file_bytes"], folder / "fetch"
+            )
         drop_caches()
         lost = run_phase([node1, node2], "restore", mode, size_mb, root, folder / "lost")
         row["fetch"] = max((r["fetch"] for r in lost if r.get("fetch") is not None), default=None)
@@ -338,19 +434,33 @@ def print_table(rows: list[dict[str, Any]], mbps: float) -> None:
             f"{row['read_mb']:>8.0f}  {row['tiers']:<28}{'yes' if row['exact'] else 'NO'}"
         )
     print("\nThe copies between nodes against a raw TCP copy of the same bytes between the same two nodes")
-    print("(sendfile into the socket, recv_into one buffer, write, fsync: the network's floor):\n")
-    print("| MB | replica send s | raw copy s | x floor | restore fetch s | raw copy s | x floor |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "(sendfile into the socket, recv_into one buffer, write, fsync: the network's floor), the median of"
+    )
+    print(f"{REPEATS} raw copies taken in turns with {REPEATS} copies by our wire alone (put, get; fresh")
+    print(
+        "processes, nothing else of the job running). In the job, once each: the replica send of the second"
+    )
+    print(
+        "save (its durable copy runs meanwhile: durable_every=1) and the fetch of the restore after the node"
+    )
+    print("loss.\n")
+    print(
+        "| MB | op | in the job s | alone s | raw copy s | x floor, in the job | x floor, alone | "
+        "alone, each x its raw copy |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        if row["mode"] != "memory" or row.get("send_floor") is None:
+        if row["mode"] != "memory" or not row.get("send_floors"):
             continue
-        send, fetch = row.get("replica_send"), row.get("fetch")
-        send_x = _cell(send / row["send_floor"]) if send else "-"
-        fetch_x = _cell(fetch / row["fetch_floor"]) if fetch and row.get("fetch_floor") else "-"
-        print(
-            f"| {row['size_mb']} | {_cell(send)} | {_cell(row['send_floor'])} | {send_x} | {_cell(fetch)} | "
-            f"{_cell(row.get('fetch_floor'))} | {fetch_x} |"
-        )
+        for op, job in (("send", row.get("replica_send")), ("fetch", row.get("fetch"))):
+            ours, floors = row[f"{op}_wire"], row[f"{op}_floors"]
+            floor, alone = statistics.median(floors), statistics.median(ours)
+            each = " ".join(f"{o / f:.2f}" for o, f in zip(ours, floors, strict=True))
+            print(
+                f"| {row['size_mb']} | {op} | {_cell(job)} | {_cell(alone)} | {_cell(floor)} | "
+                f"{_cell(job / floor) if job else '-'} | {_cell(alone / floor)} | {each} |"
+            )
     print()
     by = {(r["mode"], r["size_mb"]): r for r in rows}
     for size in sorted({r["size_mb"] for r in rows}):
@@ -362,6 +472,14 @@ def print_table(rows: list[dict[str, Any]], mbps: float) -> None:
                 f"from a peer's memory; after a restart {durable['restart'] / memory['restart']:.1f}x; "
                 f"stall {memory['stall'] / durable['stall']:.2f}x the durable-only stall"
             )
+            if memory.get("fetch") and memory.get("fetch_floors"):
+                floor = statistics.median(memory["fetch_floors"])
+                at_floor = memory["node_loss"] - memory["fetch"] + floor
+                print(
+                    f"  at the floor (the fetch as fast as the raw copy, the rest as measured): "
+                    f"{durable['node_loss'] / at_floor:.1f}x; the raw copy alone takes {floor:.2f} s: "
+                    f"{durable['node_loss'] / floor:.1f}x if loading took no time"
+                )
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ to the durable tier, and the restore of the newest copy any node holds."""
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -11,7 +12,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,11 @@ from typing import Any, BinaryIO
 import torch
 from lightning.pytorch.strategies import Strategy
 
-from lightning_resume._collectives import any_rank, broadcast, gather_objects
+from lightning_resume._collectives import any_rank, barrier, broadcast, gather_objects
 from lightning_resume._storage.atomic import exclusive
+from lightning_resume._storage.catalog import Status, verify
 from lightning_resume._storage.commit import commit_file
+from lightning_resume._storage.kinds import FILE
 from lightning_resume._storage.manifest import Entry
 from lightning_resume._storage.writer import Aside
 from lightning_resume._warnings import warn
@@ -30,7 +33,7 @@ from lightning_resume.io.memory import wire
 from lightning_resume.io.memory.memory_tier import HELD_NAME, MemoryTier
 from lightning_resume.io.memory.placement import Copy, choose, copy_path, holders, origin_of, peers, run_key
 from lightning_resume.io.restore import MEMORY, Restore
-from lightning_resume.io.verified_load import load_verified
+from lightning_resume.io.verified_load import Loaded, load_verified
 
 log = logging.getLogger(__name__)
 
@@ -428,13 +431,16 @@ class NodeMemory:
         loaded: dict[str, Any] | None = None
         source: Copy | None = None
         problems: list[str] = []
-        for copy in options:
-            try:
-                local = self._fetched(copy)
-            except OSError as e:
-                problems.append(f"node {copy.node}: {e}")
-                continue
-            result = load_verified(local, map_location, weights_only)
+        candidates = self._candidates(options, problems)
+        first = next(candidates, None)
+        # Every rank has its copy in its node's memory before any loads one: a node serving a peer's fetch
+        # does not load its own copy meanwhile (that fetch, then the peer's load, is the slowest rank's path).
+        barrier(self._strategy, "lightning-resume-memory-fetched")
+        for copy, local, received in itertools.chain([first] if first is not None else [], candidates):
+            if received:  # hashed as it arrived and checked before its commit: not read a second time
+                result = _load_received(local, map_location, weights_only)
+            else:
+                result = load_verified(local, map_location, weights_only)
             manifest = result.verdict.manifest
             if result.checkpoint is not None and manifest is not None and manifest.same_data(copy.entry):
                 loaded, source = result.checkpoint, copy
@@ -464,17 +470,39 @@ class NodeMemory:
         )
         return loaded, record
 
-    def _fetched(self, copy: Copy) -> Path:
-        """``copy`` in this node's tier (fetched from its node, once per node, when it is elsewhere)."""
+    def _candidates(self, options: list[Copy], problems: list[str]) -> Iterator[tuple[Copy, Path, bool]]:
+        """Each of ``options`` in this node's tier, in turn (see :meth:`_fetched`); those that cannot be
+        fetched are skipped, their reasons added to ``problems``."""
+        for copy in options:
+            try:
+                local, received = self._fetched(copy)
+            except OSError as e:
+                problems.append(f"node {copy.node}: {e}")
+                continue
+            yield copy, local, received
+
+    def _fetched(self, copy: Copy) -> tuple[Path, bool]:
+        """``copy`` in this node's tier (fetched from its node, once per node, when it is elsewhere), and
+        whether this process received it just now."""
         local = copy_path(self.root, self._key, copy.origin, copy.name)
         if copy.node == self.node:
-            return local
+            return local, False
         local.parent.mkdir(parents=True, exist_ok=True)
         with exclusive(local.parent / _FETCH_LOCK):
             held = wire.committed_copy(local)
             if held is not None and held.same_data(copy.entry):
-                return local  # another rank of this node fetched it
+                return local, False  # another rank of this node fetched it
             started = time.monotonic()
             self.fetch(copy.node, copy.origin, copy.name, copy.entry, local)
             self.timings.fetch = time.monotonic() - started
-        return local
+        return local, True
+
+
+def _load_received(path: Path, map_location: Any, weights_only: bool | None) -> Loaded:
+    """Load the copy this process has just received at ``path``: its bytes were hashed as they arrived and
+    matched the save's checksum before it was committed, so only its manifest and size are checked here
+    (as :func:`load_verified` does, less the second read of every byte)."""
+    verdict = verify(path, FILE, checksums=False)
+    if verdict.status is not Status.VERIFIED:
+        return Loaded(None, verdict, verdict.reason)
+    return Loaded(torch.load(path, map_location=map_location, weights_only=weights_only), verdict)

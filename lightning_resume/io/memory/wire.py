@@ -76,6 +76,22 @@ def receive_copy(conn: socket.socket, target: Path, entry: Entry) -> Entry:
         raise WireError(str(e)) from e
 
 
+@contextlib.contextmanager
+def _replacing(target: Path) -> Iterator[None]:
+    """Keep the version at ``target`` open while a new copy replaces it: its memory (the whole file, in
+    tmpfs) is freed when this exits, after the reply, not inside the rename while the sender waits (freeing
+    a tmpfs file takes about a third of the time writing it did)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)  # never waits (were it a FIFO)
+    except OSError:  # none yet (or unreadable: then the rename frees it, as without this)
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def committed_copy(path: Path) -> Entry | None:
     """The entry of the committed copy at ``path`` (its manifest and size agree), or ``None``."""
     verdict = verify(path, FILE, checksums=False)
@@ -126,9 +142,9 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _put(self, header: dict[str, Any]) -> None:
         target, entry = self._target(header), Entry.from_json(header["entry"])
-        with self.server.receiving:
+        with self.server.receiving, _replacing(target):
             receive_copy(self.request, target, entry)
-        send_header(self.request, {"ok": True})
+            send_header(self.request, {"ok": True})
 
     def _get(self, header: dict[str, Any]) -> None:
         target = self._target(header)

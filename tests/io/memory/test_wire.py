@@ -108,3 +108,53 @@ def test_fetching_a_save_the_peer_no_longer_holds_fails(tmp_path: Path, server: 
     entry = Entry(size=10, checksum="ab" * 8, global_step=3)
     with pytest.raises(OSError, match="not held"):
         wire.get(address(server), TOKEN, KEY, 0, "last.ckpt", entry, tmp_path / "x" / "last.ckpt", timeout=10)
+
+
+def deleted_files_open_under(folder: Path) -> list[str]:
+    """What this process holds open under ``folder`` that is no longer there (a replaced version)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith(str(folder)) and link.endswith(" (deleted)"):
+            found.append(link)
+    return found
+
+
+def test_the_version_a_copy_replaces_is_let_go_once_the_sender_has_its_answer(
+    tmp_path: Path, server: wire.TierServer
+) -> None:
+    old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
+    first, second = saved(old, os.urandom(1 << 20), step=2), saved(new, os.urandom(2 << 20), step=4)
+    for source, entry in ((old, first), (new, second)):
+        with open(source, "rb") as opened:
+            wire.put(address(server), TOKEN, KEY, 0, "last.ckpt", opened, entry, timeout=10)
+    deadline = time.monotonic() + 30
+    while server.served < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the server lets the old version go after its answer
+    held = copy_path(server.root, KEY, 0, "last.ckpt")
+    assert wire.committed_copy(held) == second and held.read_bytes() == new.read_bytes()
+    assert deleted_files_open_under(server.root) == []  # its memory is freed, not kept by the server
+    assert sorted(p.name for p in held.parent.iterdir()) == ["last.ckpt", "last.ckpt.manifest.json"]
+
+
+def test_a_copy_damaged_in_the_peers_memory_is_refused_by_the_fetch_and_leaves_nothing(
+    tmp_path: Path, server: wire.TierServer
+) -> None:
+    # The restore loads a fetched copy without hashing it again: the fetch itself must refuse bad bytes.
+    source = tmp_path / "last.ckpt"
+    entry = saved(source, os.urandom(2 << 20), step=5)
+    with open(source, "rb") as opened:
+        wire.put(address(server), TOKEN, KEY, 0, "last.ckpt", opened, entry, timeout=10)
+    held = copy_path(server.root, KEY, 0, "last.ckpt")
+    with open(held, "r+b") as damaged:  # a flipped byte, same size: its manifest still matches
+        damaged.seek(entry.size // 2)
+        byte = damaged.read(1)
+        damaged.seek(entry.size // 2)
+        damaged.write(bytes([byte[0] ^ 0xFF]))
+    fetched = tmp_path / "fetched" / "last.ckpt"
+    with pytest.raises(wire.WireError, match="expected"):
+        wire.get(address(server), TOKEN, KEY, 0, "last.ckpt", entry, fetched, timeout=10)
+    assert not fetched.parent.exists() or sorted(fetched.parent.iterdir()) == []
