@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _polls import wait_for
 
 from lightning_resume._storage.manifest import Entry, checksum_file
 from lightning_resume.io.memory import wire
@@ -72,10 +72,8 @@ def test_a_copy_cut_off_mid_transfer_never_counts(tmp_path: Path, server: wire.T
         )
         conn.sendall(new.read_bytes()[: second.size // 2])
     held = copy_path(server.root, KEY, 0, "last.ckpt")
-    deadline = time.monotonic() + 30
-    while server.served < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the server has seen the cut and removed what it had written
-    assert server.served == 2
+    # Until the server has seen the cut and removed what it had written.
+    assert wait_for(lambda: server.served >= 2) and server.served == 2
     assert wire.committed_copy(held) == first
     assert held.read_bytes() == old.read_bytes()
     assert sorted(p.name for p in held.parent.iterdir()) == ["last.ckpt", "last.ckpt.manifest.json"]
@@ -131,9 +129,7 @@ def test_the_version_a_copy_replaces_is_let_go_once_the_sender_has_its_answer(
     for source, entry in ((old, first), (new, second)):
         with open(source, "rb") as opened:
             wire.put(address(server), TOKEN, KEY, 0, "last.ckpt", opened, entry, timeout=10)
-    deadline = time.monotonic() + 30
-    while server.served < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)  # the server lets the old version go after its answer
+    assert wait_for(lambda: server.served >= 2)  # the server lets the old version go after its answer
     held = copy_path(server.root, KEY, 0, "last.ckpt")
     assert wire.committed_copy(held) == second and held.read_bytes() == new.read_bytes()
     assert deleted_files_open_under(server.root) == []  # its memory is freed, not kept by the server
