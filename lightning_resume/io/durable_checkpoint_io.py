@@ -216,7 +216,6 @@ class DurableCheckpointIO(CheckpointIO):
         fields = self._entry_fields(checkpoint, storage_options)
         target = self._local(path)
         self._prepare(target.parent)
-        known = self._committed.get(str(target))
         if self._urgent or self._saving:
             # The one exception to the route: the last save of a preemption (after _hurry) or a save from a
             # signal handler that interrupted another, written before returning, after the write in
@@ -225,11 +224,12 @@ class DurableCheckpointIO(CheckpointIO):
             self._route.wait()
             if self._memory is not None:
                 self._memory.urgent()
-            self._now.save(checkpoint, target, fields, known, self._on_commit)
+            # After the wait: the write in flight may just have committed this very file.
+            self._now.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
             return
         self._saving = True
         try:
-            self._route.save(checkpoint, target, fields, known, self._on_commit)
+            self._route.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
         finally:
             self._saving = False
 
