@@ -304,7 +304,7 @@ def torch_save_route(behind: bool) -> Plugin:
     route._format = torch.save  # type: ignore[assignment]
 
     def now(checkpoint: Any, path: Path) -> None:
-        route.save(checkpoint, path, {"saved_at": time.time()}, None, lambda *_: None)
+        route.save(checkpoint, path, {"saved_at": time.time()}, lambda: None, lambda *_: None)
 
     if not behind:
         return now, lambda _: None, lambda: False

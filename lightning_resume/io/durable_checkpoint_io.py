@@ -224,14 +224,18 @@ class DurableCheckpointIO(CheckpointIO):
             self._route.wait()
             if self._memory is not None:
                 self._memory.urgent()
-            # After the wait: the write in flight may just have committed this very file.
-            self._now.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
+            self._now.save(checkpoint, target, fields, lambda: self._known(target), self._on_commit)
             return
         self._saving = True
         try:
-            self._route.save(checkpoint, target, fields, self._committed.get(str(target)), self._on_commit)
+            self._route.save(checkpoint, target, fields, lambda: self._known(target), self._on_commit)
         finally:
             self._saving = False
+
+    def _known(self, path: Path) -> Entry | None:
+        """The entry of ``path`` this plugin committed last (a route asks once the save before has)."""
+        with self._lock:
+            return self._committed.get(str(path))
 
     def _on_commit(self, path: Path, entry: Entry, stats: WriteStats | None, pruned: list[str]) -> None:
         """Record a commit on the durable tier and queue it for the mirror (``OnCommit``)."""

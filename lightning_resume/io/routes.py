@@ -27,18 +27,21 @@ log = logging.getLogger(__name__)
 #: Told of each commit on the durable tier (in the writer thread for :class:`WriteBehind`): the path,
 #: its entry, how it was written (``None``: copied from node memory), what retention removed beside it.
 OnCommit = Callable[[Path, Entry, WriteStats | None, list[str]], None]
+#: The plugin's entry of the file a save replaces, asked once the save before it has committed.
+Known = Callable[[], Entry | None]
 
 
 class Route(Protocol):
-    """How a save reaches the disk. ``fields``: the manifest entry but size and checksum; ``known``: the
-    plugin's entry of the file at ``target``; ``full_speed``: a write into memory, which other nodes await."""
+    """How a save reaches the disk. ``fields``: the manifest entry but size and checksum; ``known``: asks
+    the plugin's entry of the file at ``target`` (once the save in flight has committed); ``full_speed``:
+    a write into memory, which other nodes await."""
 
     def save(
         self,
         checkpoint: dict[str, Any],
         target: Path,
         fields: dict[str, Any],
-        known: Entry | None,
+        known: Known,
         on_commit: OnCommit,
         full_speed: bool = False,
     ) -> None: ...
@@ -101,7 +104,7 @@ class WriteNow:
         checkpoint: dict[str, Any],
         target: Path,
         fields: dict[str, Any],
-        known: Entry | None,
+        known: Known,
         on_commit: OnCommit,
         full_speed: bool = True,
     ) -> None:
@@ -115,7 +118,7 @@ class WriteNow:
             aside = Aside(target, self.direct, self._buffer if shared else None)
             with aside as out:
                 self._format(checkpoint, out)
-            entry, pruned = commit_file(aside, fields, known, self.keep)
+            entry, pruned = commit_file(aside, fields, known(), self.keep)
         except OSError as e:
             raise save_error(e.errno, e.strerror or str(e), e.filename, target) from e
         finally:
@@ -160,19 +163,20 @@ class WriteBehind:
         checkpoint: dict[str, Any],
         target: Path,
         fields: dict[str, Any],
-        known: Entry | None,
+        known: Known,
         on_commit: OnCommit,
         full_speed: bool = False,
     ) -> None:
         """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it."""
         self.wait()
+        previous = known()  # after the wait: the save just committed may have been of this very file
         staged = snapshot(checkpoint, self._buffer)
         self._seq += 1
         if self._next_at_full_speed or full_speed:
             self._full_speed_seq, self._next_at_full_speed = self._seq, False
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-writer")
-        write = (staged, target, fields, known, on_commit, self._seq)
+        write = (staged, target, fields, previous, on_commit, self._seq)
         self._pending = self._executor.submit(self._write, *write)
 
     def wait(self) -> None:

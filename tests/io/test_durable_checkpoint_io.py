@@ -273,6 +273,19 @@ def test_a_dead_writer_is_restarted(tmp_path: Path, caplog: pytest.LogCaptureFix
     io.teardown()
 
 
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_each_version_s_manifest_lists_the_version_it_replaces(tmp_path: Path, asynchronous: bool) -> None:
+    """A save of a file whose previous save is still being written lists that one as its fallback, not
+    the one before: a kill inside the new save's rename leaves the previous version, which must verify."""
+    io = DurableCheckpointIO(asynchronous=asynchronous)
+    path = tmp_path / "last.ckpt"
+    for step in range(4):  # 32 MiB each: the writer is still busy with one when the next is asked for
+        io.save_checkpoint({"w": torch.full((8 << 20,), float(step)), "global_step": step}, path)
+    io.wait_until_durable()
+    assert [e.global_step for e in read_entries(path) or []] == [3, 2]
+    io.teardown()
+
+
 def test_a_save_from_inside_a_save_is_written_synchronously(tmp_path: Path) -> None:
     """Lightning's SLURM handler saves from a signal handler, which may interrupt a save being staged."""
     io = DurableCheckpointIO()

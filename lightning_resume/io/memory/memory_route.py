@@ -15,7 +15,7 @@ from typing import Any
 from lightning_resume._storage.manifest import Entry
 from lightning_resume.io.memory.node_memory import NodeMemory
 from lightning_resume.io.restore import Restore
-from lightning_resume.io.routes import OnCommit, Route
+from lightning_resume.io.routes import Known, OnCommit, Route
 from lightning_resume.io.sharded.in_memory import ShardedMemory, restore
 from lightning_resume.io.write_stats import WriteStats
 
@@ -49,7 +49,7 @@ class MemoryRoute:
         checkpoint: dict[str, Any],
         target: Path,
         fields: dict[str, Any],
-        known: Entry | None,
+        known: Known,
         on_commit: OnCommit,
         full_speed: bool = False,
     ) -> None:
@@ -74,7 +74,7 @@ class MemoryRoute:
                 self._wrote(stats)
             self.memory.committed(path, entry, target, due, self._durable)
 
-        self.inner.save(checkpoint, memory, fields, None, committed, full_speed=True)
+        self.inner.save(checkpoint, memory, fields, lambda: None, committed, full_speed=True)
 
     def _durable(self, path: Path, entry: Entry, pruned: list[str]) -> None:
         if self._on_durable is not None:
