@@ -21,6 +21,7 @@ ENV = {
     "slurm_procid": "SLURM_PROCID",
     "elastic_run": "TORCHELASTIC_RUN_ID",
     "elastic_restart": "TORCHELASTIC_RESTART_COUNT",
+    "elastic_max_restarts": "TORCHELASTIC_MAX_RESTARTS",  # the restarts torchrun allows its workers
     "rank": "RANK",
     "local_rank": "LOCAL_RANK",
     "node_rank": "NODE_RANK",

@@ -8,9 +8,6 @@ from collections.abc import Callable, Mapping
 from lightning_resume._scheduler import slurm
 from lightning_resume._scheduler.environment import ENV, slurm_requeue_id
 
-#: The restarts torchrun allows (set for its workers).
-ELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
-
 
 def requeue_job(
     environ: Mapping[str, str],
@@ -46,7 +43,7 @@ def torchrun_restarts_left(environ: Mapping[str, str]) -> int | None:
         return None
     try:
         done = int(environ.get(ENV["elastic_restart"], "0") or 0)
-        allowed = int(environ.get(ELASTIC_MAX_RESTARTS, "0") or 0)
+        allowed = int(environ.get(ENV["elastic_max_restarts"], "0") or 0)
     except ValueError:
         return 0
     return max(allowed - done, 0)
