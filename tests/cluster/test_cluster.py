@@ -115,8 +115,10 @@ def test_three_nodes_reach_each_other_by_name(cluster_support: None, tmp_path: P
 
 
 MAKER = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+# Ctrl-C raises, even when the test runs in a background job (started with SIGINT ignored, inherited).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[2])
 from cluster.cluster import Cluster
 with Cluster(2, workdir=Path(sys.argv[1])) as made:
