@@ -1,8 +1,9 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
-Every public name is importable from here (notice sources from ``lightning_resume.notices``, loggers from
-``lightning_resume.loggers``). Importing it has no side effects and imports no tracker, nor Lightning or
-torch until a name needs them, so the command line starts in well under a second."""
+Every public name is importable from here (the notice sources from ``lightning_resume.notices``, the
+loggers from ``lightning_resume.loggers``). Importing it has no side effects and imports no tracker,
+nor Lightning or torch until a name needs them, so the command line starts in well under a second.
+"""
 
 from __future__ import annotations
 

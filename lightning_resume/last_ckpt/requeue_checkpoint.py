@@ -87,18 +87,23 @@ class RequeueCheckpoint(LastCheckpointCallback):
     :class:`~lightning_resume.DurableCheckpointIO`), so a kill at any instant leaves a complete file.
 
     Needs a :class:`~lightning_resume.RunDir` among the trainer's callbacks. On a restart
-    ``trainer.fit(model)`` resumes from ``last.ckpt`` with the full state (every rank's random state and
-    data position: the final weights are bitwise equal to an uninterrupted run's), also when given a
-    ``ckpt_path`` meant for the first attempt or when Lightning finds an ``hpc_ckpt_N.ckpt``. Without
-    ``last.ckpt`` a restart starts over if the run never committed a checkpoint, and raises
-    ``ResumeError`` if it did (starting over would silently discard the run). Unless the Trainer lists a
-    :class:`~lightning_resume.LocalLoggerResume`, it puts one in: Lightning's TensorBoard/CSV loggers
-    continue in the first attempt's version dir, cut exactly at the checkpoint resumed from.
+    ``trainer.fit(model)`` resumes from ``last.ckpt`` with the full state, also when given a
+    ``ckpt_path`` meant for the first attempt or when Lightning finds an ``hpc_ckpt_N.ckpt``; every
+    rank's random state and data position are restored, so the final weights are bitwise equal to an
+    uninterrupted run's. Without ``last.ckpt`` a restart starts over if the run never committed a
+    checkpoint, and raises ``ResumeError`` if it did (starting over would silently discard the run).
+
+    Lightning's ``TensorBoardLogger``/``CSVLogger`` (the default logger too) continue with it: unless
+    the Trainer lists a :class:`~lightning_resume.LocalLoggerResume`, it puts one in, so a restart
+    logs into the first attempt's version dir, cut exactly at the checkpoint it resumes from.
+
+    ``every_n_train_steps="auto"`` chooses the interval from the measured save stall and the expected
+    time between interruptions (Young/Daly, see the RequeueCheckpoint page), re-evaluated after each
+    save, equal on every rank, logged and recorded in the run's ``attempts.json``.
 
     Args:
-        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps). ``"auto"``
-            chooses it from the measured save stall and the expected time between interruptions
-            (Young/Daly), again after each save, equal on every rank, logged and kept in ``attempts.json``.
+        every_n_train_steps: Save every this many optimizer steps (``None``: not by steps; ``"auto"``:
+            chosen from measurements, see above).
         every_n_minutes: Save when this many minutes passed since the last save (``None``: not by time).
         save_on_train_epoch_end: Save at the end of every training epoch (once it has run in full).
         dirpath: Where ``last.ckpt`` lives (default: ``<run dir>/checkpoints``; environment variables
@@ -194,7 +199,8 @@ class RequeueCheckpoint(LastCheckpointCallback):
 
     @property
     def best_model_path(self) -> str:
-        """``ckpt_path="best"`` without a ``ModelCheckpoint``: the newest save, as Lightning's default."""
+        """What ``trainer.test(ckpt_path="best")`` loads when no ``ModelCheckpoint`` is given (Lightning
+        leaves its default out beside ours): as that default would, the newest save; ``""`` before one."""
         try:
             return self.ckpt_path if exists(Path(self.ckpt_path)) else ""
         except LightningResumeError:  # no run dir yet

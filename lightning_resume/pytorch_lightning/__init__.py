@@ -1,13 +1,17 @@
-"""``lightning_resume`` for projects on the standalone ``pytorch_lightning`` package::
+"""``lightning_resume`` for projects on the standalone ``pytorch_lightning`` package.
+
+``import pytorch_lightning as pl`` projects use the same callbacks and plugin from here::
 
     import pytorch_lightning as pl
     from lightning_resume.pytorch_lightning import DurableCheckpointIO, RequeueCheckpoint, RunDir
 
     trainer = pl.Trainer(callbacks=[RunDir(), RequeueCheckpoint()], plugins=[DurableCheckpointIO()])
 
-Every public name and module of :mod:`lightning_resume` is here (``...pytorch_lightning.loggers``, ...):
-the same code, built on ``pytorch_lightning`` and ``lightning_fabric`` (``lightning_resume/_standalone.py``).
-Its Trainer recognises callbacks and plugins by its own classes: take all from one package, never a mix.
+Every public name of :mod:`lightning_resume` is here, and every module too
+(``lightning_resume.pytorch_lightning.loggers``, ...): the same code, built on ``pytorch_lightning``
+and ``lightning_fabric`` instead of ``lightning.pytorch`` and ``lightning.fabric`` (see
+``lightning_resume/_standalone.py``). ``pytorch_lightning``'s Trainer recognises callbacks and plugins
+by its own classes: take everything from one of the two packages, never a mix.
 """
 
 from typing import Any

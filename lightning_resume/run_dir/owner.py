@@ -284,8 +284,9 @@ def is_gone(owner: dict[str, Any]) -> bool:
 _ZOMBIE = -1  # a process that died and was not reaped yet
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot); ``-1`` for a zombie; ``None`` when unreadable."""
+def process_start_ticks(pid: int | str) -> int | None:
+    """When ``pid`` (or ``"self"``) started (clock ticks since boot); ``-1`` for a zombie; ``None`` when
+    unreadable."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return _ZOMBIE if fields[0] in ("Z", "X") else int(fields[19])

@@ -459,7 +459,7 @@ def check_index(root: Path, key: str, run_dir: Path) -> None:
 
 def process_start_time() -> float:
     """Wall-clock start time of this process (Linux ``/proc``; now, elsewhere)."""
-    ticks = process_start_ticks(os.getpid())
+    ticks = process_start_ticks("self")  # not getpid(): /proc may be another PID namespace's
     try:
         # Boot time from the uptime (10 ms), not /proc/stat's btime (whole s): compared with time.time().
         boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])

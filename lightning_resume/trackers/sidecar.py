@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -162,17 +162,18 @@ def check_recorded(
 def to_continue(
     tracker: str,
     required: Iterable[str],
-    now: Mapping[str, Any],
+    now: Callable[[], Mapping[str, Any]],
     fields: Iterable[str],
     who: str,
     stacklevel: int,
 ) -> tuple[Resolution, Path, dict[str, Any]] | None:
     """For a logger (``who``) that continues its recorded run itself: the restart, its sidecar and the
-    identity to continue, or ``None`` (no restart, no usable sidecar, or it would go elsewhere: warned)."""
+    identity to continue, or ``None`` (no restart, no usable sidecar, or it would go elsewhere: warned).
+    ``now``: where the logger writes, asked at a restart only."""
     resolution = PROCESS.current
     if resolution is None or not resolution.is_resumed:
         return None
-    check = check_recorded(resolution.path, tracker, required, now, fields, known_only=False)
+    check = check_recorded(resolution.path, tracker, required, now(), fields, known_only=False)
     if check.error:
         log.debug("not resuming from %s: %s", check.path, check.error)  # the resume callback warns about it
     elif check.conflicts:

@@ -62,20 +62,24 @@ class ProgressWatchdog(Callback):
 
     **Hangs.** Each rank runs a watchdog thread that knows which section the rank is in (start-up
     until the first step has ended, a training step, validation, an epoch end, a save, the load,
-    teardown) and how long it may take (:class:`~lightning_resume.WatchdogTimeouts`, learned times kept
-    in the run dir's ``watchdog.json``); it works while the main thread is blocked in C. Past its
+    teardown) and how long it may take (:class:`~lightning_resume.WatchdogTimeouts`; learned times
+    are kept in the run dir's ``watchdog.json`` for the next attempt). The thread works while the
+    main thread is blocked in C (a collective waiting for a dead peer, a stuck filesystem). Past its
     timeout, a rank writes every thread's stack to ``<run dir>/hangs/attempt-<N>-rank-<R>.txt``, logs
     one line, records the hang in ``status.json`` (rank 0) and exits with :attr:`HANG_EXIT_CODE`:
     torchrun's ``--max-restarts`` restarts the group, and under SLURM rank 0 requeues the job once.
+    The restart resumes from the last durable ``last.ckpt``.
 
-    **Crash loops.** When the last ``max_attempts_without_progress`` attempts all ended failed, hung or
-    killed without a new durable checkpoint, the next attempt stops at ``setup``: it logs one line,
-    does not requeue, and raises :class:`~lightning_resume.CrashLoopStopped` (exit status
-    :attr:`CRASH_LOOP_EXIT_CODE`) until ``lightning-resume reset-crash-loop RUN_DIR``.
+    **Crash loops.** When the last ``max_attempts_without_progress`` attempts (``attempts.json``) all
+    ended failed, hung or killed without a new durable checkpoint, the next attempt stops at
+    ``setup``: it logs one line, does not requeue, and raises
+    :class:`~lightning_resume.CrashLoopStopped` (exit status :attr:`CRASH_LOOP_EXIT_CODE`). Once the
+    cause is fixed, ``lightning-resume reset-crash-loop RUN_DIR`` lets the next attempt train.
 
     Needs a :class:`~lightning_resume.RunDir` in the same Trainer. In one rank of several (torchrun,
     ``srun``, Lightning's launcher) the start-up clock starts at construction, to cover the
-    process-group set-up: construct it just before the Trainer. A lone process is watched from ``setup``.
+    process-group set-up: construct it just before the Trainer. A lone process is watched from
+    ``setup`` on.
 
     Args:
         timeouts: How long each section may take (:class:`~lightning_resume.WatchdogTimeouts`; default:
@@ -275,7 +279,15 @@ class ProgressWatchdog(Callback):
         self._enter(Section.VALIDATION, trainer)
 
     @override
-    def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._section is Section.VALIDATION:
             now = time.monotonic()
             self._observe(Section.VALIDATION, now - self._since, trainer)

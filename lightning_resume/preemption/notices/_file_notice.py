@@ -22,7 +22,12 @@ class FileNotice(NoticeSource):
     process (left by an earlier attempt) is ignored with one warning: delete it between attempts. One
     written since the process started counts, even before this source existed. Node-local: the first
     process of each node polls it. In a Kubernetes pod, a ``preStop`` hook that writes the file and
-    then sleeps gives the job the hook's time before the SIGTERM (the notices guide shows one).
+    then sleeps gives the job the hook's time before the SIGTERM::
+
+        lifecycle:
+          preStop:
+            exec:
+              command: ["sh", "-c", "date -d '+25 seconds' +%s > /tmp/preempted; sleep 20"]
 
     Args:
         path: The file. Default: ``$LIGHTNING_RESUME_NOTICE`` (read at each poll); without either, the

@@ -71,7 +71,10 @@ class MLFlowLogger(_LightningMLFlowLogger):
 
     def _recorded_run(self, tracking_uri: str, experiment_name: str) -> str | None:
         """The run id recorded in the run dir to continue, or ``None`` for a new run."""
-        now = {"tracking_uri": normalize_uri(tracking_uri), "experiment_name": experiment_name}
+
+        def now() -> dict[str, Any]:  # asked at a restart only: a fresh run never parses the URI
+            return {"tracking_uri": normalize_uri(tracking_uri), "experiment_name": experiment_name}
+
         found = to_continue(TRACKER, ("id",), now, PLACE_FIELDS, "MLFlowLogger", stacklevel=4)
         if found is None:
             return None

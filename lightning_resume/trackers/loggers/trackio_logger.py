@@ -153,7 +153,10 @@ class TrackioLogger(Logger):
         if self._finished_name is not None:
             return self._finished_name, "allow", None
         default: tuple[str | None, Resume, dict[str, Any] | None] = (self._name, self._resume, None)
-        now = {"project": self._project, "dir": str(storage_dir())}
+
+        def now() -> dict[str, Any]:
+            return {"project": self._project, "dir": str(storage_dir())}
+
         found = to_continue(TRACKER, ("id", "name"), now, PLACE_FIELDS, "TrackioLogger", stacklevel=3)
         if found is None:
             return default

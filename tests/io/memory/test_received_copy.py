@@ -34,3 +34,14 @@ def test_a_received_copy_that_no_longer_matches_its_manifest_is_not_loaded(tmp_p
         grown.write(b"\0")
     loaded = _load_received(path, "cpu", weights_only=True)
     assert loaded.checkpoint is None and loaded.reason
+
+
+def test_a_received_copy_damaged_in_place_is_refused_not_raised(tmp_path: Path) -> None:
+    """Same size, other bytes: the load fails, and the full check (not an exception on this one rank,
+    which would leave the others waiting) says the copy is damaged, so the next copy is tried."""
+    path = tmp_path / "last.ckpt"
+    committed(path, step=3)
+    with open(path, "r+b") as damaged:
+        damaged.write(b"\0" * 64)  # the zip's first local header
+    loaded = _load_received(path, "cpu", weights_only=True)
+    assert loaded.checkpoint is None and "checksum" in loaded.reason
