@@ -169,14 +169,13 @@ class WriteBehind:
     ) -> None:
         """Wait for the previous save (raising its error), snapshot ``checkpoint``, start writing it."""
         self.wait()
-        previous = known()  # after the wait: the save just committed may have been of this very file
         staged = snapshot(checkpoint, self._buffer)
         self._seq += 1
         if self._next_at_full_speed or full_speed:
             self._full_speed_seq, self._next_at_full_speed = self._seq, False
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-resume-writer")
-        write = (staged, target, fields, previous, on_commit, self._seq)
+        write = (staged, target, fields, known, on_commit, self._seq)
         self._pending = self._executor.submit(self._write, *write)
 
     def wait(self) -> None:
@@ -205,10 +204,13 @@ class WriteBehind:
         staged: Staged,
         path: Path,
         fields: dict[str, Any],
-        known: Entry | None,
+        known: Known,
         on_commit: OnCommit,
         seq: int,
     ) -> Entry:
+        # Asked here, the previous write committed: a save from a signal handler may have committed this
+        # very file while the caller took the snapshot.
+        previous = known()
         request: dict[str, Any] = {
             "path": str(path),
             "records": staged.records,
@@ -221,7 +223,7 @@ class WriteBehind:
             "seq": seq,
         }
         for attempt in (1, 2):
-            request["known"] = known.to_json() if known is not None and attempt == 1 else None
+            request["known"] = previous.to_json() if previous is not None and attempt == 1 else None
             try:
                 writer = self._writer()
                 # Read after the writer is known to hurry(): a later hurry reaches it through its pipe.

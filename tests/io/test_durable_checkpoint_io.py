@@ -303,6 +303,25 @@ def test_a_save_from_inside_a_save_is_written_synchronously(tmp_path: Path) -> N
     io.teardown()
 
 
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_save_interrupted_by_a_save_of_the_same_file_lists_that_one_as_its_fallback(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    io = DurableCheckpointIO(asynchronous=asynchronous)
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"w": torch.zeros(10), "global_step": 1}, path)
+
+    class Interrupts:
+        def __reduce__(self) -> tuple[Any, ...]:  # a signal handler's save, while the outer one snapshots
+            io.save_checkpoint({"w": torch.ones(10), "global_step": 2}, path)
+            return (dict, ())
+
+    io.save_checkpoint({"w": torch.full((10,), 3.0), "global_step": 3, "interrupt": Interrupts()}, path)
+    io.wait_until_durable()
+    assert [e.global_step for e in read_entries(path) or []] == [3, 2]
+    io.teardown()
+
+
 def test_remove_waits_for_the_save_in_flight_and_keeps_the_only_verified_one(tmp_path: Path) -> None:
     io = DurableCheckpointIO()
     old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
