@@ -402,6 +402,7 @@ trainer:
 """
 
 
+@pytest.mark.long
 def test_the_plugin_from_lightning_cli_yaml(tmp_path: Path) -> None:
     script = tmp_path / "cli.py"
     script.write_text(CLI_SCRIPT)

@@ -52,7 +52,11 @@ def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list
 
 
 @pytest.mark.parametrize(
-    ("after_step", "where"), [(0, "mid-epoch"), pytest.param(7, "epoch end", marks=pytest.mark.slow)]
+    ("after_step", "where"),
+    [
+        pytest.param(0, "mid-epoch", marks=pytest.mark.long),
+        pytest.param(7, "epoch end", marks=pytest.mark.slow),
+    ],
 )
 def test_sigterm_during_validation_stops_within_one_batch_and_the_restart_redoes_it(
     tmp_path: Path, slow_reference: tuple[Path, list[tuple[int, int]]], after_step: int, where: str

@@ -269,7 +269,9 @@ def test_a_save_no_restart_could_load_is_warned_about_once_at_the_first_save(tmp
 
 
 @pytest.mark.parametrize(
-    "args", [(), pytest.param(("--durable",), marks=pytest.mark.slow)], ids=["lightning-io", "durable-io"]
+    "args",
+    [pytest.param((), marks=pytest.mark.long), pytest.param(("--durable",), marks=pytest.mark.slow)],
+    ids=["lightning-io", "durable-io"],
 )
 def test_a_forecasting_project_killed_mid_epoch_resumes_exactly(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, args: tuple[str, ...]
