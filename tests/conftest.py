@@ -184,6 +184,18 @@ def same_weights(a: Path, b: Path) -> bool:
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
+def held_step(path: Path) -> int:
+    """The step of the version of the checkpoint ``path`` its bytes match. A kill inside a commit or an
+    upload leaves the manifest's new entry ahead of the bytes still in place: a restore takes the
+    version they match (the fallback entry)."""
+    from lightning_resume._storage.manifest import checksum_file, read_entries
+
+    held = checksum_file(path)
+    (entry,) = [e for e in read_entries(path) or [] if (e.size, e.checksum) == held]
+    assert entry.global_step is not None
+    return int(entry.global_step)
+
+
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Final weights of uninterrupted runs, by loader kind, computed once per test run."""

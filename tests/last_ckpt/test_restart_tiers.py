@@ -11,24 +11,14 @@ from pathlib import Path
 
 import pytest
 from bad_inputs import first_run, restart
-from conftest import run_job, same_weights
+from conftest import held_step, run_job, same_weights
 
 from lightning_resume import ResumeError
-from lightning_resume._storage.manifest import checksum_file, read_entries
 from lightning_resume.run_dir import layout, save_record
 
 #: Saves every 2 steps; the job SIGKILLs itself after step 9: its newest save is step 8, or step 6 when
 #: the kill lands while step 8 is still being written (an asynchronous save, or a mirror upload).
 KILL_AT = 9
-
-
-def held_step(path: Path) -> int:
-    """The step of the version of ``path`` its bytes match (a kill inside a commit or an upload leaves
-    the manifest's new entry ahead of the bytes: the restore takes the version they match)."""
-    held = checksum_file(path)
-    (entry,) = [e for e in read_entries(path) or [] if (e.size, e.checksum) == held]
-    assert entry.global_step is not None
-    return int(entry.global_step)
 
 
 def killed_then_folder_lost(tmp_path: Path, *args: str) -> Path:
