@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from lightning_resume._storage.catalog import Status, check_file
 from lightning_resume.run_dir.binding import PROCESS
 
 TESTS = Path(__file__).resolve().parent
@@ -188,12 +189,10 @@ def held_step(path: Path) -> int:
     """The step of the version of the checkpoint ``path`` its bytes match. A kill inside a commit or an
     upload leaves the manifest's new entry ahead of the bytes still in place: a restore takes the
     version they match (the fallback entry)."""
-    from lightning_resume._storage.manifest import checksum_file, read_entries
-
-    held = checksum_file(path)
-    (entry,) = [e for e in read_entries(path) or [] if (e.size, e.checksum) == held]
-    assert entry.global_step is not None
-    return int(entry.global_step)
+    verdict = check_file(path)
+    assert verdict.status is Status.VERIFIED and verdict.manifest is not None, verdict
+    assert verdict.manifest.global_step is not None
+    return int(verdict.manifest.global_step)
 
 
 @pytest.fixture(scope="session")
