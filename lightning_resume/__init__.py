@@ -1,8 +1,7 @@
 """Make PyTorch Lightning training survive preemption with callbacks added to your own Trainer.
 
-Every public name is importable from here (the notice sources from ``lightning_resume.notices``, the
-loggers from ``lightning_resume.loggers``). Importing it has no side effects and imports no tracker,
-nor Lightning or torch until a name needs them, so the command line starts in well under a second.
+Every public name is here (notice sources in ``notices``, loggers in ``loggers``). Importing it has no side
+effects and imports no tracker, nor Lightning or torch until a name needs them (a fast command line).
 """
 
 from __future__ import annotations

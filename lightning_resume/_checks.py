@@ -18,7 +18,6 @@ _VARIABLE = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
 
 
 def is_number(value: Any) -> bool:
-    """Whether ``value`` is an ``int`` or a ``float`` and not a ``bool``."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -41,7 +40,6 @@ def positive_number(name: str, value: Any, what: str = "number") -> float:
 
 
 def flag(name: str, value: Any) -> bool:
-    """``value`` if it is ``True`` or ``False``, else ``TypeError``."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}.")
     return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import torch
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
@@ -13,7 +13,7 @@ from lightning.pytorch.strategies import ParallelStrategy, Strategy
 T = TypeVar("T")
 
 
-def _distributed(strategy: Strategy) -> bool:
+def _distributed(strategy: Strategy) -> TypeGuard[ParallelStrategy]:
     return isinstance(strategy, ParallelStrategy) and strategy.world_size > 1
 
 
@@ -33,19 +33,17 @@ def max_over_ranks(strategy: Strategy, value: int) -> int:
 
 
 def broadcast(strategy: Strategy, obj: T) -> T:
-    """Global rank 0's ``obj``, on every rank."""
     return strategy.broadcast(obj, src=0) if _distributed(strategy) else obj
 
 
 def barrier(strategy: Strategy, name: str) -> None:
-    """Wait until every rank gets here."""
     if _distributed(strategy):
         strategy.barrier(name)
 
 
 def gather_numbers(strategy: Strategy, values: list[float]) -> list[list[float]]:
     """``values`` (the same count on every rank) of every rank, by global rank: one small all-gather."""
-    if not _distributed(strategy) or not isinstance(strategy, ParallelStrategy):
+    if not _distributed(strategy):
         return [list(values)]
     tensor = torch.tensor(values, dtype=torch.float64, device=strategy.root_device)
     gathered: list[list[float]] = strategy.all_gather(tensor).reshape(strategy.world_size, -1).cpu().tolist()
@@ -54,12 +52,14 @@ def gather_numbers(strategy: Strategy, values: list[float]) -> list[list[float]]
 
 def gather_objects(strategy: Strategy, obj: T) -> list[T]:
     """``obj`` of every rank, by global rank: pickled, length first, in a fixed-size all-gather when every
-    payload fits (``_inline_bytes``), else a second one padded to the longest."""
-    if not _distributed(strategy) or not isinstance(strategy, ParallelStrategy):
+    payload fits, else a second one padded to the longest."""
+    if not _distributed(strategy):
         return [obj]
     device, world = strategy.root_device, strategy.world_size
     payload = _dumps(obj)
-    inline = _inline_bytes(world)
+    # Inline bytes per rank: 64 KiB (a rank's random and loader states are tens of KiB), less on large
+    # worlds so that the gathered buffer stays ~4 MiB.
+    inline = max(1024, min(64 * 1024, (4 * 1024 * 1024) // world))
     buffer = torch.zeros(_HEADER + inline, dtype=torch.uint8)
     buffer[:_HEADER] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
     if len(payload) <= inline:
@@ -72,18 +72,11 @@ def gather_objects(strategy: Strategy, obj: T) -> list[T]:
         padded = torch.zeros(max(sizes), dtype=torch.uint8)
         padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         data = strategy.all_gather(padded.to(device)).reshape(world, -1).cpu()
-    found: list[Any] = [pickle.loads(data[rank, :n].numpy().tobytes()) for rank, n in enumerate(sizes)]
-    return found
+    return [pickle.loads(data[rank, :n].numpy().tobytes()) for rank, n in enumerate(sizes)]
 
 
 #: The length in front of each rank's payload (int64).
 _HEADER = 8
-
-
-def _inline_bytes(world_size: int) -> int:
-    """Payload bytes per rank of the first all-gather: 64 KiB (a rank's random and loader states are tens
-    of KiB), less on large worlds so that the gathered buffer stays ~4 MiB."""
-    return max(1024, min(64 * 1024, (4 * 1024 * 1024) // world_size))
 
 
 class _Pickler(pickle.Pickler):

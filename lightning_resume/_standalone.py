@@ -1,6 +1,5 @@
 """``lightning_resume`` again on the standalone ``pytorch_lightning`` (whose Trainer checks its own classes):
-a finder serves ``lightning_resume.pytorch_lightning.<module>`` from ``lightning_resume/<module>.py`` with the
-imports renamed; ``exceptions`` is one module for both, so one ``except`` or warnings filter serves both."""
+a finder serves each module rewritten, but ``exceptions``: one module for both, one ``except`` for both."""
 
 from __future__ import annotations
 
@@ -33,14 +32,8 @@ def rewrite(source: str) -> str:
     return source
 
 
-class _Loader(importlib.abc.SourceLoader):
+class _Loader(importlib.machinery.SourceFileLoader):
     """Loads a module of ``lightning_resume`` from its file, rewritten."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def get_filename(self, fullname: str) -> str:
-        return str(self.path)
 
     def get_data(self, path: str) -> bytes:
         return rewrite(Path(path).read_text()).encode()
@@ -70,12 +63,12 @@ class _Finder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(f"{PACKAGE}."):
             return None
-        parts = fullname[len(PACKAGE) + 1 :].split(".")
+        name = fullname[len(PACKAGE) + 1 :]
+        parts = name.split(".")
         if parts[0] in ("pytorch_lightning", "_standalone"):
             return None
-        if ".".join(parts) in SHARED:
-            original = f"lightning_resume.{'.'.join(parts)}"
-            return importlib.machinery.ModuleSpec(fullname, _Shared(original))
+        if name in SHARED:
+            return importlib.machinery.ModuleSpec(fullname, _Shared(f"lightning_resume.{name}"))
         base = SOURCE.joinpath(*parts)
         if (base / "__init__.py").is_file():
             file, package = base / "__init__.py", True
@@ -83,13 +76,13 @@ class _Finder(importlib.abc.MetaPathFinder):
             file, package = base.with_suffix(".py"), False
         else:
             return None
+        loader = _Loader(fullname, str(file))
         return importlib.util.spec_from_file_location(
-            fullname, file, loader=_Loader(file), submodule_search_locations=[str(base)] if package else None
+            fullname, file, loader=loader, submodule_search_locations=[str(base)] if package else None
         )
 
 
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` (once)."""
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
 

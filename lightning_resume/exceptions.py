@@ -1,6 +1,5 @@
 """Errors and warnings of lightning_resume: one family, each also a builtin (``RuntimeError``,
-``ValueError``), so code that catches the builtin keeps working. The message says what to do.
-"""
+``ValueError``), so code that catches the builtin keeps working. The message says what to do."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""The failure classes: how a run can end, and the exit status a scheduler reads for each.
-
-One table for the whole package (``PreemptionHandler`` exits with :attr:`FailureClass.PREEMPTED`'s status,
-``ProgressWatchdog`` with :attr:`~FailureClass.HANG`'s and :attr:`~FailureClass.CRASH_LOOP`'s, every other
-failure of ``fit`` with its class's) and for ``lightning-resume doctor --emit``, which prints the scheduler
-configuration that matches it. Standard library only: the command line reads it without torch.
-
-The statuses are clear of the shell's own (1, 2, 126, 127) and of 128+n (killed by signal n), except 143,
-which every scheduler already reads as "terminated": where one fits, the meaning of ``sysexits.h``.
-
-Example::
-
-    from lightning_resume.failure_classes import FailureClass
-
-    FailureClass.OUT_OF_MEMORY.exit_code, FailureClass.OUT_OF_MEMORY.retryable  # (71, True)
-"""
+"""The failure classes and the exit status a scheduler reads for each: one table for the package and for
+``lightning-resume doctor --emit``. Standard library only: the command line reads it without torch."""
 
 from __future__ import annotations
 
@@ -62,7 +48,8 @@ class FailureClass(str, enum.Enum):
         return TABLE[self].what
 
 
-#: The table: exit status, whether a retry can fix it, its name in words, what falls in it.
+#: The table: exit status, whether a retry can fix it, its name in words, what falls in it. The statuses
+#: avoid the shell's (1, 2, 126, 127) and 128+n but 143 ("terminated"); sysexits.h's where one fits.
 TABLE: dict[FailureClass, _Row] = {
     FailureClass.PREEMPTED: _Row(143, True, "preempted", "a preemption signal or notice (PreemptionHandler)"),
     FailureClass.HANG: _Row(
@@ -118,10 +105,8 @@ def by_exit_code(code: int) -> FailureClass | None:
 
 
 def ending(failure: str, rank: int | None, exit_code: int | None, retried: bool = False) -> str:
-    """An attempt's failure in words: ``"out of memory on rank 1, exit 71, retried"``.
-
-    ``retried``: another attempt followed; else the words say whether the class is retryable.
-    """
+    """An attempt's failure in words: ``"out of memory on rank 1, exit 71, retried"`` (``retried``: another
+    attempt followed; else the words say whether the class is retryable)."""
     known = next((f for f in FailureClass if f.value == failure), None)
     text = (known.label if known is not None else failure) + (f" on rank {rank}" if rank is not None else "")
     text += f", exit {exit_code}" if exit_code is not None else ""

@@ -1,7 +1,5 @@
 """Preemption notices: warnings that come before the signal, for :class:`~lightning_resume.PreemptionHandler`.
 
-A cloud warns before it reclaims a machine (EC2 spot: two minutes; Compute Engine: 30 s; Azure: 30 s+),
-a SLURM job knows its end time, and a Kubernetes ``preStop`` hook can create a file.
 ``PreemptionHandler(notices=Notices(...))`` polls these sources off the training thread and saves
 ``last.ckpt`` before the signal (``Notices()``, the default: every source that applies here)::
 
@@ -9,8 +7,7 @@ a SLURM job knows its end time, and a Kubernetes ``preStop`` hook can create a f
 
     PreemptionHandler(notices=Notices([AwsSpotNotice(), FileNotice("/tmp/preempted")]))
 
-:meth:`NoticeSource.poll` also works from a script: it returns a :class:`Notice` or ``None``, never
-raising.
+:meth:`NoticeSource.poll` also works from a script: it returns a :class:`Notice` or ``None``, never raising.
 """
 
 from lightning_resume.preemption.notices._aws_spot_notice import AwsSpotNotice

@@ -23,9 +23,8 @@ from lightning.pytorch.strategies import Strategy
 
 
 class LastCheckpointCallback(OnExceptionCheckpoint):
-    """The base of a callback whose ``ckpt_path`` Lightning resumes ``fit`` from (``RequeueCheckpoint``):
-    with an ``OnExceptionCheckpoint`` among the callbacks, ``fit(ckpt_path=None)`` becomes ``"last"``, which
-    considers its ``ckpt_path``; a ``Checkpoint`` also keeps the default ``ModelCheckpoint`` out."""
+    """A callback ``fit(ckpt_path=None)`` resumes from: an ``OnExceptionCheckpoint`` makes it ``"last"``,
+    which considers its ``ckpt_path``; as a ``Checkpoint`` it keeps the default ``ModelCheckpoint`` out."""
 
     def __init__(self) -> None:
         super().__init__(dirpath=".", filename="last")  # Lightning's dirpath and filename stay unused
@@ -37,8 +36,8 @@ class LastCheckpointCallback(OnExceptionCheckpoint):
 
 
 def allow_without_checkpointing() -> None:
-    """Let ``Trainer(enable_checkpointing=False)`` take :class:`LastCheckpointCallback`s, which Lightning's
-    ``_configure_checkpoint_callbacks`` refuses as it refuses any ``Checkpoint`` (once per process)."""
+    """Let ``Trainer(enable_checkpointing=False)`` take :class:`LastCheckpointCallback`s, which
+    ``_configure_checkpoint_callbacks`` refuses as any ``Checkpoint`` (patched once per process)."""
     from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 
     original = _CallbackConnector._configure_checkpoint_callbacks
@@ -140,9 +139,8 @@ def watch_train_loaders(trainer: pl.Trainer, hook: Callable[[Any], object]) -> C
 
 
 # The training loaders' states (``CombinedLoader._state_dicts()``, saving rank only), loaded in
-# ``FitLoop.setup_data`` on a mid-epoch restart before any callback hook; and validation progress.
+# ``FitLoop.setup_data`` on a mid-epoch restart before any callback hook.
 _LOADER_STATES = ("loops", "fit_loop", "state_dict", "combined_loader")
-_VAL_PROGRESS = ("loops", "fit_loop", "epoch_loop.val_loop.batch_progress")
 
 
 def _walk(checkpoint: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -180,7 +178,7 @@ def wrapped_sampler(sampler: Any) -> Any:
 
 def redo_validation_on_restart(checkpoint: dict[str, Any]) -> bool:
     """Make a checkpoint taken inside fit's validation redo all of it; False: no progress there."""
-    node = _walk(checkpoint, _VAL_PROGRESS)
+    node = _walk(checkpoint, ("loops", "fit_loop", "epoch_loop.val_loop.batch_progress"))
     if not isinstance(node, dict):
         return False
     before = max(int(node["total"]["completed"]) - int(node["current"]["completed"]), 0)
@@ -203,13 +201,10 @@ def restart_swa_epochs(trainer: pl.Trainer) -> list[str]:
     # It makes the SWALR scheduler again, which on_fit_start removed; the restored latest_update_epoch
     # skips the averaging it would also do.
     epoch, done = trainer.current_epoch, []
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if (
-            isinstance(callback, StochasticWeightAveraging)
-            and callback.swa_start <= epoch <= callback.swa_end
-        ):
-            callback.on_train_epoch_start(trainer, trainer.lightning_module)
-            done.append(type(callback).__name__)
+    for c in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(c, StochasticWeightAveraging) and c.swa_start <= epoch <= c.swa_end:
+            c.on_train_epoch_start(trainer, trainer.lightning_module)
+            done.append(type(c).__name__)
     return done
 
 
@@ -261,8 +256,6 @@ def stop_deferred(trainer: pl.Trainer) -> bool:
 
 # -- epoch boundaries ---------------------------------------------------------------------------------
 
-_EPOCH_PROGRESS = ("loops", "fit_loop", "epoch_progress")
-
 
 def between_epochs(trainer: pl.Trainer) -> bool:
     """Whether no epoch is under way (True in ``on_train_epoch_start``, False in ``on_train_epoch_end``)."""
@@ -272,7 +265,7 @@ def between_epochs(trainer: pl.Trainer) -> bool:
 
 def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
     """Make a checkpoint taken between epochs read as "last one completed, next one ready"; False: none."""
-    node = _walk(checkpoint, _EPOCH_PROGRESS)
+    node = _walk(checkpoint, ("loops", "fit_loop", "epoch_progress"))
     if not isinstance(node, dict):
         return False
     for tracker in node.values():
@@ -281,9 +274,8 @@ def mark_between_epochs(checkpoint: dict[str, Any]) -> bool:
 
 
 def start_epoch_afresh(trainer: pl.Trainer) -> None:
-    """Run the epoch starting now (at ``on_train_epoch_start``) as an uninterrupted run does: restored
-    between epochs under ``max_steps``, Lightning 2.6 stays "restarting", re-runs the last epoch's end, counts
-    a phantom batch and keeps the iterator made before ``on_train_start``."""
+    """Run this epoch as an uninterrupted run does: restored between epochs under ``max_steps``, Lightning 2.6
+    stays "restarting", reruns the last epoch's end, counts a phantom batch and keeps the old iterator."""
     from lightning.pytorch.loops.loop import _Loop
 
     fit_loop = trainer.fit_loop
@@ -300,14 +292,10 @@ def settle_fit_restart(trainer: pl.Trainer) -> None:
     trainer.fit_loop._restarting = False
 
 
-# -- hooks Lightning does not call ----------------------------------------------------------------------
-
-#: What a callback class sets a hook to so that Lightning skips it (``_call_callback_hooks`` calls only a
-#: ``callable`` hook): an unused per-step hook then costs a lookup, not a call inside a profiler context.
+#: A callback class's hook set to this is skipped (``_call_callback_hooks`` calls only a ``callable`` hook):
+#: an unused per-step hook then costs a lookup, not a call inside a profiler context.
 NOT_CALLED = None
 
-
-# -- the tuner callbacks, the train loader built early, the next batch, modes inside a validation ---------
 
 # The temporary checkpoints LearningRateFinder and BatchSizeFinder save before their search and restore
 # after it (``tuner/lr_finder.py::_lr_find``, ``tuner/batch_size_scaling.py::_scale_batch_size``).
@@ -328,32 +316,25 @@ def tuners(trainer: pl.Trainer) -> list[Callback]:
     return [c for c in callbacks if isinstance(c, (LearningRateFinder, BatchSizeFinder))]
 
 
-def _tuned_attribute(callback: Callback, module: pl.LightningModule) -> str | None:
-    """The attribute of the module (or its hparams or datamodule) a tuner sets, if it sets one."""
+def tuner_result(callback: Callback, module: pl.LightningModule) -> dict[str, Any]:
+    """What a tuner's search left: the attribute it set (if any), its value now, and its own result."""
     from lightning.pytorch.callbacks import BatchSizeFinder
     from lightning.pytorch.tuner.lr_finder import _determine_lr_attr_name
-
-    if isinstance(callback, BatchSizeFinder):
-        return str(callback._batch_arg_name)
-    if not callback._update_attr:  # type: ignore[attr-defined]
-        return None
-    return _determine_lr_attr_name(module, callback._attr_name)  # type: ignore[attr-defined]
-
-
-def tuner_result(callback: Callback, module: pl.LightningModule) -> dict[str, Any]:
-    """What a tuner's search left: the attribute it set and its value now, and its own result."""
-    from lightning.pytorch.callbacks import BatchSizeFinder
     from lightning.pytorch.utilities.parsing import lightning_getattr
 
-    attribute = _tuned_attribute(callback, module)
+    attribute: str | None = None
+    if isinstance(callback, BatchSizeFinder):
+        attribute = str(callback._batch_arg_name)
+        optimal = getattr(callback, "optimal_batch_size", None)
+    else:
+        if callback._update_attr:  # type: ignore[attr-defined]
+            attribute = _determine_lr_attr_name(module, callback._attr_name)  # type: ignore[attr-defined]
+        finder = getattr(callback, "optimal_lr", None)  # Lightning 2.5.0 sets it once the search ends
+        optimal = None if finder is None else {"results": finder.results, **_lr_finder_args(finder)}
     found: dict[str, Any] = {"attribute": attribute}
     if attribute is not None:
         found["value"] = lightning_getattr(module, attribute)
-    if isinstance(callback, BatchSizeFinder):
-        found["optimal"] = getattr(callback, "optimal_batch_size", None)
-    else:
-        finder = getattr(callback, "optimal_lr", None)  # Lightning 2.5.0 sets it once the search ends
-        found["optimal"] = None if finder is None else {"results": finder.results, **_lr_finder_args(finder)}
+    found["optimal"] = optimal
     return found
 
 
@@ -467,8 +448,8 @@ _METADATA_OPTIONAL = ("add_dataloader_idx", "dataloader_idx", "metric_attribute"
 
 
 def epoch_accumulators(trainer: pl.Trainer) -> list[dict[str, Any]]:
-    """Per key, what the epoch's ``self.log(on_epoch=True)`` calls accumulated: metadata and value, or a
-    logged ``Metric``'s attribute (not those with a ``sync_dist_group``, which cannot be rebuilt alike)."""
+    """Per key, what the epoch's ``self.log(on_epoch=True)`` calls accumulated (metadata and value, or a
+    ``Metric``'s attribute); not those with a ``sync_dist_group``, which cannot be rebuilt alike."""
     found = []
     for key, result in trainer.fit_loop.epoch_loop._results.items():
         meta = result.meta
@@ -613,8 +594,7 @@ def seeing_checkpoints(trainer: pl.Trainer, seen: Callable[[dict[str, Any]], Non
 
 
 def resume_even_if_none(trainer: pl.Trainer, path: str) -> Callable[[], None]:
-    """Make this ``fit`` restore ``path`` also when Lightning (choosing before any hook) found none;
-    returns the undo."""
+    """Have ``fit`` restore ``path`` even if Lightning (choosing before hooks) found none; returns an undo."""
     original = trainer._checkpoint_connector.resume_start
 
     def resume_start(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -694,7 +674,6 @@ class QuietLightning:
         self._finalizer = weakref.finalize(owner, _remove, added)
 
     def remove(self) -> None:
-        """Remove the filters now."""
         self._finalizer()
 
 

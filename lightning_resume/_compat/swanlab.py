@@ -6,8 +6,7 @@ from typing import Any
 
 
 def swanlab_place(run: Any) -> tuple[str | None, str | None]:
-    """``(project, workspace)`` of a SwanLab run, from its settings (swanlab 0.10 exposes them publicly
-    only online, as ``run.path``)."""
+    """``(project, workspace)`` of a SwanLab run, from its settings (public only online, as ``run.path``)."""
     settings = getattr(getattr(getattr(run, "_ctx", None), "config", None), "settings", None)
     project = getattr(settings, "project", None)
     return getattr(project, "name", None), getattr(project, "workspace", None)

@@ -30,8 +30,7 @@ def torch_records_supported() -> bool:
 
 
 def record_torch_save(obj: Any, write_record: Callable[[str, Any, int], None]) -> None:
-    """Run torch's serialiser (``torch.serialization._save``) on ``obj``, handing each archive record to
-    ``write_record(name, data, nbytes)``."""
+    """Run torch's serialiser (``torch.serialization._save``) on ``obj``, each record to ``write_record``."""
     sink = SimpleNamespace(write_record=write_record)  # all torch calls on its zip writer
     torch.serialization._save(obj, sink, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
 
@@ -52,16 +51,14 @@ def replaced_iterator_factory(loader: DataLoader) -> Any:
 
 
 def dispatched_batches(loader: DataLoader) -> int | None:
-    """How many batches of its current epoch a loader with persistent workers has handed to them (made
-    or being made, given or not): its iterator's ``_send_idx`` (``None`` without one)."""
+    """Batches of this epoch a loader handed its persistent workers: its iterator's ``_send_idx`` or None."""
     iterator = loader.__dict__.get("_iterator")
     found = getattr(iterator, "_send_idx", None)
     return int(found) if found is not None else None
 
 
 def end_persistent_workers(loader: DataLoader) -> None:
-    """Shut a loader's persistent workers down: its next ``iter()`` makes new ones (with its
-    ``worker_init_fn`` as it is then)."""
+    """End a loader's persistent workers: the next ``iter()`` starts new ones (current ``worker_init_fn``)."""
     iterator = loader.__dict__.get("_iterator")
     if iterator is not None:
         iterator._shutdown_workers()
@@ -69,8 +66,7 @@ def end_persistent_workers(loader: DataLoader) -> None:
 
 
 def seed_as_worker(base_seed: int, worker_id: int) -> None:
-    """Seed this process's generators as torch seeds data-loader worker ``worker_id`` of an iterator
-    whose base seed is ``base_seed`` (``torch/utils/data/_utils/worker.py``, ``_worker_loop``)."""
+    """Seed this process's generators as torch's ``_worker_loop`` seeds DataLoader worker ``worker_id``."""
     from torch.utils.data._utils.worker import _generate_state
 
     seed = base_seed + worker_id

@@ -1,5 +1,5 @@
-"""What the scheduler tells a process about itself: session key, restart, rank, launch, requeue.
-Every function takes the environment as a mapping; every variable read is named in :data:`ENV`."""
+"""What the scheduler tells a process about itself, from the environment as a mapping; every variable read
+is named in :data:`ENV`."""
 
 from __future__ import annotations
 
@@ -94,18 +94,9 @@ def read_session(environ: Mapping[str, str], key: str | None = None) -> Session:
     """The session key (from ``key``, ``$LIGHTNING_RESUME_KEY``, SLURM or TorchElastic, in order) and
     whether the scheduler reports a restart (a restart count ``>= 1``)."""
     restart = _as_int(environ, ENV["slurm_restart"]) >= 1 or _as_int(environ, ENV["elastic_restart"]) >= 1
-    ids = {
-        name: environ[var]
-        for name, var in (
-            ("slurm_job_id", ENV["slurm_job"]),
-            ("slurm_array_job_id", ENV["slurm_array_job"]),
-            ("slurm_array_task_id", ENV["slurm_array_task"]),
-            ("slurm_restart_count", ENV["slurm_restart"]),
-            ("torchelastic_run_id", ENV["elastic_run"]),
-            ("torchelastic_restart_count", ENV["elastic_restart"]),
-        )
-        if environ.get(var)
-    }
+    recorded = [ENV[name] for name in ("slurm_job", "slurm_array_job", "slurm_array_task", "slurm_restart")]
+    recorded += [ENV["elastic_run"], ENV["elastic_restart"]]
+    ids = {var.lower(): environ[var] for var in recorded if environ.get(var)}  # {"slurm_job_id": ..., ...}
     explicit = key if key is not None else environ.get(ENV["key"])
     for found, source in (
         (explicit, KeySource.EXPLICIT),
@@ -157,7 +148,6 @@ def launch_key(environ: Mapping[str, str]) -> str | None:
 
 
 def on_slurm(environ: Mapping[str, str]) -> bool:
-    """Whether this process runs in a SLURM job."""
     return bool(environ.get(ENV["slurm_job"]))
 
 
@@ -170,7 +160,6 @@ def slurm_requeue_id(environ: Mapping[str, str]) -> str | None:
 
 
 def under_submitit(environ: Mapping[str, str]) -> bool:
-    """Whether submitit launched this process on SLURM."""
     return environ.get(ENV["submitit_executor"]) == "slurm"
 
 

@@ -3,6 +3,7 @@ polled off its cloud waits for a time-out)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,14 +22,12 @@ AZURE_ASSET_TAG = "7783-7084-3265-9085"
 
 def read_machine(sysfs: Path = Path("/sys")) -> dict[str, str]:
     """The DMI strings of this machine (and Xen's ``hypervisor_uuid``); missing files are left out."""
-    found: dict[str, str] = {}
     files = {name: sysfs / "class" / "dmi" / "id" / name for name in DMI_FIELDS}
     files["hypervisor_uuid"] = sysfs / "hypervisor" / "uuid"
+    found: dict[str, str] = {}
     for name, path in files.items():
-        try:
+        with contextlib.suppress(OSError):
             found[name] = path.read_text(errors="replace").strip()
-        except OSError:
-            continue
     return found
 
 

@@ -1,6 +1,5 @@
-"""The checkpoint format: the records of a ``torch.save`` archive written as its zip file, without torch,
-each record aligned (``torch.load(mmap=True)`` relies on it). Ours for ISA-L's CRC-32 and records written
-as torch hands them over (``benchmarks/checkpoint_io.py --only format``)."""
+"""The checkpoint format: a ``torch.save`` archive's records written as its zip file without torch, aligned
+for ``torch.load(mmap=True)``; ours for ISA-L's CRC-32 and streaming (``benchmarks/checkpoint_io.py``)."""
 
 from __future__ import annotations
 

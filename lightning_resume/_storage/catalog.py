@@ -1,6 +1,5 @@
-"""Which checkpoints of a folder load: one rule for every caller, both kinds, any ``Store``. **Verified**:
-committed (``commit.committed``) and their checksums match too; the fallback order is **newest save
-first** (``commit.newest_first``), after what the pointer names."""
+"""Which checkpoints of a folder load, one rule for all: **verified** (committed, checksums matching), in
+fallback order **newest save first** (``commit.newest_first``) after what the pointer names."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The commit step: what a committed checkpoint is, and how one is committed (its manifest, then one rename:
-a kill leaves the old version or the new one), removed and pruned, both kinds; the leftovers of
-interrupted saves, named with their writer's pid, removed once it is gone (by a restart, all)."""
+"""The commit step (the manifest, then one rename: a kill leaves the old version or the new), what counts as
+committed, removal, retention, and the leftovers of interrupted saves (named with their writer's pid)."""
 
 from __future__ import annotations
 
@@ -69,29 +68,25 @@ def commit(
 def commit_file(
     aside: Aside, record: Entry | Mapping[str, Any], known: Entry | None = None, keep: int | None = None
 ) -> tuple[Entry, list[str]]:
-    """:func:`commit` of the version ``aside`` wrote with the manifest entry ``record`` (a new one's fields,
-    or a copy's ``Entry``, which its bytes must match) before the previous entries (``known``: the
-    caller's, the manifest not read); then retention with ``keep``. Return the entry and what it removed."""
+    """:func:`commit` of what ``aside`` wrote as ``record`` (new fields, or a copy's ``Entry`` its bytes must
+    match) before ``known`` (default: the manifest's), then retention; returns the entry, pruned names."""
     target = aside.target
     assert aside.path is not None, "commit_file after the with block of the Aside"
     try:
-        if isinstance(record, Entry) and (aside.size, aside.checksum) != (record.size, record.checksum):
+        if not isinstance(record, Entry):
+            record = Entry.from_json({**record, "size": aside.size, "checksum": aside.checksum})
+        elif (aside.size, aside.checksum) != (record.size, record.checksum):
             raise OSError(
                 errno.EIO,
                 f"{aside.size} bytes with checksum {aside.checksum} were written for {str(target)!r}, "
                 f"expected {record.size} / {record.checksum}: not committed",
             )
-        entry = (
-            record
-            if isinstance(record, Entry)
-            else Entry.from_json({**record, "size": aside.size, "checksum": aside.checksum})
-        )
         current = [known] if known is not None else held(target)
     except BaseException:
         aside.discard()
         raise
-    commit(FILE, aside.path, target, next_entries(entry, current))
-    return entry, prune(LocalStore(target.parent), FILE, keep) if keep is not None else []
+    commit(FILE, aside.path, target, next_entries(record, current))
+    return record, prune(LocalStore(target.parent), FILE, keep) if keep is not None else []
 
 
 def held(path: Path) -> list[Entry]:

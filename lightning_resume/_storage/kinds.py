@@ -1,6 +1,5 @@
-"""What differs between a checkpoint **file** (``last.ckpt``, its versions in ``last.ckpt.manifest.json``)
-and a **directory** (``.lr-ckpt-<step>-<hex>/`` with its ``.lr-manifest.json``, named by the link
-``last.ckpt``, remotely by ``last.ckpt.pointer.json``); the rest of ``_storage`` is written once for both."""
+"""What differs between a checkpoint **file** (versions in ``last.ckpt.manifest.json``) and a **directory**
+(``.lr-ckpt-<step>-<hex>/``, named by the link ``last.ckpt``); the rest of ``_storage`` serves both."""
 
 from __future__ import annotations
 

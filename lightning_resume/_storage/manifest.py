@@ -1,6 +1,5 @@
-"""Checkpoint manifests: a file's ``<name>.manifest.json`` lists up to three :class:`Entry`, newest first;
-a directory's ``.lr-manifest.json`` is a :class:`DirectoryManifest`. Checksums are XXH3 (about 10 GB/s
-here; CRC-32 manages 3)."""
+"""Checkpoint manifests: a file's ``<name>.manifest.json`` lists up to three :class:`Entry`, newest first; a
+directory's ``.lr-manifest.json`` is a :class:`DirectoryManifest`. XXH3 checksums (10 GB/s; CRC-32: 3)."""
 
 from __future__ import annotations
 
@@ -117,7 +116,6 @@ class Entry:
         return self.size == other.size and self.checksum == other.checksum
 
     def with_metadata(self, metadata: Mapping[str, Any]) -> Entry:
-        """A copy with ``metadata`` instead of the current user metadata."""
         return replace(self, metadata=dict(check_metadata(metadata)))
 
     def to_json(self) -> dict[str, Any]:
@@ -183,11 +181,9 @@ class DirectoryManifest:
             unlisted = sorted(set(required) - {f.name for f in files})
             if unlisted:
                 raise ValueError(f"{', '.join(unlisted)} is required but not part of the checkpoint")
-            world_size = whole_number(data.get("world_size", 1), "world_size")
+            world_size = max(whole_number(data.get("world_size", 1), "world_size"), 1)
             layout = dict(data.get("layout") or {})
-            return cls(
-                files, world_size=max(world_size, 1), layout=layout, required=required, **_common(data)
-            )
+            return cls(files, world_size=world_size, layout=layout, required=required, **_common(data))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"invalid directory manifest: {e}") from e
 

@@ -1,6 +1,5 @@
-"""A remote copy of a checkpoint folder on any fsspec filesystem, laid out as the local one (an object
-``last.ckpt.pointer.json`` stands for the link). An upload cut short leaves the previous remote copy
-counting; a restore is checksummed and committed as a save is. One writer per mirror URL."""
+"""A remote copy of a checkpoint folder on any fsspec filesystem, laid out as the local one; an upload cut
+short leaves the previous copy counting, a restore is committed as a save is. One writer per mirror URL."""
 
 from __future__ import annotations
 

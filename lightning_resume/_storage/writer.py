@@ -1,6 +1,5 @@
-"""The writer step of a save: the new version of a file written aside (:class:`Aside`) past the page cache
-(a checkpoint through it costs kernel copies, then training data evicted), in the caller or in the
-torch-free writer process of asynchronous saves (:class:`WriterProcess`, :func:`serve`)."""
+"""The writer step of a save: a file's new version written aside (:class:`Aside`) past the page cache (which
+costs copies and evicts training data), in the caller or in the torch-free writer process (:func:`serve`)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # sync_file_range flags
 
 
 class Pace(Protocol):
-    """Decides, after each block of ``nbytes`` handed to the disk, whether the writer rests (``drain()``
-    waits until everything handed over is written)."""
+    """After each block of ``nbytes`` handed to the disk, whether to rest (``drain()`` waits for the disk)."""
 
     def after_block(self, nbytes: int, drain: Callable[[], None]) -> None: ...
 
@@ -199,9 +197,8 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 class Aside:
-    """The new version of ``target`` written beside it (a temporary sibling named with this pid, so that a
-    kill's leftover is recognised; ``path``: there instead), every byte checksummed, fsynced when the
-    ``with`` block ends, removed when it raises; ``commit.commit_file(aside, ...)`` then puts it in place."""
+    """``target``'s new version in a temporary sibling named with this pid (``path``: there instead), every
+    byte checksummed, fsynced as the ``with`` block ends, removed if it raises; ``commit_file`` commits it."""
 
     def __init__(
         self,
@@ -245,9 +242,8 @@ class Aside:
         self.size, self.checksum = self._out.checksum.size, self._out.checksum.hexdigest()
 
     def receive(self, recv_into: Callable[[memoryview], int], size: int) -> None:
-        """Instead of the ``with`` block, for bytes arriving from another node: ``size`` of them, each piece
-        received by ``recv_into`` (a socket's) into one reused buffer, hashed while it is in the CPU cache,
-        written on (no other copy, no thread), then fsynced; ``EOFError`` when they stop short."""
+        """Instead of the ``with`` block: ``size`` bytes from another node, ``recv_into`` one reused buffer,
+        each piece hashed while in the CPU cache and written on, then fsynced (``EOFError``: they stopped)."""
         self._fd, self.path = temp_sibling(self.target)
         checksum = Checksum()
         piece = memoryview(bytearray(min(size, RECEIVE_PIECE) or 1))
@@ -444,9 +440,8 @@ def hurry(fd: int, seq: int) -> None:
 
 
 class DutyCycle:
-    """Paces one write until a hurry message or the trainer's exit: about ``quantum`` s of work, a wait for
-    the disk, a rest ``(1 - share) / share`` times as long. Not a nice value: a niced process cannot be
-    un-niced without privileges, and it starves on a busy node just when a preemption needs it."""
+    """Paces a write until hurried or the trainer exits: ``quantum`` s of work, a wait for the disk, a rest
+    ``(1 - share) / share`` times as long. Not nice(): never undone unprivileged, it starves when hurried."""
 
     def __init__(
         self, share: float = 1.0, hurry_fd: int | None = None, seq: int = 0, quantum: float = QUANTUM
@@ -464,7 +459,6 @@ class DutyCycle:
         self._start = self._period = time.monotonic()
 
     def after_block(self, nbytes: int, drain: Callable[[], None]) -> None:
-        """``nbytes`` more were handed to the disk; rest if this work period is over."""
         self._handed += nbytes
         if not self.gentle or self._hurried(0.0) or time.monotonic() - self._period < self._quantum:
             return

@@ -24,8 +24,6 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` that raises :class:`UsageError` instead of printing usage and exiting."""
-
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
@@ -103,8 +101,7 @@ def _check(args: argparse.Namespace, command: list[str], project: Path | None) -
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    return _check(args, command, Path.cwd())
+    return _check(args, args.argv[1:] if args.argv[:1] == ["--"] else args.argv, Path.cwd())
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -160,9 +157,7 @@ def _run_gc(args: argparse.Namespace) -> int:
     if not layout.is_root(root):
         raise UsageError(f"{PROG} gc: {str(root)!r} is not a runs root (no run dirs or .index/ inside)")
     removals = gc.plan(root, age)
-    failed: list[tuple[gc.Removal, str]] = []
-    if args.apply:
-        removals, failed = gc.apply(removals)
+    removals, failed = gc.apply(removals) if args.apply else (removals, [])
     if args.json:
         failures = [{**asdict(r), "error": why} for r, why in failed]
         report = {"applied": args.apply, "removals": [asdict(r) for r in removals], "failed": failures}

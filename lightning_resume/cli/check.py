@@ -1,6 +1,5 @@
-"""``lightning-resume check -- COMMAND``: runs the training command twice uninterrupted, then once per
-chosen point, killed there and relaunched until it finishes, each in a folder of its own, and compares each
-with the uninterrupted run; the library reads its part from ``$LIGHTNING_RESUME_CHECK`` (``_check_hooks``)."""
+"""``lightning-resume check -- COMMAND``: runs the command twice uninterrupted, then killed at each point and
+relaunched, and compares; the library reads its part from ``$LIGHTNING_RESUME_CHECK`` (``_check_hooks``)."""
 
 from __future__ import annotations
 
@@ -306,8 +305,7 @@ def _reference(runner: Runner, number: int) -> Scenario:
 
 
 def check(options: Options, project: Path | None) -> int:
-    """Check ``options.command`` from ``project`` (``None``: a folder of its own): 0 if every scenario is
-    exact, else 1; :class:`CheckError` for options or a command that cannot work."""
+    """Check ``options.command`` from ``project`` (``None``: a folder of its own): 0 if all exact, else 1."""
     unknown = sorted(set(options.points) - set(POINTS))
     if unknown:
         raise CheckError(f"unknown --points {', '.join(unknown)} (choose from {', '.join(POINTS)})")

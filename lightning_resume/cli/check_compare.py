@@ -1,6 +1,5 @@
-"""What ``lightning-resume check`` compares between two runs of one command: the steps (each rank's
-timeline: batches, losses, weights), the final state, what the loggers recorded, and the run's own
-records (one run dir, one logger version per logger, the resume self-checks)."""
+"""What ``lightning-resume check`` compares between two runs of one command: each rank's steps, the final
+state, what the loggers recorded, and the run's own records (run dir, logger versions, self-checks)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The example project ``lightning-resume demo`` checks (``python -m lightning_resume.cli.demo`` trains it
-once): a shuffled plain ``DataLoader``, dropout and a learning-rate schedule make the random state, the data
-position and the optimizer matter; a CSV logger and ``LearningRateMonitor`` show every value logged once."""
+"""The example ``lightning-resume demo`` checks: a shuffled ``DataLoader``, dropout, a learning-rate schedule
+and a CSV logger make the random state, data position, optimizer and logs matter (``python -m`` trains it)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,6 @@ from lightning_resume.watchdog import timeouts as watchdog_timeouts
 
 
 class Level(str, enum.Enum):
-    """How serious a finding is."""
-
     OK = "ok"
     WARN = "warn"
     ERROR = "error"
@@ -146,9 +144,8 @@ def write_speed_checks(root: Path, speed: WriteSpeed | None) -> list[Finding]:
     rate = speed.bytes_per_second
     if rate is None:
         hint = "make the run root writable by the user running training"
-        return [
-            Finding(Level.ERROR, "write speed", f"cannot write to {speed.directory}: {speed.error}", hint)
-        ]
+        what = f"cannot write to {speed.directory}: {speed.error}"
+        return [Finding(Level.ERROR, "write speed", what, hint)]
     mib = speed.nbytes / 2**20
     detail = f"{rate / 1e6:,.0f} MB/s durable writes to {speed.directory} ({mib:.0f} MiB + fsync)"
     if sizes := _checkpoint_sizes(root):
@@ -224,8 +221,7 @@ def _window_finding(
 def grace_checks(
     root: Path, environ: Mapping[str, str], speed: WriteSpeed | None, run: _SlurmRun | None = None
 ) -> list[Finding]:
-    """Each window from a stop signal to SIGKILL against the time a save of the newest checkpoint needs
-    (``run``: SLURM's commands, called in a SLURM job only)."""
+    """Each stop-signal-to-SIGKILL window against a save of the newest checkpoint (``run``: SLURM's)."""
     if run is None:
         run = functools.partial(slurm_output, path=environ.get("PATH"))
     texts = _slurm_texts(environ, run) if on_slurm(environ) else {}

@@ -1,6 +1,5 @@
-"""``lightning-resume doctor --emit SCHEDULER``: the scheduler's side of the failure classes, to paste, from
-:data:`lightning_resume.failure_classes.TABLE`: the exit statuses a retry can fix are retried (never 137, a
-kernel OOM kill, which would retry for ever), the others stop the job."""
+"""``lightning-resume doctor --emit SCHEDULER``: the scheduler configuration, to paste, that retries the exit
+statuses of :data:`lightning_resume.failure_classes.TABLE` a retry can fix (never 137) and stops the rest."""
 
 from __future__ import annotations
 
@@ -23,14 +22,13 @@ def _legend(which: bool | list[int]) -> str:
 
 def slurm() -> str:
     """``slurm.conf`` lines (``RequeueExit``, ``RequeueExitHold``) and the ``sbatch`` options they need."""
-    retry, hold = exit_codes(True), exit_codes(False)
     return f"""{_HEAD.format("SLURM", "slurm")}
 # slurm.conf, on every node, then `scontrol reconfigure`. A job that exits with a status a retry can
 # fix is requeued; with one it cannot, requeued held (`scontrol release JOBID` once it is fixed).
 #   requeued: {_legend(True)}
 #   held:     {_legend(False)}
-RequeueExit={",".join(map(str, retry))}
-RequeueExitHold={",".join(map(str, hold))}
+RequeueExit={",".join(map(str, exit_codes(True)))}
+RequeueExitHold={",".join(map(str, exit_codes(False)))}
 # The job script (requeueable; its last command `srun python train.py ...`, so that its exit status
 # is the ranks', which agree on one class):
 #SBATCH --requeue
@@ -61,8 +59,7 @@ _COUNTED = [code for code in exit_codes(True) if code != _PREEMPTED]
 
 
 def _job_spec(indent: str) -> str:
-    """A Job's ``podFailurePolicy`` and pod template (container ``train``), lines after the first indented
-    by ``indent``."""
+    """A Job's ``podFailurePolicy`` and pod template, lines after the first indented by ``indent``."""
     rules = [("FailJob", exit_codes(False)), ("Ignore", [_PREEMPTED]), ("Count", _COUNTED)]
     lines = ["podFailurePolicy:", "  rules:"]
     for action, codes in rules:

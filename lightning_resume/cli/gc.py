@@ -30,8 +30,6 @@ def parse_age(text: str) -> float:
 
 @dataclass(frozen=True)
 class Removal:
-    """A file ``gc`` would remove, and why."""
-
     path: str
     kind: str
     reason: str
@@ -56,8 +54,7 @@ def _status_age(run_dir: Path, now: float) -> float | None:
 
 
 def checkpoint_leftovers(folder: Path, older_than: float, now: float) -> list[Removal]:
-    """Leftovers of interrupted sharded saves and checkpoint directories without a readable manifest that
-    ``last.ckpt`` does not name, older than ``older_than`` seconds (committed ones are left to ``keep``)."""
+    """Save leftovers, unreadable checkpoint dirs ``last.ckpt`` does not name, older than ``older_than``."""
     # stale() spares the leftovers of a process running on this machine (a writer outliving its trainer).
     leftovers = [(name, "leftover", "an interrupted save") for name in stale(folder)]
     target = resolve_pointer(folder / layout.LAST_CKPT)
@@ -76,9 +73,8 @@ HANDOFF_LIFETIME = 86400.0
 
 
 def plan(root: Path, older_than: float, now: float | None = None) -> list[Removal]:
-    """What ``gc`` removes, all older than ``older_than`` seconds: index entries of finished runs and of
-    missing run dirs, handoff files whose writer is gone (else a day old), and save leftovers; nothing of
-    a run that may still need it (unfinished, or in use by a live attempt)."""
+    """What ``gc`` removes, older than ``older_than`` seconds: index entries of finished or missing runs,
+    handoff files whose writer is gone (else a day old), save leftovers; nothing a run in use needs."""
     now = time.time() if now is None else now
     removals = []
     for entry in index_entries(root):

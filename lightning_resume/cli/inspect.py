@@ -30,16 +30,8 @@ from lightning_resume.watchdog import timeouts as watchdog_timeouts
 LAST = layout.LAST_CKPT
 #: ``result`` of a checkpoint a load may use.
 USABLE = ("verified", "loads", "unverified")
-_RESULTS = {
-    Status.VERIFIED: "verified",
-    Status.TORN: "corrupt",
-    Status.CORRUPT: "corrupt",
-    Status.UNVERIFIABLE: "unverifiable",
-    Status.MISSING: "missing",
-    Status.NOT_A_FILE: "not a file",
-    Status.INCOMPLETE: "incomplete",
-    Status.NO_MANIFEST: "unverified",
-}
+#: ``result`` by verification status, where it is not the status's own value.
+_RESULTS = {Status.TORN: "corrupt", Status.NO_MANIFEST: "unverified"}
 
 
 def _world_size_from_file(path: Path) -> int | None:
@@ -68,7 +60,7 @@ def verify(path: Path) -> dict[str, Any]:
         verified = verdict.status is Status.VERIFIED
         step = verdict.manifest.global_step if verified and verdict.manifest else None
         ranks = _world_size_from_file(path) if verified else None
-        result = _RESULTS[verdict.status]
+        result = _RESULTS.get(verdict.status, verdict.status.value)
         return {**info, "step": step, "world_size": ranks, "result": result, "reason": verdict.detail}
     try:
         info["step"] = step_from_file(path)
@@ -90,7 +82,7 @@ def verify_directory(path: Path) -> dict[str, Any]:
         "step": manifest.global_step if manifest else None,
         "world_size": manifest.world_size if manifest else None,
         "strategy": dict(manifest.layout).get("strategy") if manifest else None,
-        "result": _RESULTS[verdict.status],
+        "result": _RESULTS.get(verdict.status, verdict.status.value),
         "reason": verdict.detail,
     }
 
@@ -107,8 +99,7 @@ def checkpoint_directories(folder: Path) -> list[dict[str, Any]]:
 
 
 def next_load(run_dir: Path, checkpoints: list[dict[str, Any]]) -> tuple[str | None, str]:
-    """Which checkpoint a restart of ``run_dir`` loads, and why: after ``RequeueCheckpoint``'s restart rule,
-    ``last.ckpt`` or, when it does not verify, the newest committed checkpoint that does."""
+    """Which checkpoint a restart of ``run_dir`` loads, and why (``RequeueCheckpoint``'s rule, fallback)."""
     rule = decide(run_dir)
     if rule is not Restart.RESUME:
         return None, rule.rule
@@ -159,7 +150,6 @@ def index_entries(root: Path) -> list[dict[str, Any]]:
 
 
 def describe_run(run_dir: Path) -> dict[str, Any]:
-    """Everything about one run dir."""
     meta = read_meta(run_dir)
     folder = layout.checkpoint_dir(run_dir)
     found = folder.glob(f"*{layout.CKPT_SUFFIX}")  # last.ckpt first, then the user's ModelCheckpoint's

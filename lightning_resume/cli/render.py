@@ -40,8 +40,7 @@ def table(
     justify: Literal["left", "right"] = "left",
     console: Console | None = None,
 ) -> None:
-    """Print one table, its columns narrowed to the console's width (headers wrap between words, cells
-    fold); where even that cannot fit, one block of ``column: value`` lines per row."""
+    """Print one table, its columns narrowed to the console's width, else one block of lines per row."""
     console = console or Console()
     cells = [list(row) for row in rows]
     widths = _fit(columns, cells, console.width - 3 * len(columns) - 1)  # borders and padding
@@ -180,12 +179,10 @@ def run(report: dict[str, Any]) -> None:
         columns = ("directory", "bytes", "step", "ranks", "strategy", "verification")
         table("checkpoint directories (sharded; -> marks the one last.ckpt names)", columns, rows)
     if report["sidecars"]:
-        identities = [
-            (s["tracker"], ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None))
-            if s["readable"]
-            else (s["tracker"], s.get("error", ""))
-            for s in report["sidecars"]
-        ]
+        identities = []
+        for s in report["sidecars"]:  # an unreadable one has no identity, and the error instead
+            shown = ", ".join(f"{k}={v}" for k, v in s["identity"].items() if v is not None)
+            identities.append((s["tracker"], shown or s.get("error", "")))
         table("tracker sidecars (the runs a restart continues)", ("tracker", "identity"), identities)
     _attempts(console, report.get("attempts"))
 
@@ -212,13 +209,9 @@ def _attempts(console: Console, report: dict[str, Any] | None) -> None:
             for h in report["hangs"]
         ]
         table("last hangs", ("attempt", "section", "step", "no progress for", "stacks"), rows)
-    checked = [
-        (str(a["attempt"]), _text(a.get("resumed_from")), a["self_check"])
-        for a in report["attempts"]
-        if a.get("self_check")
-    ]
-    if checked:
-        table("resume self-checks", ("attempt", "resumed after step", "verdict"), checked)
+    if checked := [a for a in report["attempts"] if a.get("self_check")]:
+        verdicts = [(str(a["attempt"]), _text(a.get("resumed_from")), a["self_check"]) for a in checked]
+        table("resume self-checks", ("attempt", "resumed after step", "verdict"), verdicts)
     chosen = auto_cadence.choice_from_dict(report.get("cadence") or {})
     if chosen is not None:
         console.print(f"every_n_train_steps='auto' saves {chosen.describe()}")

@@ -51,8 +51,7 @@ class AttemptRow:
 
 @dataclass(frozen=True)
 class RestartRow:
-    """One restart broken down into the spans (seconds) between consecutive events, from the fault that
-    ended the attempt before to this one's first step; a span without both ends recorded is ``None``."""
+    """One restart's spans (seconds) from the fault to the first step; ``None`` where an end is unrecorded."""
 
     attempt: int
     after: str  # how the attempt before ended (its cause)
@@ -270,8 +269,7 @@ COLOURS = {
 
 
 def bar(row: AttemptRow) -> list[tuple[str, float, float]]:
-    """``(part, start, seconds)`` of ``row``'s bar (:data:`PARTS`); the useful parts of all bars add up to
-    the report's useful time."""
+    """``(part, start, seconds)`` of ``row``'s bar (:data:`PARTS`); useful parts sum to the useful time."""
     if row.first_step_at is None:
         return []
     step = row.step_seconds or 0.0
@@ -288,9 +286,7 @@ def bar(row: AttemptRow) -> list[tuple[str, float, float]]:
 
 
 def plot(found: GoodputReport, path: Path) -> Path:
-    """Draw the timeline of ``found`` as a PNG at ``path`` and return it: a bar per attempt (:func:`bar`),
-    its ending named, the global step against time below, and the ranks' panel (:func:`plot_ranks`)
-    when ``StragglerDetector`` ran; ``ImportError`` (:data:`PLOT_HINT`) without matplotlib."""
+    """Draw ``found``'s timeline as a PNG at ``path`` and return it; ``ImportError`` without matplotlib."""
     try:
         import matplotlib
 
@@ -345,8 +341,7 @@ RANK_PARTS = {"data": "#ffa726", "compute": "#66bb6a", "optimizer": "#7e57c2", "
 
 
 def plot_ranks(axes: Any, record: dict[str, Any]) -> None:
-    """Draw an attempt's ``stragglers`` record on ``axes``: a bar per rank, its milliseconds per step
-    stacked by part (:data:`RANK_PARTS`), the ranks named labelled in red."""
+    """Draw a ``stragglers`` record on ``axes``: ms per step of each rank by part, the ranks named in red."""
     ranks = record.get("ranks") or []
     named = {s.get("rank"): s.get("part") for s in record.get("named") or []}
     bottom = [0.0] * len(ranks)

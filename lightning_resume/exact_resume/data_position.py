@@ -1,6 +1,5 @@
-"""Exact mid-epoch resume for plain ``DataLoader``s: :func:`watch` records the random state an epoch's
-iterator (workers' base seed) and sampler (order) were drawn from; :func:`replay` draws them again, skipping
-the consumed indices; an ``IterableDataset``'s consumed batches are drawn again and dropped."""
+"""Plain ``DataLoader``s back at their batch: :func:`watch` records the random state each epoch's iterator
+and sampler drew from; :func:`replay` draws them again past the batches used (or drops an iterable's)."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ def loader_problem(loader: Any) -> str | None:
     """Why ``loader`` cannot be positioned exactly mid-epoch (``None`` when it can)."""
     if not isinstance(loader, DataLoader):
         return f"{type(loader).__name__} is not a torch DataLoader"
-    if hasattr(loader, "state_dict"):
-        return None  # stateful loaders restore their own position
-    if is_iterable(loader):
-        return None  # replayed: drawn again from its epoch's start
+    if hasattr(loader, "state_dict") or is_iterable(loader):
+        return None  # it restores its own position, or is drawn again from its epoch's start
     batch_sampler = loader.batch_sampler
     if not (hasattr(batch_sampler, "sampler") and hasattr(batch_sampler, "batch_size")):
         return f"the batch sampler {type(batch_sampler).__name__} has no sampler/batch_size to skip through"
@@ -45,12 +42,10 @@ def loader_problem(loader: Any) -> str | None:
 
 
 def persistent(loader: Any) -> bool:
-    """Whether ``loader``'s workers live across epochs (their streams: :mod:`.persistent_workers`)."""
     return isinstance(loader, DataLoader) and bool(loader.persistent_workers and loader.num_workers)
 
 
 def is_iterable(loader: DataLoader) -> bool:
-    """Whether ``loader`` reads an ``IterableDataset`` (positioned by :func:`replay_iterable`)."""
     return isinstance(loader.dataset, IterableDataset)
 
 
@@ -77,7 +72,6 @@ def _set(generator: torch.Generator | None, state: torch.Tensor | None) -> None:
 
 
 def _capture(generator: torch.Generator | None) -> dict[str, Any]:
-    """The global random state and ``generator``'s (a loader's or a sampler's own ``generator=``)."""
     return {"rng": rng.capture(), "generator": _state(generator)}
 
 
@@ -169,10 +163,7 @@ def watch(loader: Any) -> bool:
         return False
     replace_iterator_factory(loader, RecordIterator(loader))
     if not is_iterable(loader):  # an IterableDataset's sampler draws nothing
-        on_start = None
-        if persistent(loader):
-            persistent_workers.record(loader)
-            on_start = persistent_workers.recording(loader).epoch_started  # type: ignore[union-attr]
+        on_start = persistent_workers.record(loader).epoch_started if persistent(loader) else None
         batch_sampler: Any = loader.batch_sampler
         batch_sampler.sampler = EpochSampler(batch_sampler.sampler, on_start)
     return True

@@ -1,6 +1,5 @@
-"""What an epoch logs at its end and callbacks read, saved and put back: ``torchmetrics.Metric`` states,
-what ``self.log(..., on_epoch=True)`` summed so far, and ``trainer.callback_metrics`` (no state_dict holds
-them: a resumed epoch would log the mean of its resumed batches, and callbacks find no metric)."""
+"""What an epoch logs at its end and callbacks read, in no state_dict: ``torchmetrics.Metric`` states, what
+``self.log(..., on_epoch=True)`` summed so far, and ``trainer.callback_metrics``; saved and put back."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ class EpochMetrics(TypedDict):
 
 
 def _metrics(module: torch.nn.Module) -> dict[str, Any]:
-    """The ``torchmetrics.Metric`` objects of ``module``, by their name in ``named_modules()``."""
     try:
         from torchmetrics import Metric
     except ImportError:  # torchmetrics is optional
@@ -38,7 +36,6 @@ def _metrics(module: torch.nn.Module) -> dict[str, Any]:
 
 
 def metric_states(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Every ``torchmetrics.Metric``'s accumulated state and update count, copied to the CPU."""
     return {
         name: {"state": cpu_copy(dict(metric.metric_state)), "update_count": int(metric.update_count)}
         for name, metric in _metrics(module).items()

@@ -1,6 +1,5 @@
-"""``ExactResume``: the private callback ``RequeueCheckpoint`` puts just before itself in each ``fit``; it
-saves the run's random and data state in every checkpoint and puts each back at its moment (its state
-between hooks: :mod:`.resume_state`). A run that does not resume draws exactly what it draws without it."""
+"""``ExactResume``: the private callback of ``RequeueCheckpoint`` that saves the random and data state in
+every checkpoint and puts each back at its moment; a run that does not resume draws exactly as without it."""
 
 from __future__ import annotations
 
@@ -137,7 +136,7 @@ class ExactResume(Callback):
         self._settle_restart = False  # a mid-epoch restore: Lightning's fit loop still "restarting"
         self._unwatch: Any = None  # removes the watch on the training loaders
         self._positioned = False  # plain loaders that this resume puts back at their batch
-        self._stateful = False  # every train loader restores its own position
+        self.stateful_loaders = False  # every train loader restores its own position (from train start on)
         self._loader_states: list[Any] | None = None  # this rank's saved loader states, to reload
         self._quiet: QuietLightning | None = None
         self._fingerprints: Path | None = None  # the uninterrupted run's first steps after a save
@@ -159,11 +158,6 @@ class ExactResume(Callback):
     @override
     def state_key(self) -> str:
         return "ExactResume"
-
-    @property
-    def stateful_loaders(self) -> bool:
-        """Whether every train loader restores its own position (known from train start on)."""
-        return self._stateful
 
     def attach(
         self,
@@ -298,12 +292,14 @@ class ExactResume(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the loaded states until their moments; the tuners' searches stay done."""
-        if self._trainer is not None and restoring_tuner_checkpoint(self._trainer):
+        trainer = self._trainer
+        if trainer is not None and restoring_tuner_checkpoint(trainer):
             return
         loaded = Loaded.from_state_dict(state_dict)
         if loaded is not None:
             self.state = self.state.load(loaded)
-            self._skip_tuner_searches(state_dict.get("tuned"))
+            if trainer is not None:
+                self._skip_tuner_searches(trainer, state_dict.get("tuned"))
         self._world.load(state_dict)
         self._stop_asked = state_dict
 
@@ -338,7 +334,7 @@ class ExactResume(Callback):
         elif loaded is not None and loaded.mid_epoch and self._positioned:
             self._position_plain_loaders(trainer, loaders, loaded.batches)
             self._continue_quietly(trainer)
-        elif self._stateful and (trainer.world_size > 1 or positioned is Positioned.SAMPLER):
+        elif self.stateful_loaders and (trainer.world_size > 1 or positioned is Positioned.SAMPLER):
             self._position_stateful_loaders(trainer, changed=positioned is Positioned.SAMPLER)
         if redo_first:
             # The validation that followed the saved step runs first, from the state the step ended
@@ -405,7 +401,11 @@ class ExactResume(Callback):
         """A validation to redo starts from its saved random state; one after a save at this step is noted."""
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        self._continue_validation_log_steps(trainer)
+        # The first validation after a restart logs its steps on from the interrupted run's.
+        pending, self._val_log_steps = self._val_log_steps, None
+        reloads = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
+        if pending is not None and (not reloads or trainer.current_epoch == pending[0]):
+            put_back_validation_log_steps(trainer, pending[1])
         saved_at_this_step = trainer.global_step == self._last_save_step()
         loaded = self.state.loaded
         if loaded is not None and loaded.in_validation:
@@ -445,16 +445,14 @@ class ExactResume(Callback):
                     ", ..." if len(changed) > 3 else "",
                 )
 
-    def _skip_tuner_searches(self, tuned: Any) -> None:
+    def _skip_tuner_searches(self, trainer: pl.Trainer, tuned: Any) -> None:
         """The tuners put their saved results back instead of searching again (and restoring step 0)."""
-        trainer = self._trainer
-        found = tuners(trainer) if trainer is not None else []
-        if trainer is None or not isinstance(tuned, list) or len(tuned) != len(found):
+        found = tuners(trainer)
+        if not isinstance(tuned, list) or len(tuned) != len(found):
             return
         for tuner, result in zip(found, tuned, strict=True):
 
             def instead(tuner: Callback = tuner, result: dict[str, Any] = result) -> None:
-                assert trainer is not None
                 put_back_tuner_result(tuner, trainer.lightning_module, result)
                 forget_train_loader(trainer)  # made again with the tuned settings
                 if trainer.is_global_zero:
@@ -466,15 +464,6 @@ class ExactResume(Callback):
                     )
 
             self._tuners_back.append(instead_of_tuner_search(tuner, instead))
-
-    def _continue_validation_log_steps(self, trainer: pl.Trainer) -> None:
-        """The first validation after a restart logs its steps on from the interrupted run's."""
-        pending, self._val_log_steps = self._val_log_steps, None
-        if pending is None:
-            return
-        epoch, steps = pending
-        if not getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or trainer.current_epoch == epoch:
-            put_back_validation_log_steps(trainer, steps)
 
     def _fingerprint(
         self, trainer: pl.Trainer, batch_idx: int, batch: Any = None
@@ -623,7 +612,7 @@ class ExactResume(Callback):
         loaders = [dl for dl in sources if isinstance(dl, DataLoader)]
         stateful = [hasattr(dl, "state_dict") for dl in loaders]
         # Lightning restores a stateful loader only mid-epoch: their boundary is saved after a batch.
-        self._stateful = bool(loaders) and all(stateful)
+        self.stateful_loaders = bool(loaders) and all(stateful)
         problems = sorted({p for p in map(data_position.loader_problem, sources) if p})
         self._positioned = bool(loaders) and not problems and not any(stateful)
         if any(data_position.persistent(dl) and persistent_workers.recording(dl) is None for dl in sources):

@@ -1,6 +1,5 @@
-"""An epoch's global order and how much of it a checkpoint consumed, whatever the number of ranks: a
-``DistributedSampler`` permutes the whole data set alike on any ``W`` ranks, rank ``r`` taking every ``W``-th
-index from ``r``, so ``k`` batches of ``B`` consumed the order's first ``k * B * W`` indices."""
+"""An epoch's global order, the same on any ``W`` ranks (rank ``r`` takes every ``W``-th index from ``r``),
+and how much of it a checkpoint consumed: ``k`` batches of ``B`` on ``W`` ranks, the first ``k * B * W``."""
 
 from __future__ import annotations
 
@@ -95,8 +94,3 @@ def split(remaining: list[int], replicas: int, rank: int, drop_last: bool) -> li
         repeats = math.ceil(total / len(remaining))
         order = (remaining * repeats)[:total]
     return order[rank:total:replicas]
-
-
-def batches(samples: int, batch_size: int, drop_last: bool) -> int:
-    """How many batches a ``BatchSampler`` makes of ``samples`` indices."""
-    return samples // batch_size if drop_last else math.ceil(samples / batch_size)

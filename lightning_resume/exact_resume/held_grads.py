@@ -7,7 +7,6 @@ import torch
 
 
 def capture(module: torch.nn.Module) -> list[torch.Tensor | None]:
-    """Every parameter's gradient, on the CPU (``None`` where it has none)."""
     return [None if p.grad is None else p.grad.detach().cpu().clone() for p in module.parameters()]
 
 

@@ -1,6 +1,5 @@
 """The states Lightning saves for rank 0 only, kept for every rank under DDP: schedulers and callbacks that
-follow an unsynced metric (``ReduceLROnPlateau``, ``EarlyStopping``) differ per rank. Callback states over
-:data:`SMALL_STATE_BYTES` of tensors (SWA, EMA weights) are equal and model-sized: left to rank 0's."""
+follow an unsynced metric (``ReduceLROnPlateau``, ``EarlyStopping``) differ per rank."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any, TypedDict
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-#: The most tensor bytes a callback state may hold to be kept per rank.
+#: The most tensor bytes a callback state may hold to be kept per rank (SWA's, EMA's weights: rank 0's only).
 SMALL_STATE_BYTES = 1 << 20
 
 
@@ -22,7 +21,6 @@ class RankOwned(TypedDict):
 
 
 def tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in ``value`` (nested dicts, lists and tuples)."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, Mapping):

@@ -1,6 +1,5 @@
-"""The random streams of persistent data-loader workers, which go on from epoch to epoch: each worker writes
-them to shared memory as it starts and after each batch; a save keeps each worker's before its batch of the
-current round, and a resume starts fresh workers from those and makes the round again."""
+"""Persistent workers' random streams (they go on across epochs): each worker writes them to shared memory
+as it starts and after each batch; a save keeps each's before the round, a resume starts anew from those."""
 
 from __future__ import annotations
 
@@ -95,9 +94,8 @@ class RecordingInit:
 
     def restart(self, entries: list[int], states: list[bytes], round_start: int, next_epoch: bool) -> None:
         """Fresh workers from ``states`` at ``entries``: for the next epoch, or this one from a round."""
-        workers = len(entries)
         self.first, self.states, self.fresh = list(entries), states, next_epoch
-        self.starts = [e - round_start // workers for e in entries]
+        self.starts = [e - round_start // len(entries) for e in entries]
 
 
 @dataclass(eq=False)
@@ -116,12 +114,14 @@ class RecordingCollate:
         return batch
 
 
-def record(loader: DataLoader) -> None:
+def record(loader: DataLoader) -> RecordingInit:
     """Have ``loader``'s (persistent) workers record their states from its next new workers on."""
     workers, ahead = loader.num_workers, loader.prefetch_factor or 2
     records = Records(workers, slots=2 * ahead + 4)
-    loader.worker_init_fn = RecordingInit(loader.worker_init_fn, records, first=[0] * workers)
+    init = RecordingInit(loader.worker_init_fn, records, first=[0] * workers)
+    loader.worker_init_fn = init
     loader.collate_fn = RecordingCollate(loader.collate_fn, records)
+    return init
 
 
 def recording(loader: Any) -> RecordingInit | None:

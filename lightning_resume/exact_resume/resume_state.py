@@ -1,6 +1,5 @@
-"""What an exact resume holds between hooks: the saved format, and one state whose transitions each name
-the stages they may start from (``load`` and ``saving_in_validation``: any); from another stage they raise
-``RuntimeError`` (a hook order not known here)."""
+"""What an exact resume holds between hooks: the saved format, and a state whose transitions raise
+``RuntimeError`` from a stage they do not name (a hook order not known here)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,6 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Put back what :func:`capture` returned."""
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npy = state["numpy"]
@@ -56,7 +55,6 @@ def scoped(state: dict[str, Any]) -> Iterator[None]:
 
 
 def _generators(owner: Any) -> dict[str, Any]:
-    """``owner``'s own generators (its attributes, e.g. a dataset's), by name."""
     kinds = (torch.Generator, np.random.Generator, random.Random)
     items = sorted(vars(owner).items()) if hasattr(owner, "__dict__") else []
     return {k: v for k, v in items if isinstance(v, kinds)}
@@ -77,7 +75,6 @@ def generator_states(owner: Any) -> dict[str, Any]:
 
 
 def set_generator_states(owner: Any, states: dict[str, Any]) -> None:
-    """Put back what :func:`generator_states` returned."""
     for name, generator in _generators(owner).items():
         state = states.get(name)
         if state is None:

@@ -1,6 +1,5 @@
-"""The resume that checks itself: a small plain fingerprint (:func:`take`) of the first step after each save
-(in the checkpoint, and by the uninterrupted run in a file beside it with what the step produced), compared
-with the first resumed step's: an exact resume has no :func:`differences`."""
+"""The resume that checks itself: a fingerprint (:func:`take`) of the first step after each save (in the
+checkpoint, and in a file with what it produced); an exact resume's first step has no :func:`differences`."""
 
 from __future__ import annotations
 
@@ -122,20 +121,6 @@ def _rng_digest() -> str:
     return _digest(*parts)
 
 
-def _trainable(module: torch.nn.Module) -> list[Any]:
-    """``[trainable, total, digest of the trainable names]``."""
-    names = [name for name, p in module.named_parameters() if p.requires_grad]
-    total = sum(1 for _ in module.parameters())
-    return [len(names), total, _digest("\n".join(names).encode())]
-
-
-def _modes(module: torch.nn.Module) -> list[Any]:
-    """``[submodules in eval mode, norm layers not tracking running stats, digest of their names]``."""
-    off = [name for name, m in module.named_modules() if not m.training]
-    untracked = untracked_norms(module)
-    return [len(off), len(untracked), _digest("\n".join(off).encode(), "\n".join(untracked).encode())]
-
-
 def untracked_norms(module: torch.nn.Module) -> list[str]:
     """The names of the norm layers whose ``track_running_stats`` is off (as ``BaseFinetuning`` freezes)."""
     return [n for n, m in module.named_modules() if getattr(m, "track_running_stats", True) is False]
@@ -153,34 +138,31 @@ def _plain(value: Any) -> Any:
 
 def _optimizers(trainer: pl.Trainer) -> dict[str, Any]:
     """The learning rates (to show) and a digest of every group's size and hyperparameters."""
-    groups = [
-        [len(group["params"]), sorted((k, _plain(v)) for k, v in group.items() if k != "params")]
-        for optimizer in trainer.optimizers
-        for group in optimizer.param_groups
+    groups = [group for optimizer in trainer.optimizers for group in optimizer.param_groups]
+    described = [
+        [len(g["params"]), sorted((k, _plain(v)) for k, v in g.items() if k != "params")] for g in groups
     ]
-    lrs = [_plain(g.get("lr")) for o in trainer.optimizers for g in o.param_groups]
-    return {"lrs": lrs, "digest": _digest(json.dumps(groups, default=str).encode())}
+    digest = _digest(json.dumps(described, default=str).encode())
+    return {"lrs": [_plain(g.get("lr")) for g in groups], "digest": digest}
 
 
 def _holds_grads(module: torch.nn.Module) -> bool:
     """Whether a gradient is held that is not all zeros (``zero_grad(set_to_none=False)`` leaves zeros)."""
-    for parameter in module.parameters():
-        grad = parameter.grad
-        if grad is None:
-            continue
-        local = grad.to_local() if hasattr(grad, "to_local") else grad  # a DTensor: this rank's shard
-        if local.numel() and bool(local.detach().ne(0).any()):
-            return True
-    return False
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    local = (g.to_local() if hasattr(g, "to_local") else g for g in grads)  # a DTensor: this rank's shard
+    return any(g.numel() and bool(g.detach().ne(0).any()) for g in local)
 
 
 def take(trainer: pl.Trainer, batch_idx: int, uses_grads: bool, batch: Any = None) -> Fingerprint:
     """This rank's fingerprint of the step about to run; ``uses_grads``: it adds to the gradients held."""
     module = trainer.lightning_module
+    trainable = [name for name, p in module.named_parameters() if p.requires_grad]
+    off, untracked = [name for name, m in module.named_modules() if not m.training], untracked_norms(module)
     found: Fingerprint = {
         "position": [trainer.global_step, trainer.current_epoch, int(batch_idx)],
-        "trainable": _trainable(module),
-        "modes": _modes(module),
+        # how many (shown when they differ) and a digest of their names
+        "trainable": [len(trainable), len(list(module.parameters())), _digest("\n".join(trainable).encode())],
+        "modes": [len(off), len(untracked), _digest("\n".join(off).encode(), "\n".join(untracked).encode())],
         "optimizers": _optimizers(trainer),
         "grads": [uses_grads, uses_grads and _holds_grads(module)],
         "rng": _rng_digest(),
@@ -252,7 +234,6 @@ def differences(saved: Mapping[str, Any], now: Mapping[str, Any], fields: Sequen
 
 
 def position_lost(loaded_step: int, now_step: int) -> str:
-    """The difference when a restart trains from another step than the checkpoint it loaded."""
     return (
         f"position: the restart trains from step {now_step}, but the checkpoint it loaded holds step "
         f"{loaded_step} (something restored other training state after it, e.g. a tuner callback)"

@@ -1,6 +1,5 @@
-"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP: Lightning saves rank 0's loader
-state only, builds the resumed iterator before ``set_epoch``, and wraps torchdata's ``RandomSampler`` in a
-wrapper whose order is not saved; so that sampler becomes a plain ``DistributedSampler``, as torch's does."""
+"""Exact mid-epoch resume of torchdata ``StatefulDataLoader``s under DDP (Lightning saves rank 0's loader
+state only, makes the resumed iterator before ``set_epoch`` and wraps torchdata's ``RandomSampler``)."""
 
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ def unwrap_random_sampler(loader: DataLoader) -> bool:
 
 def distributed_samplers(loader: DataLoader) -> list[DistributedSampler]:
     """The ``DistributedSampler``s that decide ``loader``'s order (sampler or batch sampler's sampler)."""
-    found = {}
-    for sampler in (getattr(loader, "sampler", None), getattr(loader.batch_sampler, "sampler", None)):
-        if isinstance(sampler, DistributedSampler):
-            found[id(sampler)] = sampler
+    samplers = (getattr(loader, "sampler", None), getattr(loader.batch_sampler, "sampler", None))
+    found = {id(sampler): sampler for sampler in samplers if isinstance(sampler, DistributedSampler)}
     return list(found.values())
 
 

@@ -14,7 +14,6 @@ KEY = "stop_deferred"
 
 
 def to_save(trainer: pl.Trainer) -> dict[str, bool]:
-    """The part of the callback's state that says whether a deferred stop was asked for."""
     return {KEY: stop_deferred(trainer)}
 
 

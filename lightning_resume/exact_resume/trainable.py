@@ -18,7 +18,6 @@ class Modes(TypedDict):
 
 
 def frozen(module: torch.nn.Module) -> list[str]:
-    """The names of the parameters that do not require gradients."""
     return [name for name, p in module.named_parameters() if not p.requires_grad]
 
 

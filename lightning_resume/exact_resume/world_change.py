@@ -1,11 +1,11 @@
-"""``WorldChange``: resume on another number of ranks than the checkpoint's, every sample seen once: the
-rest of an interrupted epoch's global order (:mod:`.global_order`) is split over the new ranks, Lightning's
-batch count set to match; random states: :mod:`.world_change_rng`. What cannot be exact gets one warning."""
+"""``WorldChange``: resume on another number of ranks, every sample seen once: the rest of the interrupted
+epoch's global order (:mod:`.global_order`) split over the new ranks; what cannot be exact: one warning."""
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 from typing import Any
 
@@ -122,12 +122,6 @@ def _order_now(
     )
 
 
-def _replicas(trainer: pl.Trainer) -> int:
-    """The data-parallel ranks Lightning splits the train data over."""
-    kwargs = trainer.distributed_sampler_kwargs
-    return int(kwargs.get("num_replicas", 1)) if kwargs else 1
-
-
 class WorldChange:
     """What a change of the number of ranks needs; ``keep_global_batch``: keep samples per optimizer step."""
 
@@ -152,7 +146,6 @@ class WorldChange:
         }
 
     def load(self, state: dict[str, Any]) -> None:
-        """In ``load_state_dict``: keep what the checkpoint recorded."""
         self._order = GlobalOrder.from_dict(state.get("order"))
         seed = state.get("seed")
         self._seed = int(seed) if seed is not None else None
@@ -166,7 +159,8 @@ class WorldChange:
         order = GlobalOrder.from_dict(state.get("order"))
         if order is None or not state.get("mid_epoch", True):
             return False
-        return order.resplit or order.replicas != _replicas(trainer)
+        kwargs = trainer.distributed_sampler_kwargs  # the data-parallel ranks
+        return order.resplit or order.replicas != (int(kwargs.get("num_replicas", 1)) if kwargs else 1)
 
     def rank_state(self, ranks: list[RankState], trainer: pl.Trainer) -> RankState:
         """This rank's saved states, by :mod:`.world_change_rng`'s rule when the number of ranks changed."""
@@ -211,12 +205,11 @@ class WorldChange:
         resplit = mid_epoch and (order.resplit or order.replicas != replicas or (kept and stateful))
         if not resplit:
             if len(loaded.ranks) != trainer.world_size and trainer.is_global_zero:
-                at = "in the middle of" if mid_epoch else "before"
                 log.info(
                     "Restart on %d rank(s) of a checkpoint written by %d rank(s) %s epoch %d; %s",
                     trainer.world_size,
                     len(loaded.ranks),
-                    at,
+                    "in the middle of" if mid_epoch else "before",
                     trainer.current_epoch,
                     batch_note,
                 )
@@ -233,7 +226,8 @@ class WorldChange:
         remaining = full[order.consumed :]
         mine = global_order.split(remaining, sampler.num_replicas, sampler.rank, sampler.drop_last)
         batch_sampler: Any = loader.batch_sampler
-        left = global_order.batches(len(mine), int(batch_sampler.batch_size), bool(batch_sampler.drop_last))
+        size = int(batch_sampler.batch_size)
+        left = len(mine) // size if batch_sampler.drop_last else math.ceil(len(mine) / size)
         _replace_sampler(loader, RemainingOrder(sampler, trainer.current_epoch, mine))
         position = len(batch_sampler) - left
         set_epoch_position(trainer, position)
@@ -307,7 +301,6 @@ class WorldChange:
         )
 
     def _warn_if_inexact(self, trainer: pl.Trainer, loaded: Loaded | None, problem: str) -> None:
-        """One warning for a restart inside an epoch on another number of ranks that cannot be exact."""
         if loaded is None or not loaded.mid_epoch or len(loaded.ranks) == trainer.world_size:
             return
         warn(

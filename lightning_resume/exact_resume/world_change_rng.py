@@ -1,6 +1,5 @@
-"""Which random state each rank continues with after a restart on another number of ranks: rank ``r`` its
-own saved stream when there is one; a new rank seeds every generator from the run's seed, its rank and the
-saved step, so restarts from one checkpoint on one number of ranks draw alike."""
+"""The random state each rank continues with on another number of ranks: its own saved one, or (a new rank)
+every generator seeded from the run's seed, its rank and the saved step, alike on every such restart."""
 
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ class ExitHook:
 
     @property
     def armed(self) -> int | None:
-        """The exit status armed, if any."""
         return self._armed[2] if self._armed is not None else None
 
     def arm(self, exception: BaseException, exit_code: int) -> None:

@@ -1,6 +1,5 @@
-"""Each failed rank's ``failures/attempt-<N>-rank-<R>.json``, and the root cause the ranks agree on: one that
-failed with a communication error (often a peer's failure seen through a collective) takes a peer's record
-of another class. Standard library only: a hung rank's watchdog thread writes one too."""
+"""Each failed rank's ``failures/attempt-<N>-rank-<R>.json``, and the root cause the ranks agree on.
+Standard library only: a hung rank's watchdog thread writes one too."""
 
 from __future__ import annotations
 
@@ -36,7 +35,6 @@ class FailureRecord:
 
     @property
     def original(self) -> bool:
-        """Whether the failure is the writer's own."""
         return self.rank == self.cause_rank
 
     def to_dict(self) -> dict[str, object]:
@@ -47,13 +45,9 @@ class FailureRecord:
         return cls(**{**data, "failure": FailureClass(data["failure"])})  # type: ignore[arg-type]
 
 
-def path(run_dir: Path, attempt: int, rank: int) -> Path:
-    return run_dir / DIR / f"attempt-{attempt}-rank-{rank}.json"
-
-
 def write(run_dir: Path, record: FailureRecord) -> None:
     """Write ``record`` atomically (``OSError`` when it cannot be)."""
-    target = path(run_dir, record.attempt, record.rank)
+    target = run_dir / DIR / f"attempt-{record.attempt}-rank-{record.rank}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(target, record.to_dict())
 

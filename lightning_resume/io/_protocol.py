@@ -10,8 +10,7 @@ from lightning_resume.io.write_stats import WriteStats
 
 @runtime_checkable
 class AtomicCheckpointIO(Protocol):
-    """A checkpoint plugin that writes every file atomically and can wait for its writes in flight:
-    ``RequeueCheckpoint`` lets it write ``last.ckpt`` itself (``DurableCheckpointIO`` is one)."""
+    """A plugin that writes atomically and waits for its writes: ``RequeueCheckpoint`` lets it save itself."""
 
     #: ``True``: a kill at any instant leaves the previous file or the new one at the target path.
     writes_atomically: bool
@@ -38,17 +37,14 @@ class HurryingCheckpointIO(ReportsWrites, Protocol):
 
 
 class MemoryTierLifecycle(Protocol):
-    """A plugin's memory tier as ``RequeueCheckpoint`` drives it, on every rank at the same point: it
-    introduces the nodes in ``setup`` (a collective), restores a sharded save from the tier there (and the
-    plugin reports that restore), and at the end of ``fit`` lets the copies finish, then stops it.
-    ``DurableCheckpointIO``'s is ``memory_tier_of(plugin)`` (``io/memory/memory_route.py``)."""
+    """A plugin's memory tier as ``RequeueCheckpoint`` drives it, every rank at the same point
+    (``DurableCheckpointIO``'s is ``memory_tier_of(plugin)``)."""
 
     def attach(self, strategy: Any, durable_dir: Path) -> None:
         """Learn the nodes and what their memory tiers hold."""
 
     def restore_sharded(self, trainer: Any, pointer: Path) -> tuple[int, Path] | None:
-        """The newest sharded save of ``pointer`` the nodes hold, assembled on every node: the ranks that
-        wrote it and its directory; ``None``: load the durable tier."""
+        """The newest sharded save the nodes hold, assembled: its world size and directory, or ``None``."""
 
     def settle(self) -> None:
         """Wait for this process's copies to other nodes and to the durable tier."""
@@ -58,7 +54,6 @@ class MemoryTierLifecycle(Protocol):
 
 
 def hurry(io: object) -> None:
-    """Before a save that is waited on at once (a preemption's last): the plugin's write in flight at full
-    speed, and the next save written before it returns; nothing for a plugin that cannot."""
+    """Before a preemption's last save: the write in flight at full speed, the next written at once."""
     if isinstance(io, HurryingCheckpointIO):
         io._hurry()

@@ -60,8 +60,7 @@ def memory_tier_of(io: object) -> MemoryRoute | None:
 
 
 def copies_elsewhere(io: object, path: Path) -> tuple[str, str | None]:
-    """At a restart without the checkpoint file ``path``: the plugin's other tiers (memory tier, mirror;
-    ``""``: none), and which holds a committed copy of ``path`` (``None``: none), after the tier's attach."""
+    """At a restart without ``path``: the plugin's other tiers (``""``: none) and which holds a copy of it."""
     if not isinstance(io, DurableCheckpointIO):
         return "", None
     tiers, found = [], None
@@ -215,11 +214,14 @@ class DurableCheckpointIO(CheckpointIO):
         """
         fields = self._entry_fields(checkpoint, storage_options)
         target = self._local(path)
-        self._prepare(target.parent)
+        if (folder := target.parent) not in self._prepared:
+            folder.mkdir(parents=True, exist_ok=True)
+            if removed := clean_stale(folder):
+                log.info("removed %d leftover file(s) of interrupted saves in %s", len(removed), folder)
+            self._prepared.add(folder)
         if self._urgent or self._saving:
-            # The one exception to the route: the last save of a preemption (after _hurry) or a save from a
-            # signal handler that interrupted another, written before returning, after the write in
-            # flight, straight onto the durable tier.
+            # The urgent path: a preemption's last save (after _hurry) or a save from a signal handler that
+            # interrupted another, written after the one in flight, straight onto the durable tier.
             self._urgent = False
             self._route.wait()
             if self._memory is not None:
@@ -233,12 +235,11 @@ class DurableCheckpointIO(CheckpointIO):
             self._saving = False
 
     def _known(self, path: Path) -> Entry | None:
-        """The entry of ``path`` this plugin committed last (a route asks once the save before has)."""
         with self._lock:
             return self._committed.get(str(path))
 
     def _on_commit(self, path: Path, entry: Entry, stats: WriteStats | None, pruned: list[str]) -> None:
-        """Record a commit on the durable tier and queue it for the mirror (``OnCommit``)."""
+        """Record a commit on the durable tier and queue it for the mirror."""
         if stats is not None:
             self._last_write = stats
         with self._lock:
@@ -378,7 +379,7 @@ class DurableCheckpointIO(CheckpointIO):
         )
 
     def _fallbacks(self, target: Path) -> list[tuple[Path, bool]]:
-        """Other committed checkpoints (local, and the mirror copy of ``target``) in fallback order."""
+        """Other committed checkpoints (local, and the mirror copy of ``target``), newest first."""
         candidates = {name: entry for name, entry in scan(target.parent).items() if name != target.name}
         remote = self._remote().committed(FILE).get(target.name) if self._mirrors(target) else None
         if remote is not None:
@@ -532,14 +533,6 @@ class DurableCheckpointIO(CheckpointIO):
                 "local directory and set DurableCheckpointIO(mirror=...) for a remote copy."
             )
         return Path(text).expanduser().absolute()
-
-    def _prepare(self, directory: Path) -> None:
-        if directory in self._prepared:
-            return
-        directory.mkdir(parents=True, exist_ok=True)
-        if removed := clean_stale(directory):
-            log.info("removed %d leftover file(s) of interrupted saves in %s", len(removed), directory)
-        self._prepared.add(directory)
 
     def _entry_fields(self, checkpoint: dict[str, Any], storage_options: Any | None) -> dict[str, Any]:
         """The manifest entry of a save but its size and checksum."""

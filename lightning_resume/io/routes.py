@@ -1,6 +1,5 @@
-"""The routes of a ``DurableCheckpointIO`` save, chosen once by the plugin: :class:`WriteNow` runs format,
-writer and commit in the caller; :class:`WriteBehind` snapshots in the caller and hands the rest to the
-writer process. The memory tier's route (``io/memory/memory_route``) wraps one of them."""
+"""The routes of a ``DurableCheckpointIO`` save: :class:`WriteNow` formats, writes and commits in the caller;
+:class:`WriteBehind` snapshots in the caller and hands the rest to the writer process."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ Known = Callable[[], Entry | None]
 
 
 class Route(Protocol):
-    """How a save reaches the disk. ``fields``: the manifest entry but size and checksum; ``known``: asks
-    the plugin's entry of the file at ``target`` (once the save in flight has committed); ``full_speed``:
-    a write into memory, which other nodes await."""
+    """How a save reaches the disk. ``fields``: the manifest entry but size and checksum; ``full_speed``: a
+    write into memory, which other nodes await."""
 
     def save(
         self,
@@ -200,13 +198,7 @@ class WriteBehind:
         return self._pending is not None and not self._pending.done()
 
     def _write(
-        self,
-        staged: Staged,
-        path: Path,
-        fields: dict[str, Any],
-        known: Known,
-        on_commit: OnCommit,
-        seq: int,
+        self, staged: Staged, path: Path, fields: dict[str, Any], known: Known, on_commit: OnCommit, seq: int
     ) -> Entry:
         # Asked here, the previous write committed: a save from a signal handler may have committed this
         # very file while the caller took the snapshot.

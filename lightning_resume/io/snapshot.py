@@ -1,6 +1,5 @@
 """The snapshot step of an asynchronous save: every storage copied once into reusable shared memory, then
-pickled by torch's serialiser against those copies, giving the records of its ``torch.save`` archive; the
-trainer may change anything once :func:`snapshot` returns."""
+pickled by torch's serialiser against those copies into the records of its ``torch.save`` archive."""
 
 from __future__ import annotations
 

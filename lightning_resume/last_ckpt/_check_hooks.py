@@ -1,6 +1,5 @@
-"""What ``lightning-resume check`` asks of one attempt it launched (``$LIGHTNING_RESUME_CHECK``): a step
-limit, a fixed cadence, every rank's timeline (digests, validations, epoch ends, saves), the final state,
-and a kill of the attempt's process group at a chosen point."""
+"""What ``lightning-resume check`` asks of an attempt it launched: a step limit, a fixed cadence, every rank's
+timeline, the final state, and a kill of the attempt's process group at a chosen point."""
 
 from __future__ import annotations
 

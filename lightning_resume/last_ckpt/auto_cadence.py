@@ -1,7 +1,5 @@
-"""The ``"auto"`` interval of ``RequeueCheckpoint(every_n_train_steps="auto")``: Daly's optimum from the save
-stall and the mean time between interruptions (the run's history, else a :class:`Prior`), bounded. The rules
-are pure standard library (the command line reads them); :class:`AutoCadence` measures and decides.
-"""
+"""``every_n_train_steps="auto"``: Daly's optimum from the save stall and the time between interruptions (the
+history, else a :class:`Prior`). The rules are standard library only (the CLI reads them)."""
 
 from __future__ import annotations
 
@@ -246,11 +244,8 @@ def mean_stall(stalls: Sequence[float]) -> float | None:
 
 
 def save_cost(later: Stalls, recorded: Stalls, enough: int = SAVE_WINDOW) -> float | None:
-    """The mean stall of saves after an attempt's first: ``later``'s once ``enough``, else with ``recorded``.
-
-    An attempt's first save pays one-time costs (1.4 s against 0.2-0.5 s for 128 MB): priced at it, the
-    interval came out twice as long. At a high interruption rate an attempt often makes no later save.
-    """
+    """The mean stall of saves after an attempt's first (which pays one-time costs): ``later``'s once
+    ``enough``, else with ``recorded`` (at a high interruption rate an attempt often makes no later save)."""
     pooled = later if later.count >= enough else later + recorded
     return pooled.mean
 
@@ -390,7 +385,7 @@ class AutoCadence:
 
     def __init__(self, expected_seconds: float | None) -> None:
         self.expected_seconds = expected_seconds  # expected_interruption_every
-        self.steps: int | None = None  # the interval every rank uses
+        self.steps = FIRST_SAVE_STEPS  # the interval every rank uses
         self.choice: Choice | None = None
         self._record: AttemptRecorder | None = None
         self._prior: Prior | None = None
@@ -401,8 +396,6 @@ class AutoCadence:
     def start(self, trainer: pl.Trainer, record: AttemptRecorder) -> None:
         """At the start of training: the run's recorded figures and the prior (rank 0)."""
         self._record, self._seen, self._writing = record, _Measured(start_step=trainer.global_step), False
-        if self.steps is None:
-            self.steps = FIRST_SAVE_STEPS
         if not trainer.is_global_zero:
             return
         history = record.history
@@ -442,8 +435,7 @@ class AutoCadence:
         if seen.pending and seen.batches >= FIRST_DECISION_BATCHES:
             seen.pending = False
             self._decide(trainer)
-        base = max(last_save_step, seen.start_step)
-        return self.steps is not None and step - base >= self.steps
+        return step - max(last_save_step, seen.start_step) >= self.steps
 
     def _decide(self, trainer: pl.Trainer) -> None:
         """Every rank calls; rank 0 decides from the slowest rank's mean stall, and broadcasts."""
@@ -452,10 +444,10 @@ class AutoCadence:
         stall = mean_stall(self._seen.stalls)
         # In whole microseconds for the all-reduce (-1: none measured).
         later = max_over_ranks(trainer.strategy, round(stall * 1e6) if stall is not None else -1)
-        steps = self._choose(later / 1e6 if later >= 0 else None) if trainer.is_global_zero else None
+        steps = self._choose(later / 1e6 if later >= 0 else None) if trainer.is_global_zero else self.steps
         self.steps = broadcast(trainer.strategy, steps)
 
-    def _choose(self, later: float | None) -> int | None:
+    def _choose(self, later: float | None) -> int:
         """Rank 0: the interval from the measurements (or the recorded ones); the current one until known."""
         seen, recorded = self._seen, self._recorded
         count = len(seen.stalls)

@@ -1,7 +1,5 @@
-"""When ``last.ckpt`` is due by steps or minutes, and :class:`SaveTimer`, the one timer of its saves.
-
-A fixed ``every_n_train_steps=N`` costs one comparison per batch; ``"auto"`` is ``auto_cadence``'s.
-"""
+"""When ``last.ckpt`` is due by steps (one comparison per batch; ``"auto"``: ``auto_cadence``) or minutes,
+and :class:`SaveTimer`, the one timer of its saves."""
 
 from __future__ import annotations
 
@@ -45,8 +43,8 @@ def checked_seconds(value: Any) -> float | None:
 
 
 class SaveTimer:
-    """Times every save of ``last.ckpt`` (every rank): its stall, and its time to durable, at once or when
-    its background write commits; records both in the attempt (rank 0)."""
+    """Times every save of ``last.ckpt`` (every rank): its stall and its time to durable (once its background
+    write commits, if any); rank 0 records both in the attempt."""
 
     def __init__(self) -> None:
         self.last_saved = time.monotonic()  # when the newest save ended (construction before any)

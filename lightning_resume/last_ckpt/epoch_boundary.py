@@ -1,8 +1,5 @@
-"""``EpochBoundary``: the moment between two epochs, given to ``RequeueCheckpoint`` before any other hook.
-
-An epoch's end runs in parts (validation, ``on_train_epoch_end`` of callbacks then module, plateau
-schedulers, epoch metrics): the first moment after them all is the next ``on_train_epoch_start``.
-"""
+"""``EpochBoundary``: the moment between two epochs (the first after all of an epoch's end: the next
+``on_train_epoch_start``), given to ``RequeueCheckpoint`` before any other hook."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The restart redirect: on a restart, ``fit`` starts over, refuses, or loads this run's ``last.ckpt``.
-
-Lightning picks its checkpoint before any hook but reads it after ``setup``, through
-``strategy.load_checkpoint`` (every strategy, once per ``fit``): there :class:`RedirectFirstLoad` steps in.
-"""
+"""The restart redirect: on a restart, ``fit`` starts over, refuses, or loads this run's ``last.ckpt``
+(:class:`RedirectFirstLoad` steps into ``strategy.load_checkpoint``, which reads it after ``setup``)."""
 
 from __future__ import annotations
 
@@ -45,11 +42,8 @@ class RestartRedirect:
         verify_directory: Callable[[], tuple[int, Path]],
         damaged: Callable[[Path], bool],
     ) -> None:
-        """On a restart (every rank, in ``setup``): start over, raise ``ResumeError`` or redirect to ``last``.
-
-        ``verify_directory`` chooses what a sharded restart reads (ranks that wrote it, where); ``damaged``
-        says whether a ``last.ckpt`` file that fails to load is damaged beyond fallback.
-        """
+        """On a restart (every rank, in ``setup``): start over, raise ``ResumeError`` or redirect to ``last``;
+        ``verify_directory`` picks what a sharded restart reads, ``damaged`` tells a file beyond fallback."""
         if not run.is_resumed:
             return
         # Rank 0 decides for all: a node-local view of the checkpoints must not split the ranks.

@@ -206,8 +206,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
         except LightningResumeError:  # no run dir yet
             return ""
 
-    # -- hooks: the restart redirect; the exact resume and the epoch boundary put in place ----------
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._run_dir = find_one(trainer, RunDir, "RequeueCheckpoint", _NEEDS_RUN_DIR)
@@ -264,8 +262,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
             self.save(trainer)
         for listener in self._boundary_listeners:
             listener(trainer)
-
-    # -- hooks: when to save -----------------------------------------------------------------------
 
     @override
     def on_train_batch_end(
@@ -334,8 +330,6 @@ class RequeueCheckpoint(LastCheckpointCallback):
         if trainer.global_step == self._last_save_step:
             return False  # gradient accumulation: no optimizer step since the last save
         return self._cadence.due(trainer, self._last_save_step)  # every N steps or minutes, or "auto"
-
-    # -- saving ------------------------------------------------------------------------------------
 
     def save(self, trainer: pl.Trainer, stopping: bool = False) -> None:
         """Write ``last.ckpt`` now (call on every rank, at a resume point: a batch boundary, between

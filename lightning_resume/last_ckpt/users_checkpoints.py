@@ -1,6 +1,5 @@
-"""The user's ``ModelCheckpoint`` beside ``RequeueCheckpoint`` (a Lightning ``Checkpoint`` too): first, so
-that ``ckpt_path="best"`` reads it as without us, and never saving its ``last.ckpt`` over ours.
-"""
+"""The user's ``ModelCheckpoint`` beside ``RequeueCheckpoint``: first, so that ``ckpt_path="best"`` reads it
+as without us, and never saving its ``last.ckpt`` over ours."""
 
 from __future__ import annotations
 

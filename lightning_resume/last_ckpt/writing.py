@@ -1,7 +1,5 @@
-"""How ``last.ckpt`` is written, one route chosen at the first save of each ``fit`` (a sharded strategy's
-``DirectorySaver``, a plugin that ``writes_atomically``, else a fsynced and renamed ``.last.ckpt.partial``),
-and what a restart needs to know of it, with the plugin's memory tier.
-"""
+"""How ``last.ckpt`` is written (chosen at each ``fit``'s first save: a ``DirectorySaver``, a plugin that
+``writes_atomically``, else a renamed ``.last.ckpt.partial``) and what a restart needs to know of it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The grace window: the seconds between a scheduler's stop signal and SIGKILL, and whether a save fits.
-Plain functions over the environment and scheduler output, so ``doctor`` needs no scheduler (checked
-with Slurm 22.05, torch 2.13)."""
+"""The grace window: the seconds from a scheduler's stop signal to SIGKILL, and whether a save fits in it
+(plain functions over the environment and scheduler output; checked with Slurm 22.05, torch 2.13)."""
 
 from __future__ import annotations
 
@@ -217,11 +216,8 @@ def windows(
     submit_line: str | None = None,
     batch_script: str | None = None,
 ) -> list[Window]:
-    """Every stop-signal-to-SIGKILL window that applies here (only the explicit one when
-    ``$LIGHTNING_RESUME_GRACE_SECONDS`` is set); ValueError, naming it, for a variable with a bad value.
-    SLURM's need ``show_config`` (``scontrol show config``), ``show_partition`` (``scontrol show
-    partition``), ``submit_line`` (``sacct -X -j ID -o SubmitLine -P -n``) and ``batch_script``
-    (``scontrol write batch_script ID -``)."""
+    """Every stop-signal-to-SIGKILL window here (only the explicit one if ``$LIGHTNING_RESUME_GRACE_SECONDS``
+    is set); SLURM's need ``scontrol``'s and ``sacct``'s outputs; ValueError for a variable's bad value."""
     variable = ENV["grace_seconds"]
     if environ.get(variable, "").strip():
         return [Window(Kind.EXPLICIT, "SIGTERM", _positive_seconds(environ, variable), f"${variable}")]

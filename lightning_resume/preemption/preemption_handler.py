@@ -208,7 +208,6 @@ class PreemptionHandler(Callback):
         raise Preempted(self.exit_code)
 
     def _issue_requeue(self, sig: signal.Signals) -> str:
-        """Requeue once, the way this job was launched; return what was done."""
         if not self.requeue:
             return "disabled"
         submitit = self._submitit_requeue()
@@ -240,7 +239,6 @@ class PreemptionHandler(Callback):
         self.on_sanity_check_start(trainer, pl_module)
 
     def _check_due(self) -> bool:
-        """Count a batch; whether the ranks agree at this one."""
         # Counted here: global_step repeats under gradient accumulation, and all ranks run the same batches.
         self._batches_seen += 1
         return self._batches_seen % self.check_every_n_steps == 0

@@ -83,7 +83,6 @@ def describe(handler: Any) -> HandlerInfo:
 
 
 def handler_table(names: tuple[str, ...] = WATCHED_SIGNALS) -> dict[str, HandlerInfo]:
-    """The current handler of each named signal."""
     return {name: describe(signal.getsignal(signal_number(name))) for name in names}
 
 

@@ -30,8 +30,6 @@ from lightning_resume.preemption.notices._notice import Notice
 
 
 class Stage(enum.Enum):
-    """Where the handler stands."""
-
     IDLE = "idle"  #: not training (before the sanity check, after teardown): a signal exits at once
     TRAINING = "training"  #: a signal is acted on at the next check, by every rank at once
     SIGNALLED = "signalled"  #: a signal came: the next check stops
@@ -41,8 +39,6 @@ class Stage(enum.Enum):
 
 
 class Event(enum.Enum):
-    """What happens to the handler."""
-
     TRAIN = "train"
     SIGNAL = "signal"
     STOP = "stop"

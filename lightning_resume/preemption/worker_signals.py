@@ -1,6 +1,5 @@
-"""DataLoader workers and a preemption signal to the whole process group (SLURM, ``kill -- -PGID``): torch
-lets it kill a worker, failing the main process, so while ``PreemptionHandler`` is installed a forked worker
-blocks those signals and a thread exits on the parent's only (how ``multiprocessing`` stops a worker)."""
+"""A preemption signal to the whole process group (SLURM) kills torch's DataLoader workers, failing ``fit``:
+while ``PreemptionHandler`` is installed a forked worker blocks them and exits on the parent's only."""
 
 from __future__ import annotations
 

@@ -7,11 +7,9 @@
 
     trainer = pl.Trainer(callbacks=[RunDir(), RequeueCheckpoint()], plugins=[DurableCheckpointIO()])
 
-Every public name of :mod:`lightning_resume` is here, and every module too
-(``lightning_resume.pytorch_lightning.loggers``, ...): the same code, built on ``pytorch_lightning``
-and ``lightning_fabric`` instead of ``lightning.pytorch`` and ``lightning.fabric`` (see
-``lightning_resume/_standalone.py``). ``pytorch_lightning``'s Trainer recognises callbacks and plugins
-by its own classes: take everything from one of the two packages, never a mix.
+Every public name and module of :mod:`lightning_resume` is here (``...pytorch_lightning.loggers``, ...):
+the same code, built on ``pytorch_lightning`` and ``lightning_fabric``. ``pytorch_lightning``'s Trainer
+recognises callbacks and plugins by its own classes: take everything from one of the two, never a mix.
 """
 
 from typing import Any

@@ -1,6 +1,5 @@
-"""``RunDir``'s record of this attempt in ``attempts.json``, written by rank 0.
-
-Nothing here raises: an error in the record (a full disk) must not replace the error that ends ``fit``."""
+"""``RunDir``'s record of this attempt in ``attempts.json``, written by rank 0. Nothing here raises: an
+error in the record (a full disk) must not replace the error that ends ``fit``."""
 
 from __future__ import annotations
 
@@ -350,7 +349,6 @@ class AttemptRecorder:
 
     @_never_raises
     def finished(self, trainer: pl.Trainer) -> None:
-        """Training ended normally."""
         self._last_step = trainer.global_step
         self._close(trainer, End(time.time(), Cause.FINISHED, "finished"))
 
@@ -370,7 +368,10 @@ class AttemptRecorder:
             else:
                 if hang is not None:
                     return RunStatus.HUNG, hang
-        return _status_of(exception), type(exception).__name__
+        if isinstance(exception, CrashLoopStopped):
+            return RunStatus.CRASH_LOOP, type(exception).__name__
+        preempted = isinstance(exception, (Preempted, SIGTERMException))
+        return (RunStatus.PREEMPTED if preempted else RunStatus.FAILED), type(exception).__name__
 
     def _stopped(self, trainer: pl.Trainer, exception: BaseException) -> str | None:
         """Close the record; the hang's detail when a rank hung."""
@@ -408,11 +409,3 @@ class AttemptRecorder:
             found = history.get(attempt.number)
             if found is not None and found.pid == attempt.pid and found.exited is None:
                 attempts.write(self.run_dir, history.with_attempt(replace(found, exited=time.time())))
-
-
-def _status_of(exception: BaseException) -> RunStatus:
-    if isinstance(exception, CrashLoopStopped):
-        return RunStatus.CRASH_LOOP
-    if isinstance(exception, (Preempted, SIGTERMException)):
-        return RunStatus.PREEMPTED
-    return RunStatus.FAILED

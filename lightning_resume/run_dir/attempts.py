@@ -1,7 +1,5 @@
-"""``attempts.json``: one record per attempt of a run, for the tools and the crash-loop rule.
-
-Written by rank 0's ``RunDir`` (fields: :class:`Attempt`, docs/src/progress_watchdog.md); an open record
-is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang notes."""
+"""``attempts.json``: one :class:`Attempt` per attempt of a run, for the tools and the crash-loop rule; an
+open record is closed as ``killed`` by the next attempt, or ``hung`` from the ranks' hang notes."""
 
 from __future__ import annotations
 
@@ -267,7 +265,6 @@ def _end(data: Any) -> End | None:
 
 
 def attempt_from_dict(data: dict[str, Any]) -> Attempt:
-    """An :class:`Attempt` from its JSON object."""
     as_is = ("launch", "resumed_from", "first_step", "last_step", "last_step_time", "self_check")
     known = ("code_started", "restored_at", "exited")  # in the file only when recorded
     objects = ("cadence", "restore", "stragglers")  # kept as they are
@@ -343,7 +340,6 @@ def attempt_to_dict(attempt: Attempt) -> dict[str, Any]:
 
 
 def to_dict(history: History) -> dict[str, Any]:
-    """The JSON object of a :class:`History`."""
     return {
         "version": VERSION,
         "reset_after": history.reset_after,

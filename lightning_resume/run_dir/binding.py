@@ -1,7 +1,5 @@
-"""Where callbacks meet the run dir of their process, whatever order they were constructed in.
-
-Before a ``Trainer`` exists, ``RunDir`` announces its choice to :data:`PROCESS`, and a tracker callback
-waits on it with :meth:`Binding.when_ready` (it hands its run back before ``fit`` creates one)."""
+"""Where callbacks meet the run dir of their process, whatever order they were constructed in: ``RunDir``
+announces its choice to :data:`PROCESS`, a tracker callback waits on it with :meth:`Binding.when_ready`."""
 
 from __future__ import annotations
 

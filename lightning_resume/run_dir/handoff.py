@@ -1,7 +1,5 @@
-"""Rank 0's run dir for the other ranks of one launch: asked for, then answered, through the runs root.
-
-Each rank but 0 writes ``.handoff/<launch>.<nonce>.ask`` and waits for the ``.answer`` beside it: a
-launch key may repeat an earlier launch's, so a rank never reads a file written before it asked."""
+"""Rank 0's run dir for the other ranks of one launch: each writes ``.handoff/<launch>.<nonce>.ask`` and waits
+for the ``.answer`` beside it (a launch key may repeat, so no rank reads a file written before it asked)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """What a hung rank leaves in the run dir: ``hangs/attempt-<N>-rank-<R>.txt`` (stacks) and ``.json`` (a note).
-
 Pure standard library, safe on a watchdog thread (no logging, no lock the main thread may hold)."""
 
 from __future__ import annotations
@@ -81,7 +80,6 @@ class HangNote:
 
 
 def stacks_path(run_dir: Path, attempt: int, rank: int) -> Path:
-    """``<run dir>/hangs/attempt-<N>-rank-<R>.txt``."""
     return layout.hangs_dir(run_dir) / f"attempt-{attempt}-rank-{rank}.txt"
 
 
@@ -127,7 +125,6 @@ def read_notes(run_dir: Path) -> list[HangNote]:
 
 
 def reported_ranks(run_dir: Path, attempt: int) -> set[int]:
-    """The ranks that have written a hang note for ``attempt``."""
     return {rank for _, number, rank, suffix in _files(run_dir) if number == attempt and suffix == "json"}
 
 

@@ -1,7 +1,5 @@
-"""Hydra's output dir of this launch, and whether a runs root inside it survives a restart.
-
-Hydra gives each local launch a new output dir; only hydra-submitit-launcher keeps it across requeues.
-Hydra is read only when the application has imported it."""
+"""Hydra's output dir of this launch, and whether a runs root inside it survives a restart (Hydra gives
+each local launch a new output dir; only hydra-submitit-launcher keeps it across requeues)."""
 
 from __future__ import annotations
 
@@ -19,15 +17,10 @@ class HydraLaunch:
     launcher: str  # the launcher's ``_target_``
     config_file: Path | None = None  # the composed configuration it saved (``.hydra/config.yaml``), if any
 
-    @property
-    def keeps_output_dir(self) -> bool:
-        """Whether a restart of this job runs in the same output dir (hydra-submitit-launcher)."""
-        return "submitit" in self.launcher.lower()
-
 
 def current_launch() -> HydraLaunch | None:
     """This process's Hydra launch, or ``None`` outside a ``@hydra.main`` application."""
-    if "hydra.core.hydra_config" not in sys.modules:
+    if "hydra.core.hydra_config" not in sys.modules:  # read only when the application imported it
         return None
     from hydra.core.hydra_config import HydraConfig
 
@@ -48,4 +41,5 @@ def current_launch() -> HydraLaunch | None:
 
 def root_lost_on_restart(root: Path, launch: HydraLaunch) -> bool:
     """Whether runs under ``root`` cannot be found by the next launch: ``root`` is in its output dir."""
-    return not launch.keeps_output_dir and root.resolve().is_relative_to(launch.output_dir)
+    keeps_output_dir = "submitit" in launch.launcher.lower()  # a restart runs in the same output dir
+    return not keeps_output_dir and root.resolve().is_relative_to(launch.output_dir)

@@ -1,7 +1,5 @@
-"""What the launcher configured, kept with the run: LightningCLI's and Hydra's configuration.
-
-A restart's changed configuration keeps the earlier file as ``config.1.yaml`` and warns with the changed
-keys. ``RunDir.setup`` calls it before LightningCLI's callback, which it appends last."""
+"""LightningCLI's and Hydra's configuration, kept with the run: a restart's changed one keeps the earlier
+file as ``config.1.yaml`` and warns with the changed keys."""
 
 from __future__ import annotations
 
@@ -25,8 +23,11 @@ HYDRA_CONFIG = "hydra_config.yaml"  # Hydra's composed configuration, as kept in
 
 def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first: bool = True) -> None:
     """Keep LightningCLI's and Hydra's configuration in ``run_dir``; check Hydra's (``first`` setup only)."""
-    for callback in _save_config_callbacks(trainer):
-        _save_into_run_dir(run_dir, run_id, trainer, callback)
+    # Before LightningCLI's SaveConfigCallback (appended last); none unless the application imports the CLI.
+    cli = sys.modules.get("lightning.pytorch.cli")
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, getattr(cli, "SaveConfigCallback", ())):
+            _save_into_run_dir(run_dir, run_id, trainer, callback)
     launch = hydra.current_launch()
     if launch is None or not trainer.is_global_zero or not first:
         return
@@ -41,14 +42,6 @@ def on_setup(trainer: pl.Trainer, root: Path, run_dir: Path, run_id: str, first:
         target = run_dir / HYDRA_CONFIG
         if _compare_with_saved(run_id, target, "Hydra", launch.config_file.read_text()):
             write_text_atomic(target, launch.config_file.read_text())
-
-
-def _save_config_callbacks(trainer: pl.Trainer) -> list[Any]:
-    """LightningCLI's ``SaveConfigCallback``s of ``trainer`` (none unless the application imports the CLI)."""
-    kind = getattr(sys.modules.get("lightning.pytorch.cli"), "SaveConfigCallback", None)
-    if kind is None:
-        return []
-    return [cb for cb in trainer.callbacks if isinstance(cb, kind)]  # type: ignore[attr-defined]
 
 
 def _save_into_run_dir(run_dir: Path, run_id: str, trainer: pl.Trainer, callback: Any) -> None:
@@ -72,25 +65,25 @@ def _compare_with_saved(run_id: str, target: Path, launcher: str, now_text: str)
         before = saved_config.read_config(target)
     except ValueError as e:
         kept = saved_config.kept_name(target)
-        warn(
+        message = (
             f"RunDir: the saved {launcher} configuration of run {run_id!r} is unusable ({e}); it is "
             f"kept as {str(kept)!r} and this attempt's configuration is saved as {str(target)!r}."
         )
-        replace_durably(target, kept)
-        return True
-    if before is None:
-        return True
-    now = yaml.safe_load(now_text)
-    found = saved_config.changes(before, now if isinstance(now, dict) else {})
-    if not found:
-        log.info("Restart of run %s: the %s configuration is unchanged (%s)", run_id, launcher, target)
-        return False
-    kept = saved_config.kept_name(target)
+    else:
+        if before is None:
+            return True
+        now = yaml.safe_load(now_text)
+        found = saved_config.changes(before, now if isinstance(now, dict) else {})
+        if not found:
+            log.info("Restart of run %s: the %s configuration is unchanged (%s)", run_id, launcher, target)
+            return False
+        kept = saved_config.kept_name(target)
+        message = (
+            f"RunDir: the {launcher} configuration of run {run_id!r} changed since its previous "
+            f"attempt: {saved_config.describe(found)}. The run continues with the new configuration, saved "
+            f"as {str(target)!r}; the previous one is kept as {str(kept)!r}."
+        )
     # Warn first: a filter that turns the warning into an error leaves the saved file where it is.
-    warn(
-        f"RunDir: the {launcher} configuration of run {run_id!r} changed since its previous "
-        f"attempt: {saved_config.describe(found)}. The run continues with the new configuration, saved as "
-        f"{str(target)!r}; the previous one is kept as {str(kept)!r}."
-    )
+    warn(message)
     replace_durably(target, kept)
     return True

@@ -1,7 +1,5 @@
-"""What a load of the run's own checkpoints may unpickle beyond torch's ``weights_only`` set.
-
-Each save of ``last.ckpt`` records the kinds its pickle names (:func:`census`) in ``saves.json``; loads of
-the run's files may unpickle those, and the module's ``hparams`` kinds (docs/src/run_dir.md)."""
+"""What a load of the run's own checkpoints may unpickle beyond torch's ``weights_only`` set: the kinds each
+save of ``last.ckpt`` recorded in ``saves.json`` (:func:`census`), and the module's ``hparams`` kinds."""
 
 from __future__ import annotations
 

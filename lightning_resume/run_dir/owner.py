@@ -1,7 +1,5 @@
-"""``RunLock``: one live attempt per run dir, an ``flock`` on ``<run dir>/.lock`` held by global rank 0.
-
-The file records the holder; a lock kept by a leftover of a dead process of this machine is stale and
-replaced. Filesystems without locks get no protection (docs/src/run_dir.md)."""
+"""``RunLock``: one live attempt per run dir, an ``flock`` on ``<run dir>/.lock`` held by global rank 0; the
+file records the holder, so that a lock kept by a leftover of a dead process of this machine is replaced."""
 
 from __future__ import annotations
 
@@ -285,8 +283,7 @@ _ZOMBIE = -1  # a process that died and was not reaped yet
 
 
 def process_start_ticks(pid: int | str) -> int | None:
-    """When ``pid`` (or ``"self"``) started (clock ticks since boot); ``-1`` for a zombie; ``None`` when
-    unreadable."""
+    """When ``pid`` (or ``"self"``) started in clock ticks since boot (-1: a zombie; ``None``: unreadable)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return _ZOMBIE if fields[0] in ("Z", "X") else int(fields[19])

@@ -30,8 +30,6 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 @dataclass(frozen=True)
 class Resolution:
-    """The outcome of run-dir resolution."""
-
     path: Path
     run_id: str  # the directory's name
     is_resumed: bool  # this process continues an earlier attempt of the same run

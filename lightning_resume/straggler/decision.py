@@ -1,6 +1,4 @@
-"""When a rank is a straggler, a pure rule over the ranks' seconds per step by part in one window: slow when
-one of its own :data:`PARTS` exceeds the others' median by over ``threshold`` times it and ``floor`` seconds
-(:func:`slow_ranks`); named once slow ``patience`` windows in a row (:func:`advance`)."""
+"""When a rank is a straggler: a pure :class:`Rule` over the ranks' seconds per step by part, by window."""
 
 from __future__ import annotations
 
@@ -33,7 +31,8 @@ class RankTimes:
 
 @dataclass(frozen=True)
 class Rule:
-    """When a rank is slow (see the module docstring); ``floor`` in seconds."""
+    """A rank is slow when one of its :data:`PARTS` exceeds the others' median by over ``threshold`` times it
+    and ``floor`` seconds, and named once slow ``patience`` windows in a row."""
 
     threshold: float
     floor: float

@@ -1,6 +1,5 @@
-"""``StepTimer``: where one rank's time goes in a window's steps: data wait (previous end to start), compute
-(to the last parameter gradient, :class:`LastGrads`), collective wait (to the backward's end) and optimizer
-step. On CUDA the marks are events on the current stream (the device's times), read once per window."""
+"""``StepTimer``: where one rank's time goes in a window's steps (data wait, compute, collective wait,
+optimizer step); on CUDA the marks are events on the current stream, read once per window."""
 
 from __future__ import annotations
 

@@ -124,8 +124,6 @@ class StragglerDetector(Callback):
         """The ranks named in this job so far (on every rank)."""
         return list(self._named)
 
-    # -- measuring ------------------------------------------------------------------------------------
-
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
@@ -213,13 +211,10 @@ class StragglerDetector(Callback):
             handle.remove()
         self._grads, self._handles, self._timer = None, [], None
 
-    # -- deciding -------------------------------------------------------------------------------------
-
     def _close_window(self, trainer: pl.Trainer) -> None:
         """Exchange the window's times (every rank, same step) and judge them alike; rank 0 reports."""
         assert self._timer is not None
-        sums = self._timer.close()
-        rows = gather_numbers(trainer.strategy, sums)
+        rows = gather_numbers(trainer.strategy, self._timer.close())
         if self._hosts is None:
             self._hosts = gather_objects(trainer.strategy, socket.gethostname())
         window = [RankTimes(*_means(row)) for row in rows]
@@ -281,8 +276,6 @@ class StragglerDetector(Callback):
             )
             if self.on_straggler is not None:
                 self.on_straggler(straggler)
-
-    # -- state ----------------------------------------------------------------------------------------
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -103,8 +103,6 @@ class LocalLoggerResume(Callback):
         self._quiet: list[QuietLightning] = []
         PROCESS.when_ready(self._on_run_dir)
 
-    # -- binding: before fit, before the loggers create their writers --------------------------------
-
     def _on_run_dir(self, resolution: Resolution) -> None:
         self._run_dir = resolution.path
         if not resolution.is_resumed:
@@ -130,8 +128,6 @@ class LocalLoggerResume(Callback):
                 self._kept.add(kind)
                 self._quiet.append(QuietLightning(self, log_dir_exists(log_dir)))
 
-    # -- put in by RequeueCheckpoint -----------------------------------------------------------------
-
     def join(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Join ``trainer``'s callbacks for ``fit`` and set up, unless it has a ``LocalLoggerResume`` of its
         own (then stand down: this one changes nothing)."""
@@ -144,8 +140,6 @@ class LocalLoggerResume(Callback):
             self._quiet, self._kept = [], set()  # the user's own continues what was set aside
             return
         self.setup(trainer, pl_module, "fit")
-
-    # -- hooks ----------------------------------------------------------------------------------------
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -210,8 +204,6 @@ class LocalLoggerResume(Callback):
         identity = identity_of(logger)
         _write_sidecar(sidecar_path(self._run_dir, kind), kind, Sidecar(identity, {}, trainer.global_step))
         _link(layout.logs_link(self._run_dir, kind), Path(identity["id"]))
-
-    # -- the positions: recorded at each save's resume point, cut back to at a restart's --------------
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1,6 +1,5 @@
-"""Tracker resume sidecars, ``<run dir>/<tracker>_resume.json``, written atomically by rank 0: the tracker run
-the run dir logs to (``identity``) and the variables that decided where it went (``environment``, ``None``:
-unset); and the check of one before a restart continues its run."""
+"""Tracker resume sidecars, ``<run dir>/<tracker>_resume.json``: the run logged to (``identity``) and the
+variables that placed it (``environment``, ``None``: unset); and their check before a restart continues it."""
 
 from __future__ import annotations
 
@@ -125,7 +124,6 @@ class RecordedRun:
     error: str = ""
 
     def refusal(self, tracker: str) -> str:
-        """Why the recorded run is not continued: it would go elsewhere."""
         assert self.sidecar is not None
         return (
             f"not continuing {tracker} run {self.sidecar.identity['id']!r} recorded in {str(self.path)!r}: "
@@ -167,9 +165,8 @@ def to_continue(
     who: str,
     stacklevel: int,
 ) -> tuple[Resolution, Path, dict[str, Any]] | None:
-    """For a logger (``who``) that continues its recorded run itself: the restart, its sidecar and the
-    identity to continue, or ``None`` (no restart, no usable sidecar, or it would go elsewhere: warned).
-    ``now``: where the logger writes, asked at a restart only."""
+    """For a logger (``who``) continuing its recorded run itself: the restart, sidecar and identity, or
+    ``None`` (no restart or usable sidecar, or elsewhere: warned); ``now`` is asked on a restart only."""
     resolution = PROCESS.current
     if resolution is None or not resolution.is_resumed:
         return None

@@ -95,7 +95,7 @@ class TrackerResume(Callback):
         self._outcome: Handback | None = None
         self._recorded: Sidecar | None = None
         self._environment: dict[str, str | None] = {}
-        self._env_before: dict[str, str | None] = {}  # the hand-back's variables before it set them
+        self._env_before: dict[str, str | None] = {}  # before the hand-back set them
         self._identity: dict[str, Any] | None = None
         self._warned_no_logger = False
         PROCESS.when_ready(self._on_run_dir)
@@ -116,8 +116,6 @@ class TrackerResume(Callback):
     def _hand_back(self, identity: Mapping[str, Any]) -> dict[str, str] | None:
         """The variables that make the tracker continue ``identity`` (``None``: its logger does it)."""
         return None
-
-    # -- binding: before the tracker creates its run ----------------------------------------------
 
     @property
     def sidecar_path(self) -> Path | None:
@@ -192,8 +190,6 @@ class TrackerResume(Callback):
     def _warn(self, message: str) -> None:
         warn(f"{type(self).__name__}: {message}", all_ranks=True, stacklevel=3)
 
-    # -- hooks ------------------------------------------------------------------------------------
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_env()  # Lightning has created every logger's run by now
@@ -206,17 +202,13 @@ class TrackerResume(Callback):
             return
         if not trainer.is_global_zero:
             return
-        identities: list[dict[str, Any]] = []
-        for logger in loggers:
-            identity = self._identity_of(logger)
-            if identity not in identities:
-                identities.append(identity)
-        if len({identity["id"] for identity in identities}) > 1:
-            listed = ", ".join(repr(identity["id"]) for identity in identities)
+        identities = [self._identity_of(logger) for logger in loggers]
+        ids = list(dict.fromkeys(identity["id"] for identity in identities))
+        if len(ids) > 1:
             raise ValueError(
                 f"{type(self).__name__} keeps one {self.tracker} run per training run, but the Trainer's "
-                f"{len(loggers)} {self.tracker} loggers log to {len(identities)} different runs ({listed}). "
-                f"Use one {self.tracker} logger, or let them share one run."
+                f"{len(loggers)} {self.tracker} loggers log to {len(ids)} different runs "
+                f"({', '.join(map(repr, ids))}). Use one {self.tracker} logger, or let them share one run."
             )
         self._identity = identities[0]
         if self._outcome is Handback.HANDED_BACK:

@@ -38,7 +38,7 @@ class TrackioResume(TrackerResume):
 
     @override
     def _identity_of(self, logger: TrackioLogger) -> dict[str, Any]:
-        run = logger.experiment  # (no hand-back: the logger continues a recorded run itself)
+        run = logger.experiment
         return {
             "id": run.id,
             "name": run.name,

@@ -1,6 +1,5 @@
-"""What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit. Runs on
-the watchdog thread while the main thread may hold any lock: no logging (fd 2), Lightning or collective.
-"""
+"""What a rank does when its watchdog finds it hung: leave its stacks, tell, requeue once, exit. Runs on the
+watchdog thread while the main thread may hold any lock: no logging (fd 2), Lightning or collective."""
 
 from __future__ import annotations
 
@@ -75,17 +74,11 @@ def act_on_hang(
     linger: float = LINGER_SECONDS,
     exit: Callable[[int], NoReturn] = os._exit,
 ) -> NoReturn:
-    """Write this rank's stacks and note, record the hang and requeue once (rank 0), exit with ``exit_code``.
-
-    ``seconds``: the time without progress. Before exiting, a rank waits up to ``linger`` seconds for its
-    peers' notes (their collectives fail once it exits); a test passes an ``exit`` that raises.
-    """
-    where = f"{progress.section.label} " + (
-        "before training" if progress.step is None else f"at step {progress.step}"
-    )
-    what = (
-        f"rank {who.rank} hung in {where}: no progress for {seconds:.1f} s (timeout {progress.timeout:.1f} s)"
-    )
+    """Write this rank's stacks and note, record the hang and requeue once (rank 0), exit with ``exit_code``
+    after up to ``linger`` seconds for the peers' notes (their collectives fail once it exits)."""
+    at = "before training" if progress.step is None else f"at step {progress.step}"
+    late = f"no progress for {seconds:.1f} s (timeout {progress.timeout:.1f} s)"
+    what = f"rank {who.rank} hung in {progress.section.label} {at}: {late}"
     stacks_text = "standard error"
     run_dir, attempt = who.run_dir, who.attempt
     try:

@@ -1,8 +1,5 @@
 """A per-rank watchdog thread: acts when the main thread reports no progress within its section's timeout.
-
-A report replaces one immutable :class:`Progress` (no lock). If the main thread never releases the GIL, a
-:class:`Backstop` (faulthandler's C thread) dumps the stacks and exits.
-"""
+A report replaces one immutable :class:`Progress` (no lock); a :class:`Backstop` covers a held GIL."""
 
 from __future__ import annotations
 
@@ -95,7 +92,6 @@ class Watchdog:
             self._backstop.keep_after(progress.deadline)
 
     def start(self) -> None:
-        """Start the thread (once)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="lightning-resume-watchdog", daemon=True)
@@ -114,7 +110,6 @@ class Watchdog:
 
     @property
     def alive(self) -> bool:
-        """Whether the thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
     @property

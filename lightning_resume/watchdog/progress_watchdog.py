@@ -204,8 +204,6 @@ class ProgressWatchdog(Callback):
         self._timeouts.merge(learned.read_slowest(resolution.path))
         self._report()
 
-    # -- hooks ------------------------------------------------------------------------------------------
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":

@@ -101,7 +101,6 @@ class Timeouts:
         self.slowest: dict[Section, float] = dict(slowest or {})
 
     def timeout(self, section: Section) -> float:
-        """Seconds ``section`` may take now."""
         fixed = self.settings.fixed.get(section)
         if fixed is not None:
             return fixed

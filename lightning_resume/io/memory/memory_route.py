@@ -1,8 +1,5 @@
-"""``MemoryRoute``: the memory tier's route for ``DurableCheckpointIO`` saves, and its lifecycle.
-
-The one step a memory tier adds to a save: where its commit lands (``last.ckpt`` in this node's memory),
-and the copies that follow it (to the peers' memory, and every ``durable_every``-th to the durable tier).
-The bytes take the plugin's own route (:class:`~lightning_resume.io.routes.WriteNow` or ``WriteBehind``)."""
+"""``MemoryRoute``: the memory tier's route for ``DurableCheckpointIO`` saves (where the commit lands, and
+the copies after it), around the plugin's own route; and the tier's lifecycle."""
 
 from __future__ import annotations
 
@@ -23,12 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class MemoryRoute:
-    """The route of a plugin with a memory tier (``memory``) around its own route ``inner``; also the
-    tier's lifecycle as ``RequeueCheckpoint`` drives it (``io._protocol.MemoryTierLifecycle``).
-
-    ``wrote`` hears how each save into memory was written; ``restored``, of a restore from the tier done
-    without the plugin (a sharded save). What lands on the durable tier (copies from memory included) is
-    reported to the ``on_commit`` of the save."""
+    """The route of a plugin with a memory tier around its own route ``inner``, and the tier's lifecycle
+    (``MemoryTierLifecycle``). ``wrote``: each save into memory; ``restored``: a sharded save's restore."""
 
     def __init__(
         self,
@@ -53,8 +46,7 @@ class MemoryRoute:
         on_commit: OnCommit,
         full_speed: bool = False,
     ) -> None:
-        """``last.ckpt`` into this node's memory when the tier is attached and has room, at full speed (a
-        copy into memory, which the other nodes wait for); anything else as without the tier."""
+        """``last.ckpt`` into node memory at full speed when the tier takes it; else as without the tier."""
         try:
             self.inner.wait()  # the save in flight commits first: its commit starts its copies
         except OSError as e:
@@ -91,8 +83,7 @@ class MemoryRoute:
         return self.inner.busy
 
     def finish(self) -> None:
-        """The end of ``fit`` (the plugin's teardown): the save in flight, then the newest save durable.
-        The server stays up: ``RequeueCheckpoint`` closes the tier once every rank's copies are done."""
+        """The plugin's teardown: the save in flight, then the newest save durable (the server stays up)."""
         try:
             self.inner.finish()
         finally:
@@ -100,15 +91,13 @@ class MemoryRoute:
                 self.memory.finish(self._durable)
 
     def wait_until_durable(self) -> None:
-        """The save in flight committed and the newest save in memory on the durable tier too (the
-        replicas go on in the background)."""
+        """The save in flight committed and the newest save in memory durable (replicas go on meanwhile)."""
         self.inner.wait()
         if self.memory.attached:
             self.memory.finish(self._durable, replicas=False)
 
     def urgent(self) -> None:
-        """A save goes straight to the durable tier (the urgent path): the queued durable copies are
-        obsolete, and the one running lands before it."""
+        """A save goes straight to the durable tier (the urgent path): drop the queued durable copies."""
         self.memory.cancel_durable()
 
     # -- the lifecycle (RequeueCheckpoint, every rank) ---------------------------------------------
@@ -128,9 +117,7 @@ class MemoryRoute:
         self.memory.close()
 
     def restore_sharded(self, trainer: Any, pointer: Path) -> tuple[int, Path] | None:
-        """At a restart (``setup``, every rank): the newest sharded save of ``pointer`` the nodes hold,
-        assembled on every node (the ranks that wrote it, its directory), reported as the plugin's
-        ``last_restore``; ``None``: load the durable tier."""
+        """``MemoryTierLifecycle.restore_sharded``, reported as the plugin's ``last_restore``."""
         restored = restore(self.memory, trainer, pointer)
         if restored is None:
             return None

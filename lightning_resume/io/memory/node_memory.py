@@ -57,12 +57,13 @@ class Timings:
 
 
 def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
-    """Bytes of the distinct tensor storages in a checkpoint: about the size of its file, which holds each
-    storage once and whole (``per_rank_states.tensor_bytes`` counts each tensor's elements instead)."""
+    """Bytes of the distinct tensor storages in ``obj``: about its file's size (each storage once, whole)."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
-        if _is_dtensor(obj):
-            obj = obj.to_local()  # type: ignore[attr-defined]  # this rank's shard
+        from torch.distributed.tensor import DTensor  # public since torch 2.5, the lowest we declare
+
+        if isinstance(obj, DTensor):
+            obj = obj.to_local()  # this rank's shard
         storage = obj.untyped_storage()
         if storage.data_ptr() in seen:
             return 0
@@ -75,16 +76,8 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     return 0
 
 
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor  # public since torch 2.5, the lowest we declare
-
-    return isinstance(tensor, DTensor)
-
-
 class NodeMemory:
-    """A :class:`MemoryTier` at work in one process; ``attach`` (every rank, in ``setup``) starts it.
-    Copies to the durable tier are written past the page cache where ``direct_io`` and the filesystem
-    allow, and retention keeps the newest ``keep`` there."""
+    """A :class:`MemoryTier` at work in one process; ``attach`` (every rank, in ``setup``) starts it."""
 
     def __init__(self, config: MemoryTier, direct_io: bool = True, keep: int | None = None) -> None:
         self.config = config
@@ -139,13 +132,11 @@ class NodeMemory:
         return self._hosts.get(node)
 
     def send(self, peer: int, name: str, source: BinaryIO, entry: Entry) -> bool:
-        """Copy this node's committed copy ``name`` (open as ``source``) to ``peer``; ``False`` (with one
-        warning per peer) when it cannot."""
+        """Copy this node's committed copy ``name`` (open as ``source``) to ``peer``; ``False``: failed."""
         return self._copy_to(peer, name, source, entry, superseded=lambda: False)
 
     def fetch(self, node: int, origin: int, name: str, entry: Entry, target: Path) -> None:
-        """Fetch node ``origin``'s copy ``name`` (the save ``entry``) held by ``node`` into ``target``,
-        checked against ``entry``."""
+        """Fetch node ``origin``'s copy ``name`` from ``node`` into ``target``, checked against ``entry``."""
         address = self._addresses.get(node)
         if address is None:
             raise OSError(errno.EHOSTUNREACH, f"node {node} serves no memory tier")
@@ -189,9 +180,8 @@ class NodeMemory:
 
     def _held(self) -> list[Copy]:
         """The committed copies this node's tier holds for this run."""
-        folder = self.root / self._key
         found = []
-        for path in sorted(folder.glob(f"node-*/{HELD_NAME}")):
+        for path in sorted(self.run_folder.glob(f"node-*/{HELD_NAME}")):
             entry = wire.committed_copy(path)
             if entry is not None:
                 found.append(Copy(self.node, wire.host_name(), origin_of(path), path.name, entry))
@@ -200,8 +190,7 @@ class NodeMemory:
     # -- saves -------------------------------------------------------------------------------------
 
     def target(self, path: Path, checkpoint: dict[str, Any]) -> tuple[Path, bool] | None:
-        """Where this save of ``path`` goes in memory and whether it is due on the durable tier too; ``None``:
-        write ``path`` as without a memory tier (not ``last.ckpt``, not attached, or the tier is full)."""
+        """This save's path in memory and whether it is due on the durable tier (``None``: not in memory)."""
         if path.name != HELD_NAME:
             return None
         if not self.attached:
@@ -213,9 +202,7 @@ class NodeMemory:
                     "durable tier."
                 )
             return None
-        if not self._usable:
-            return None
-        if Path(os.path.realpath(path.parent)) != self._durable_dir:
+        if not self.serves(path.parent):
             return None
         memory = copy_path(self.root, self._key, self.node, path.name)
         memory.parent.mkdir(parents=True, exist_ok=True)
@@ -244,14 +231,7 @@ class NodeMemory:
                 all_ranks=True,
             )
 
-    def committed(
-        self,
-        memory: Path,
-        entry: Entry,
-        durable: Path,
-        due: bool,
-        on_durable: Durable,
-    ) -> None:
+    def committed(self, memory: Path, entry: Entry, durable: Path, due: bool, on_durable: Durable) -> None:
         """A save committed in memory: copy it to the peers, and to ``durable`` when ``due``."""
         committed_at = time.monotonic()
         with self._lock:
@@ -264,35 +244,24 @@ class NodeMemory:
             jobs = [(False, self._replicas.submit(self._replicate, replica, entry, seq, committed_at))]
             if due:
                 self._durable_seq += 1
-                job = self._durable.submit(
-                    self._to_durable,
-                    open(memory, "rb"),  # noqa: SIM115 (closed by the job)
-                    entry,
-                    durable,
-                    self._durable_seq,
-                    committed_at,
-                    on_durable,
-                )
-                jobs.append((True, job))
+                source = open(memory, "rb")  # noqa: SIM115 (closed by the job)
+                args = (source, entry, durable, self._durable_seq, committed_at, on_durable)
+                jobs.append((True, self._durable.submit(self._to_durable, *args)))
             self._in_flight = [(d, f) for d, f in self._in_flight if not f.done()] + jobs
 
     def _replicate(self, source: BinaryIO, entry: Entry, seq: int, committed_at: float) -> None:
         with source:
-            self._replicate_open(source, entry, seq, committed_at)
-
-    def _replicate_open(self, source: BinaryIO, entry: Entry, seq: int, committed_at: float) -> None:
-        for peer in peers(self.node, self.nodes, self.config.replicas):
-            if seq != self._replica_seq:
-                return  # a newer save is committed: its copies replace this one's
-            if self._copy_to(peer, HELD_NAME, source, entry, superseded=lambda: seq != self._replica_seq):
-                self.timings.replicas[peer] = time.monotonic() - committed_at
-                log.debug("replica of %s (step %s) on node %d", HELD_NAME, entry.global_step, peer)
+            for peer in peers(self.node, self.nodes, self.config.replicas):
+                if seq != self._replica_seq:
+                    return  # a newer save is committed: its copies replace this one's
+                if self._copy_to(peer, HELD_NAME, source, entry, superseded=lambda: seq != self._replica_seq):
+                    self.timings.replicas[peer] = time.monotonic() - committed_at
+                    log.debug("replica of %s (step %s) on node %d", HELD_NAME, entry.global_step, peer)
 
     def _copy_to(
         self, peer: int, name: str, source: BinaryIO, entry: Entry, superseded: Callable[[], bool]
     ) -> bool:
-        """Copy to ``peer``, tried again after a failed connection; ``False``: ``superseded`` meanwhile, or
-        failed (warned about once per peer until a copy succeeds)."""
+        """Copy to ``peer``, retried; ``False``: ``superseded`` meanwhile or failed (warned once per peer)."""
         try:
             address = self._addresses.get(peer)
             if address is None:
@@ -344,8 +313,7 @@ class NodeMemory:
         on_durable(durable, entry, pruned)
 
     def settle(self, replicas: bool = True) -> None:
-        """Wait for the copies in flight to the durable tier (and, with ``replicas``, to other nodes);
-        raise the error of a failed durable copy."""
+        """Wait for the durable copies in flight (and ``replicas``); raise a failed durable copy's error."""
         for durable, job in list(self._in_flight):
             if durable or replicas:
                 job.exception()
@@ -354,16 +322,14 @@ class NodeMemory:
             raise error
 
     def cancel_durable(self) -> None:
-        """A newer save goes to the durable tier directly: the queued copies are obsolete (the one
-        running finishes first, so that the newer save lands last)."""
+        """A newer save goes durable directly: drop the queued copies (the running one lands first)."""
         with self._lock:
             self._durable_seq += 1
             self._newest = None  # the newest save is that one: nothing in memory is newer
         self.settle(replicas=False)
 
     def finish(self, on_durable: Durable, replicas: bool = True) -> None:
-        """Make the newest save durable if it is not yet, and wait for the copies in flight (to other
-        nodes too with ``replicas``): training ends, or a preemption or notice waits for the durable tier."""
+        """Wait for the copies in flight (``replicas``: to peers too), then make the newest save durable."""
         self.settle(replicas)
         with self._lock:
             newest, durable = self._newest, self._newest_durable
@@ -375,8 +341,7 @@ class NodeMemory:
             on_durable(target, entry, pruned)
 
     def _copy_durable(self, source: BinaryIO, entry: Entry, target: Path) -> list[str]:
-        """Commit the bytes of the open committed copy ``source`` (the save ``entry``) at ``target`` on the
-        durable tier, then retention; return what it removed."""
+        """Commit the open copy ``source`` at durable ``target``; return what retention removed."""
         started = time.monotonic()
         aside = Aside(target, self.direct_io)
         with aside as out:
@@ -384,12 +349,8 @@ class NodeMemory:
                 with mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
                     out.write(view)
         pruned = commit_file(aside, entry, keep=self.keep)[1]
-        log.debug(
-            "memory copy of %s (step %s) durable in %.2f s",
-            target,
-            entry.global_step,
-            time.monotonic() - started,
-        )
+        seconds = time.monotonic() - started
+        log.debug("memory copy of %s (step %s) durable in %.2f s", target, entry.global_step, seconds)
         return pruned
 
     def close(self) -> None:
@@ -419,8 +380,7 @@ class NodeMemory:
     def restore(
         self, path: Path, durable: Entry | None, map_location: Any, weights_only: bool | None
     ) -> tuple[dict[str, Any], Restore] | None:
-        """At a restart (the first load of ``last.ckpt`` after :meth:`attach`, on every rank): the newest
-        copy a node holds, fetched, verified and loaded; ``None``: load the durable tier."""
+        """At a restart (every rank): the newest copy any node holds, loaded; ``None``: the durable tier."""
         if not self._restore_pending or self._strategy is None or path.name != HELD_NAME:
             return None
         if Path(os.path.realpath(path.parent)) != self._durable_dir:
@@ -458,21 +418,14 @@ class NodeMemory:
             return None
         if loaded is None or source is None:
             return None
-        record = Restore(
-            MEMORY,
-            str(path),
-            source.entry.size,
-            time.monotonic() - started,
-            source.node,
-            source.host,
-            source.entry.global_step,
-            wall,
+        seconds = time.monotonic() - started
+        entry = source.entry
+        return loaded, Restore(
+            MEMORY, str(path), entry.size, seconds, source.node, source.host, entry.global_step, wall
         )
-        return loaded, record
 
     def _candidates(self, options: list[Copy], problems: list[str]) -> Iterator[tuple[Copy, Path, bool]]:
-        """Each of ``options`` in this node's tier, in turn (see :meth:`_fetched`); those that cannot be
-        fetched are skipped, their reasons added to ``problems``."""
+        """Each of ``options`` in this node's tier, in turn; those not fetched are added to ``problems``."""
         for copy in options:
             try:
                 local, received = self._fetched(copy)
@@ -482,8 +435,7 @@ class NodeMemory:
             yield copy, local, received
 
     def _fetched(self, copy: Copy) -> tuple[Path, bool]:
-        """``copy`` in this node's tier (fetched from its node, once per node, when it is elsewhere), and
-        whether this process received it just now."""
+        """``copy`` in this node's tier (fetched once per node) and whether this process just received it."""
         local = copy_path(self.root, self._key, copy.origin, copy.name)
         if copy.node == self.node:
             return local, False
@@ -499,9 +451,7 @@ class NodeMemory:
 
 
 def _load_received(path: Path, map_location: Any, weights_only: bool | None) -> Loaded:
-    """Load the copy this process has just received at ``path``: its bytes were hashed as they arrived and
-    matched the save's checksum before it was committed, so only its manifest and size are checked here
-    (as :func:`load_verified` does, less the second read of every byte)."""
+    """:func:`load_verified` less the second read: a received copy was hashed on arrival."""
     verdict = verify(path, FILE, checksums=False)
     if verdict.status is not Status.VERIFIED:
         return Loaded(None, verdict, verdict.reason)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def run_key(durable_dir: Path) -> str:
-    """The folder of one run in a memory tier: named after the durable checkpoint directory, which
-    every node and every restart of the run agree on."""
+    """A run's folder in a memory tier, named after the durable checkpoint directory (every node agrees)."""
     digest = hashlib.sha256(str(durable_dir).encode()).hexdigest()[:16]
     readable = _UNSAFE.sub("-", f"{durable_dir.parent.name}-{durable_dir.name}").strip("-")[-48:]
     return f"{readable}-{digest}"
@@ -38,8 +37,7 @@ def safe_part(text: str) -> bool:
 
 
 def peers(node: int, nodes: int, replicas: int) -> list[int]:
-    """The nodes that hold replicas of ``node``'s copies: the next ``replicas`` nodes around the ring
-    (any node count; at most every other node)."""
+    """The nodes holding replicas of ``node``'s copies: the next ``replicas`` around the ring."""
     return [(node + k) % nodes for k in range(1, min(replicas, nodes - 1) + 1)]
 
 
@@ -54,23 +52,11 @@ class Copy:
     entry: Entry
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "host": self.host,
-            "origin": self.origin,
-            "name": self.name,
-            "entry": self.entry.to_json(),
-        }
+        return {**asdict(self), "entry": self.entry.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Copy:
-        return cls(
-            int(data["node"]),
-            str(data["host"]),
-            int(data["origin"]),
-            str(data["name"]),
-            Entry.from_json(data["entry"]),
-        )
+        return cls(**{**data, "entry": Entry.from_json(data["entry"])})
 
 
 def _newness(entry: Entry) -> tuple[int, float]:

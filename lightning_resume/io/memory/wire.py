@@ -1,6 +1,5 @@
-"""How nodes exchange memory-tier copies: one request per TCP connection, a length-prefixed JSON header
-and the raw bytes of a file. Each node serves its tier folder from a thread; a copy it receives counts
-only once its bytes match the sender's checksum (committed like any save: manifest, then rename)."""
+"""How nodes exchange memory-tier copies: one request per TCP connection, a length-prefixed JSON header and
+a file's raw bytes; a received copy is committed (manifest, rename) once it matches the sender's checksum."""
 
 from __future__ import annotations
 
@@ -111,19 +110,11 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         try:
-            self._handle()
-        finally:
-            with self.server._served_lock:
-                self.server.served += 1
-
-    def _handle(self) -> None:
-        try:
             header = read_header(self.request)
+            op = header.get("op")
             if header.get("token") != self.server.token:
                 send_header(self.request, {"ok": False, "error": "wrong token"})
-                return
-            op = header.get("op")
-            if op == "put":
+            elif op == "put":
                 self._put(header)
             elif op == "get":
                 self._get(header)
@@ -133,6 +124,9 @@ class _Handler(socketserver.BaseRequestHandler):
             log.debug("memory tier request from %s failed: %s", self.client_address, e)
             with contextlib.suppress(OSError):
                 send_header(self.request, {"ok": False, "error": str(e)})
+        finally:
+            with self.server._served_lock:
+                self.server.served += 1
 
     def _target(self, header: dict[str, Any]) -> Path:
         key, name, origin = str(header["key"]), str(header["name"]), int(header["origin"])
@@ -188,12 +182,6 @@ class TierServer(socketserver.ThreadingTCPServer):
         self.server_close()
 
 
-@contextlib.contextmanager
-def _connect(address: tuple[str, int], timeout: float) -> Iterator[socket.socket]:
-    with socket.create_connection(address, timeout=timeout) as conn:
-        yield conn
-
-
 def put(
     address: tuple[str, int],
     token: str,
@@ -204,21 +192,9 @@ def put(
     entry: Entry,
     timeout: float,
 ) -> None:
-    """Copy the committed file ``name``, open as ``source`` (the save ``entry``), into the memory tier at
-    ``address``.
-
-    Raises:
-        OSError: the connection failed or the peer did not commit the copy.
-    """
-    header = {
-        "op": "put",
-        "token": token,
-        "key": key,
-        "origin": origin,
-        "name": name,
-        "entry": entry.to_json(),
-    }
-    with _connect(address, timeout) as conn:
+    """Copy the committed file ``name`` (open as ``source``) to ``address``; ``OSError`` if not committed."""
+    header = dict(op="put", token=token, key=key, origin=origin, name=name, entry=entry.to_json())
+    with socket.create_connection(address, timeout=timeout) as conn:
         send_header(conn, header)
         send_file(conn, source, entry)
         reply = read_header(conn)
@@ -236,21 +212,9 @@ def get(
     target: Path,
     timeout: float,
 ) -> Entry:
-    """Fetch the copy of ``name`` written by node ``origin`` (the save ``entry``) from ``address`` into
-    ``target``, committed and checked.
-
-    Raises:
-        OSError: the connection failed, the peer no longer holds that save, or the bytes differ.
-    """
-    header = {
-        "op": "get",
-        "token": token,
-        "key": key,
-        "origin": origin,
-        "name": name,
-        "checksum": entry.checksum,
-    }
-    with _connect(address, timeout) as conn:
+    """Fetch node ``origin``'s copy of ``name`` from ``address`` into ``target``, committed and checked."""
+    header = dict(op="get", token=token, key=key, origin=origin, name=name, checksum=entry.checksum)
+    with socket.create_connection(address, timeout=timeout) as conn:
         send_header(conn, header)
         reply = read_header(conn)
         if not reply.get("ok"):

@@ -66,8 +66,7 @@ def clean_leftovers(trainer: pl.Trainer, pointer: Path, keep: int) -> None:
 
 
 def prepare_resume(trainer: pl.Trainer, pointer: Path, keep: int) -> Choice:
-    """In ``setup`` of a restart (every rank): clean up, :func:`choose`, repoint ``last.ckpt``. Candidates
-    that do not verify are deleted with a warning: retention must never keep them in place of good ones."""
+    """In ``setup`` of a restart (every rank): clean up, :func:`choose`, delete the rejected, repoint."""
     strategy = trainer.strategy
     clean_leftovers(trainer, pointer, keep)
     choice = choose(trainer, pointer)

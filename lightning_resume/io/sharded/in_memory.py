@@ -1,6 +1,5 @@
-"""Sharded saves in the memory tier (DCP strategies): each rank's files committed in its node's memory, then
-a set naming them all (global rank 0), copied to the peers; a restart assembles the newest set the nodes
-hold in full, never older than the durable ``last.ckpt``, or every rank loads the durable tier."""
+"""Sharded saves in the memory tier: each rank's files committed in its node's memory, with a set naming them
+all, copied to the peers; a restart assembles the newest complete set not older than the durable one."""
 
 from __future__ import annotations
 
@@ -73,15 +72,7 @@ class ShardSet:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShardSet:
-        files = {str(n): Entry.from_json(e) for n, e in data["files"].items()}
-        return cls(
-            str(data["gen"]),
-            int(data["step"]),
-            int(data["epoch"]),
-            float(data["saved_at"]),
-            int(data["world_size"]),
-            files,
-        )
+        return cls(**{**data, "files": {n: Entry.from_json(e) for n, e in data["files"].items()}})
 
 
 def pick(
@@ -289,15 +280,9 @@ def restore(memory: NodeMemory, trainer: pl.Trainer, pointer: Path) -> tuple[Sha
         )
         return None
     source = max(fetched, key=lambda n: fetched[n]) if fetched else memory.node
+    seconds = time.monotonic() - started
     record = Restore(
-        MEMORY,
-        str(pointer),
-        shard_set.size,
-        time.monotonic() - started,
-        source,
-        memory.host_of(source),
-        shard_set.step,
-        wall,
+        MEMORY, str(pointer), shard_set.size, seconds, source, memory.host_of(source), shard_set.step, wall
     )
     barrier(strategy, "lightning_resume sharded memory restore")
     return shard_set, target, record

@@ -1,6 +1,5 @@
-"""A sharded save: every rank fsyncs and hashes its files in the save directory and records them in
-``.lr-part-<rank>.json``; one process hashes the rest, builds the manifest and commits. The ranks meet in
-the part files, not in a collective. No torch, no Lightning."""
+"""A sharded save: every rank fsyncs, hashes and records its files in ``.lr-part-<rank>.json``; one process
+hashes the rest, builds the manifest and commits. The ranks meet in the part files, not in a collective."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``DirectorySaver``: sharded checkpoints written into a fresh directory and committed atomically.
-
-Asynchronous saves run ``dcp.save`` in a thread on a gloo group of its own; ranks meet in part files."""
+"""``DirectorySaver``: sharded checkpoints written into a fresh directory and committed atomically
+(asynchronous saves run ``dcp.save`` in a thread on a gloo group of its own)."""
 
 from __future__ import annotations
 
@@ -62,12 +61,8 @@ class DirectorySaver:
         self._stager: Any = None
         self._cleaned = False
         self._told_sync = False
-        self._last_write: WriteStats | None = None
-
-    @property
-    def last_write(self) -> WriteStats | None:
-        """Global rank 0: how the newest committed save was written (a new object at every commit)."""
-        return self._last_write
+        #: Global rank 0: how the newest committed save was written (a new object at every commit).
+        self.last_write: WriteStats | None = None
 
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, pointer: Path, on_commit: _Action) -> DirectorySaver:
@@ -78,8 +73,7 @@ class DirectorySaver:
         return cls(pointer, settings, mirror, on_commit, memory)
 
     def save(self, trainer: pl.Trainer) -> None:
-        """Save the trainer's state as a new checkpoint directory and commit it (every rank); raise
-        ``RuntimeError`` when this save or the asynchronous one before failed on some rank."""
+        """Save a new checkpoint directory and commit it (every rank); ``RuntimeError`` if any rank failed."""
         error, before = self._finish_pending()
         if trainer.is_global_zero and not self._cleaned:
             # Leftovers of processes that are gone; a restart cleaned up in setup already.
@@ -213,7 +207,7 @@ class DirectorySaver:
         failed = parts.attempt(write)
         size = self.memory.commit(self._group, scratch, rank, meta, fields, required, failed)
         if rank == 0:
-            self._last_write = WriteStats(size, time.monotonic() - started)
+            self.last_write = WriteStats(size, time.monotonic() - started)
 
     def _record_part(self, save_dir: Path, rank: int) -> None:
         """Fsync and hash the files this rank wrote (DCP's ``__<rank>_*`` shards) and record them."""
@@ -233,7 +227,7 @@ class DirectorySaver:
             time.sleep(_POLL)
         manifest = parts.build_manifest(save_dir, world, required, saved_at=time.time(), **fields)
         final = parts.commit_directory(save_dir, self.pointer, manifest, self.keep)
-        self._last_write = WriteStats(sum(f.size for f in manifest.files), time.monotonic() - started)
+        self.last_write = WriteStats(sum(f.size for f in manifest.files), time.monotonic() - started)
         log.debug("committed %s as %s (step %s)", final.name, self.pointer, manifest.global_step)
         self.on_commit()
         if self.mirror is not None:

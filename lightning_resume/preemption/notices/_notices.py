@@ -52,9 +52,7 @@ class Notices:
     margin: float = 15.0
 
     def __post_init__(self) -> None:
-        sources: Any = self.sources
-        if isinstance(sources, NoticeSource):
-            sources = [sources]  # one source given alone, not in a list
+        sources: Any = [self.sources] if isinstance(self.sources, NoticeSource) else self.sources
         if isinstance(sources, str) and sources != "auto":
             raise ValueError(
                 f"Notices sources must be 'auto', None or a list of notice sources, got {sources!r}: e.g. "
@@ -88,8 +86,7 @@ class Notices:
 
 
 def as_notices(notices: Any, on_notice: str | None, margin: float | None) -> Notices | None:
-    """``PreemptionHandler``'s ``notices`` as a ``Notices``, also from the flat arguments of 0.x
-    (``notices="auto"`` or a list, ``on_notice=``, ``notice_margin=``), which warn once that they go."""
+    """``PreemptionHandler``'s ``notices`` as a ``Notices``, also from 0.x's flat arguments (warning)."""
     flat = not isinstance(notices, Notices) and (
         notices == "auto" or isinstance(notices, (list, tuple, NoticeSource))
     )

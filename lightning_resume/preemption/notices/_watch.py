@@ -1,5 +1,5 @@
 """``NoticeWatch``: the notice side of ``PreemptionHandler``: which sources this process polls, what they
-ask for at each check, what was done about them. No Lightning, no collectives (the callback agrees)."""
+ask for at each check, what was done about them (no Lightning, no collectives)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,7 @@ class NoticeRecord:
 
 
 class NoticeWatch:
-    """The notices of one ``PreemptionHandler`` (its :class:`Notices`, ``None``: none): sources, poller,
-    decisions and their record."""
+    """The notices of one ``PreemptionHandler``: sources, poller, decisions and their record."""
 
     def __init__(self, notices: Notices | None) -> None:
         notices = notices if notices is not None else Notices(None)
@@ -121,7 +120,6 @@ class NoticeWatch:
         )
 
     def seconds_to_durable(self, checkpoint_io: object) -> float:
-        """Expected seconds from the start of a save until it is durable."""
         return expected_seconds_to_durable(self.measured, _written(checkpoint_io), recorded=self.recorded)
 
     def acting_on(self, notice: Notice) -> NoticeRecord:

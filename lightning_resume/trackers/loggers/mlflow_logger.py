@@ -28,10 +28,8 @@ def normalize_uri(uri: str | None) -> str | None:
     if uri.startswith("sqlite:///"):
         return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).expanduser().resolve())
     parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return "file:" + str(Path(parsed.path).expanduser().resolve())
-    if not parsed.scheme:
-        return "file:" + str(Path(uri).expanduser().resolve())
+    if parsed.scheme in ("file", ""):
+        return "file:" + str(Path(parsed.path if parsed.scheme else uri).expanduser().resolve())
     return uri
 
 
