@@ -45,7 +45,8 @@ TEST_ENV := WANDB_MODE=offline WANDB_SILENT=true SWANLAB_MODE=offline HF_HUB_OFF
 EDGE_VENV := .venv-edge
 EDGE_SPEC ?= torch==2.5.1 lightning==2.5.0.post0 pytorch-lightning==2.5.0.post0 torchdata==0.10.1
 # What the exactness core needs besides torch (make test-edge, make test-pythons), and how it runs.
-EDGE_DEPS := -e ".[data,tensorboard,standalone]" "pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml
+EDGE_DEPS := -e ".[data,tensorboard,standalone]" "pytest>=8,<9" pytest-timeout "pytest-xdist>=3.5" pyyaml \
+	"jsonargparse[signatures]>=4.27"
 EDGE_PYTEST = -q -m "edge and not slow" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
 # On the other Pythons: the same core less the `heavy` cases (multi-rank and multi-kill variants).
 PYTHONS_PYTEST = -q -m "edge and not slow and not heavy and not long" -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider $(PYTEST_ARGS)
@@ -91,7 +92,8 @@ test-long: venv
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "long and not slow and not heavy" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tests marked `edge` (the internals pins, random kills with plain and stateful loaders, a kill right
-# after an epoch-end save, accumulation, DDP, the standalone package) on the lowest versions declared.
+# after an epoch-end save, accumulation, DDP, the standalone package, LightningCLI's YAML) on the lowest
+# versions declared.
 test-edge:
 	test -x $(EDGE_VENV)/bin/python || $(PY) -m venv $(EDGE_VENV)
 	$(EDGE_VENV)/bin/python -m pip install -q --upgrade pip

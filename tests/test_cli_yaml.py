@@ -65,7 +65,8 @@ def run(
     return subprocess.run(cmd, env=job_env(OUT=str(out), **env), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.edge
 def test_stock_cli_resumes_exactly_with_its_config_in_the_run_dir(tmp_path: Path) -> None:
     ref = run(tmp_path, tmp_path / "ref", tmp_path / "ref.pt")
     assert ref.returncode == 0, ref.stderr
@@ -201,6 +202,7 @@ print(h.notices.on_notice, h.notices.margin, [s.describe() for s in h.notices.so
 """
 
 
+@pytest.mark.edge
 def test_yaml_builds_the_plugin_and_the_watchdog_with_every_setting(tmp_path: Path) -> None:
     config, script = tmp_path / "every.yaml", tmp_path / "build.py"
     config.write_text(EVERY_SETTING.format(root=tmp_path))
@@ -250,6 +252,7 @@ print(found.window, found.threshold, found.floor_ms, found.patience, found.on_st
 """
 
 
+@pytest.mark.edge
 def test_yaml_builds_the_straggler_detector_with_every_setting(tmp_path: Path) -> None:
     config, script = tmp_path / "straggler.yaml", tmp_path / "build.py"
     config.write_text(STRAGGLER)
