@@ -47,7 +47,7 @@ def archives(folder: Path) -> list[tuple[str, list[int]]]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_one_comet_experiment_through_two_preemptions(tmp_path: Path) -> None:
     rng = random.Random()
     first = rng.randint(2, 6)

@@ -50,7 +50,7 @@ def history(uri: str, run_id: str, key: str = "echo") -> list[tuple[int, float]]
     return [(m.step, m.value) for m in points]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_one_mlflow_run_through_a_sigkill_and_a_sigterm(tmp_path: Path) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)

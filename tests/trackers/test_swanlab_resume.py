@@ -65,7 +65,7 @@ def steps_of(root: Path) -> list[list[int]]:
     return [[step for step, _ in run.scalars["echo"]] for run in swanlab_runs(root / "swanlog")]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_preempted_job_continues_one_swanlab_run_with_continuous_steps(tmp_path: Path) -> None:
     kills = sorted(random.Random(5).sample(range(2, STEPS - 1), 2))
     preempt(tmp_path, "swanlab", 90, kills, "--every", 5, "--steps", STEPS)

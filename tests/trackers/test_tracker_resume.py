@@ -116,7 +116,7 @@ def test_the_listener_sees_what_the_dead_network_environment_sends(listener: tup
     assert seen and b"example.com" in seen[0]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_yaml_configured_trackers_continue_their_runs_without_touching_the_network(
     tmp_path: Path, listener: tuple[str, list[bytes]]
 ) -> None:
